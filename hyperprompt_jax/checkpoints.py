@@ -1,0 +1,181 @@
+"""Reading t5x checkpoints (orbax and legacy tensorstore layouts).
+
+Both layouts are read with the libraries t5x itself writes them with (orbax
+for the default layout; flax msgpack + tensorstore for the legacy one), so no
+t5x install is needed to start from a public t5x checkpoint.
+
+- orbax layout: `checkpoint_<step>/state/` is an orbax PyTree whose root is
+  `{target: params, state: {step, param_states}}`.
+- legacy layout (`use_orbax=False`): `checkpoint_<step>/checkpoint` is a msgpack
+  file `{version, optimizer: {target, state}}` whose large leaves are
+  tensorstore specs pointing at sibling directories.
+"""
+
+import os
+from typing import Any, Mapping
+
+from flax import serialization
+from flax import traverse_util
+import numpy as np
+
+PyTree = Any
+
+
+def checkpoint_layout(path: str) -> str:
+  """Returns 'orbax' or 'legacy' for a t5x `checkpoint_<step>` directory."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  path = epath.Path(path)
+  if not path.is_dir():
+    raise FileNotFoundError(
+        f'No checkpoint directory at {path}: give a t5x checkpoint_<step> '
+        'directory (e.g. gs://t5-data/pretrained_models/t5x/t5_1_1_base/'
+        'checkpoint_1000000).'
+    )
+  if (path / 'state').is_dir():
+    return 'orbax'
+  if (path / 'checkpoint').exists():
+    return 'legacy'
+  raise ValueError(
+      f'{path} is neither an orbax t5x checkpoint (no state/ directory) nor '
+      'a legacy one (no checkpoint file).'
+  )
+
+
+def _restore_orbax_target(path: str) -> PyTree:
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  # orbax's tensorstore specs need absolute local paths.
+  state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
+  state_dir = state_dir / 'state'
+  metadata = ocp.PyTreeCheckpointHandler().metadata(state_dir).tree
+  checkpointer = ocp.PyTreeCheckpointer()
+  # Read the parameters only (not the optimizer state), as numpy on the host.
+  target_meta = {'target': metadata['target']}
+  restore_args = _map_leaves(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target_meta
+  )
+  restored = checkpointer.restore(
+      state_dir,
+      args=ocp.args.PyTreeRestore(
+          item=target_meta, restore_args=restore_args, partial_restore=True
+      ),
+  )
+  return restored['target']
+
+
+def _is_tensorstore_spec(x: Any) -> bool:
+  return isinstance(x, Mapping) and 'driver' in x and 'kvstore' in x
+
+
+def _map_leaves(fn, tree: Any, is_leaf=lambda x: False) -> Any:
+  if is_leaf(tree):
+    return fn(tree)
+  if isinstance(tree, Mapping):
+    return {k: _map_leaves(fn, v, is_leaf) for k, v in tree.items()}
+  return fn(tree)
+
+
+def _read_tensorstore(spec: Mapping[str, Any], checkpoint_dir: str):
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  spec = dict(spec)
+  kvstore = dict(spec['kvstore'])
+  relative = kvstore['path']
+  if checkpoint_dir.startswith('gs://'):
+    bucket, _, prefix = checkpoint_dir[len('gs://'):].partition('/')
+    kvstore = {'driver': 'gcs', 'bucket': bucket,
+               'path': os.path.join(prefix, relative)}
+  else:
+    kvstore = {'driver': 'file',
+               'path': os.path.join(checkpoint_dir, relative)}
+  spec['kvstore'] = kvstore
+  return ts.open(spec, open=True, read=True).result().read().result()
+
+
+def _restore_legacy_target(path: str) -> PyTree:
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  raw = serialization.msgpack_restore(
+      (epath.Path(path) / 'checkpoint').read_bytes()
+  )
+  target = raw['optimizer']['target']
+  return _map_leaves(
+      lambda leaf: (np.asarray(_read_tensorstore(leaf, path))
+                    if _is_tensorstore_spec(leaf) else np.asarray(leaf)),
+      target,
+      is_leaf=_is_tensorstore_spec,
+  )
+
+
+def load_t5x_params(path: str) -> dict[str, np.ndarray]:
+  """Reads the parameters of a t5x checkpoint as a flat '/'-keyed dict.
+
+  Args:
+    path: a t5x `checkpoint_<step>` directory, orbax or legacy layout.
+
+  Returns:
+    `{'encoder/layers_0/attention/query/kernel': np.ndarray, ...}`.
+  """
+  path = os.fspath(path)
+  if checkpoint_layout(path) == 'orbax':
+    target = _restore_orbax_target(path)
+  else:
+    target = _restore_legacy_target(path)
+  return {k: np.asarray(v)
+          for k, v in traverse_util.flatten_dict(target, sep='/').items()}
+
+
+def restore_params(
+    path: str,
+    abstract_params: PyTree,
+    allow_missing: bool = False,
+) -> tuple[PyTree, list[str]]:
+  """Loads a t5x checkpoint into the structure of `abstract_params`.
+
+  Args:
+    path: a t5x `checkpoint_<step>` directory.
+    abstract_params: the model's parameter tree (arrays or
+      `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape(model.init, ...)`).
+    allow_missing: leave parameters the checkpoint lacks (e.g. new
+      task-conditioned ones) to the caller instead of raising.
+
+  Returns:
+    `(params, missing)`: the nested params with every checkpoint value in
+    place (missing ones are `None`), and the '/'-joined missing paths.
+
+  Raises:
+    ValueError: naming every parameter whose shape differs, and the missing
+      ones unless `allow_missing`.
+  """
+  loaded = load_t5x_params(path)
+  wanted = traverse_util.flatten_dict(_unfreeze(abstract_params), sep='/')
+  mismatched = [
+      f'{k}: checkpoint {loaded[k].shape}, model {tuple(v.shape)}'
+      for k, v in wanted.items()
+      if k in loaded and tuple(loaded[k].shape) != tuple(v.shape)
+  ]
+  if mismatched:
+    raise ValueError(
+        f'Checkpoint {path} does not match the model (check the model gin '
+        'file is the one the checkpoint was trained with):\n  '
+        + '\n  '.join(mismatched)
+    )
+  missing = sorted(k for k in wanted if k not in loaded)
+  if missing and not allow_missing:
+    raise ValueError(
+        f'Checkpoint {path} lacks {len(missing)} model parameters: '
+        + ', '.join(missing[:10]) + (' ...' if len(missing) > 10 else '')
+    )
+  params = {k: loaded.get(k) for k in wanted}
+  return traverse_util.unflatten_dict(params, sep='/'), missing
+
+
+def _unfreeze(tree: PyTree) -> PyTree:
+  if hasattr(tree, 'unfreeze'):
+    return tree.unfreeze()
+  if isinstance(tree, Mapping):
+    return {k: _unfreeze(v) for k, v in tree.items()}
+  return tree

@@ -1,0 +1,82 @@
+"""t5x-style gin flags for the project's command-line tools.
+
+`--gin_file=F` (repeatable), `--gin_bindings='X=Y'` (repeatable),
+`--gin.X=Y` (t5x's shorthand for a binding) and `--gin_search_paths=a,b`.
+The shipped gin directory is always searched, so `models/t5_1_1_base.gin`
+resolves from anywhere.
+"""
+
+import argparse
+import os
+from typing import Sequence
+
+import gin
+
+from hyperprompt_jax import paths
+
+
+def add_gin_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument('--gin_file', action='append', default=[],
+                      help='gin file, resolved against the search paths')
+  parser.add_argument('--gin_bindings', action='append', default=[],
+                      help="gin binding 'X=Y' (or use --gin.X=Y)")
+  parser.add_argument('--gin_search_paths', default='',
+                      help='comma-separated directories to resolve gin files')
+
+
+def rewrite_gin_shorthand(argv: Sequence[str]) -> list[str]:
+  """Rewrites `--gin.X=Y` / `--gin.X Y` into `--gin_bindings=X=Y`."""
+  out, i = [], 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith('--gin.'):
+      name, eq, value = arg[len('--gin.'):].partition('=')
+      if not eq:
+        if i + 1 >= len(argv):
+          raise ValueError(f'{arg} needs a value: --gin.{name}=VALUE')
+        i += 1
+        value = argv[i]
+      out.append(f'--gin_bindings={name} = {value}')
+    else:
+      out.append(arg)
+    i += 1
+  return out
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
+              search_paths: Sequence[str] = ()) -> None:
+  """Parses gin files and bindings, with errors that say what to fix."""
+  search_paths = [p for p in [*search_paths, paths.gin_dir()] if p]
+  for path in search_paths:
+    gin.add_config_file_search_path(path)
+  if not gin_files:
+    raise ValueError('No --gin_file given: pass a model gin file, e.g. '
+                     '--gin_file=models/t5_1_1_small.gin.')
+  files = [resolve_gin_file(f, search_paths) for f in gin_files]
+  try:
+    gin.parse_config_files_and_bindings(
+        files,
+        list(bindings),
+        finalize_config=False,
+    )
+  except (ValueError, IOError, TypeError) as e:
+    raise ValueError(
+        f'Invalid gin configuration: {e}\n(Check the spelling of the '
+        'configurable, parameter or macro, and that the gin files exist in '
+        f'the search paths {search_paths}.)'
+    ) from e
+
+
+def resolve_gin_file(name: str, search_paths: Sequence[str]) -> str:
+  """The path of gin file `name`: as given, or under a search path."""
+  if os.path.exists(name):
+    return name
+  for path in search_paths:
+    candidate = os.path.join(path, name)
+    if os.path.exists(candidate):
+      return candidate
+  raise ValueError(
+      f'Gin file {name!r} not found, neither as given nor under the search '
+      f'paths {list(search_paths)}. Shipped files: models/*.gin, '
+      'variants/*.gin (see `python -m hyperprompt_jax.paths gin`).'
+  )

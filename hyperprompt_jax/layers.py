@@ -1,0 +1,511 @@
+"""T5 building blocks with t5x's parameter names, shapes and logical axes.
+
+t5x is not on the package index, so its `examples/t5/layers.py` cannot be
+imported here; flax.linen's own `DenseGeneral` / `Embed` store kernels with
+other shapes and no logical axis names, which would break restoring public t5x
+checkpoints and t5x's partitioner. These layers therefore re-implement the
+T5.1.1 building blocks so that every parameter has t5x's name, its 2-D storage
+shape (`[embed, joined_kv]`, ...) and its logical axis names.
+
+Attention takes an optional *key/value prefix*: `[batch, prefix, heads,
+head_dim]` arrays prepended to the projected keys and values (the hook for
+HyperPrompt's hyper-prompts). Prefix columns are always visible: the mask and
+the relative-position bias are extended with ones / zeros for them.
+"""
+
+import functools
+import operator
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+param_with_axes = nn_partitioning.param_with_axes
+with_sharding_constraint = nn_partitioning.with_sharding_constraint
+
+Array = jax.Array
+DType = Any
+Initializer = Callable[..., Array]
+
+# Large negative logit for masked attention columns (as t5x).
+_MASKED_LOGIT = -1e10
+
+
+def _as_tuple(x: Union[int, Iterable[int]]) -> tuple[int, ...]:
+  return tuple(x) if isinstance(x, Iterable) else (x,)
+
+
+class DenseGeneral(nn.Module):
+  """Bias-free linear map over `axis`, kernel stored 2-D as t5x does.
+
+  The kernel is stored as `[prod(in dims), prod(features)]` (e.g. attention
+  `query/kernel` is `[embed, heads * head_dim]`) and reshaped for the product.
+  """
+
+  features: Union[int, Sequence[int]]
+  axis: Union[int, Sequence[int]] = -1
+  dtype: DType = jnp.float32
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, 'fan_in', 'truncated_normal'
+  )
+  kernel_axes: tuple[str, ...] = ()
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    features = _as_tuple(self.features)
+    axis = tuple(a % inputs.ndim for a in _as_tuple(self.axis))
+    in_dims = tuple(inputs.shape[a] for a in axis)
+    kernel = param_with_axes(
+        'kernel',
+        self.kernel_init,
+        (int(np.prod(in_dims)), int(np.prod(features))),
+        jnp.float32,
+        axes=self.kernel_axes,
+    )
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
+    inputs = jnp.asarray(inputs, self.dtype)
+    contract = (axis, tuple(range(len(axis))))
+    return lax.dot_general(inputs, kernel, (contract, ((), ())))
+
+
+class Embed(nn.Module):
+  """Token embedding `[vocab, embed]`; `attend` gives tied output logits."""
+
+  num_embeddings: int
+  features: int
+  dtype: DType = jnp.float32
+  attend_dtype: DType = jnp.float32
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+  one_hot: bool = True  # a one-hot matmul partitions where a gather does not
+
+  def setup(self):
+    self.embedding = param_with_axes(
+        'embedding',
+        self.embedding_init,
+        (self.num_embeddings, self.features),
+        jnp.float32,
+        axes=('vocab', 'embed'),
+    )
+
+  def __call__(self, tokens: Array) -> Array:
+    """`[...]` int tokens -> `[..., embed]`."""
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f'Token ids must be integers, got {tokens.dtype}.')
+    table = jnp.asarray(self.embedding, self.dtype)
+    if self.one_hot:
+      ids = lax.iota(jnp.int32, self.num_embeddings)
+      return jnp.dot((tokens[..., None] == ids).astype(self.dtype), table)
+    return table[tokens]
+
+  def attend(self, query: Array) -> Array:
+    """`[..., embed]` -> `[..., vocab]` logits against the embedding table."""
+    return jnp.dot(query, jnp.asarray(self.embedding, self.attend_dtype).T)
+
+
+class LayerNorm(nn.Module):
+  """T5's RMS layer norm: scale only, no centring, no bias."""
+
+  epsilon: float = 1e-6
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    scale = param_with_axes(
+        'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
+        axes=('embed',),
+    )
+    y = x * lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+                      + self.epsilon)
+    return jnp.asarray(y, self.dtype) * jnp.asarray(scale, self.dtype)
+
+
+def relative_position_bucket(
+    relative_position: np.ndarray,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> np.ndarray:
+  """Mesh-TF / T5 bucketing of `memory_position - query_position`.
+
+  Half the buckets are exact small distances, the rest logarithmic up to
+  `max_distance`; bidirectional bucketing spends half the buckets on each sign.
+  """
+  ret = np.zeros_like(relative_position)
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  val_if_large = max_exact + (
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+      / np.log(max_distance / max_exact)
+      * (num_buckets - max_exact)
+  ).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  return ret + np.where(is_small, n, val_if_large)
+
+
+class RelativePositionBiases(nn.Module):
+  """T5 relative-position attention bias, shared by all layers of a stack."""
+
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: DType = jnp.float32
+  embedding_init: Initializer = nn.initializers.variance_scaling(
+      1.0, 'fan_avg', 'uniform'
+  )
+
+  @nn.compact
+  def __call__(self, qlen: int, klen: int, bidirectional: bool = True):
+    """Returns the `[1, heads, qlen, klen]` bias."""
+    rel = np.arange(klen)[None, :] - np.arange(qlen)[:, None]
+    buckets = relative_position_bucket(
+        rel, bidirectional, self.num_buckets, self.max_distance
+    )
+    table = param_with_axes(
+        'rel_embedding',
+        self.embedding_init,
+        (self.num_heads, self.num_buckets),
+        jnp.float32,
+        axes=('heads', 'relpos_buckets'),
+    )
+    # A one-hot contraction instead of a gather, which SPMD partitions well.
+    one_hot = jnp.asarray(
+        buckets[None] == np.arange(self.num_buckets)[:, None, None],
+        self.dtype,
+    )
+    values = jnp.einsum(
+        'hn,nqk->hqk', jnp.asarray(table, self.dtype), one_hot
+    )
+    return values[None]
+
+
+def _activation(name_or_fn: Union[str, Callable]) -> Callable:
+  if name_or_fn == 'linear':
+    return lambda x: x
+  if isinstance(name_or_fn, str):
+    if not hasattr(nn, name_or_fn):
+      raise ValueError(
+          f'Unknown MLP activation {name_or_fn!r}: use "linear" or the name '
+          'of a flax.linen activation such as "relu" or "gelu".'
+      )
+    return getattr(nn, name_or_fn)
+  return name_or_fn
+
+
+class MlpBlock(nn.Module):
+  """T5 FFN: `wi` (or gated `wi_0`, `wi_1`, ...) -> activation product -> `wo`.
+
+  `('relu',)` is T5 v1.0's FFN; `('gelu', 'linear')` T5.1.1's gated GELU.
+  """
+
+  intermediate_dim: int = 2048
+  activations: Sequence[Union[str, Callable]] = ('relu',)
+  intermediate_dropout_rate: float = 0.1
+  dtype: DType = jnp.float32
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, 'fan_in', 'truncated_normal'
+  )
+
+  @nn.compact
+  def __call__(self, inputs: Array, deterministic: bool = False) -> Array:
+    """`[batch, length, embed]` -> `[batch, length, embed]`."""
+    hidden = []
+    for i, act in enumerate(self.activations):
+      name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
+      h = DenseGeneral(
+          self.intermediate_dim,
+          dtype=self.dtype,
+          kernel_init=self.kernel_init,
+          kernel_axes=('embed', 'mlp'),
+          name=name,
+      )(inputs)
+      hidden.append(_activation(act)(h))
+    x = functools.reduce(operator.mul, hidden)
+    x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
+        x, deterministic=deterministic
+    )
+    x = with_sharding_constraint(x, ('batch', 'length', 'mlp'))
+    return DenseGeneral(
+        inputs.shape[-1],
+        dtype=self.dtype,
+        kernel_init=self.kernel_init,
+        kernel_axes=('mlp', 'embed'),
+        name='wo',
+    )(x)
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    bias: Optional[Array] = None,
+    dropout_rng: Optional[Array] = None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = True,
+    dtype: DType = jnp.float32,
+    float32_logits: bool = True,
+) -> Array:
+  """Unscaled dot-product attention (T5 folds 1/sqrt(d_h) into the query init).
+
+  Args:
+    query: `[batch, q_length, heads, head_dim]`.
+    key: `[batch, kv_length, heads, head_dim]`.
+    value: `[batch, kv_length, heads, head_dim]`.
+    bias: broadcastable to `[batch, heads, q_length, kv_length]`.
+    dropout_rng: key for attention dropout (broadcast along the query axis).
+    dropout_rate: attention dropout rate.
+    deterministic: disables dropout.
+    dtype: dtype of the attention weights and output.
+    float32_logits: compute logits and softmax in float32.
+
+  Returns:
+    `[batch, q_length, heads, head_dim]`.
+  """
+  if float32_logits:
+    query = query.astype(jnp.float32)
+    key = key.astype(jnp.float32)
+  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  if bias is not None:
+    logits = logits + bias.astype(logits.dtype)
+  weights = jax.nn.softmax(logits).astype(dtype)
+  if not deterministic and dropout_rate > 0.0:
+    keep_prob = 1.0 - dropout_rate
+    shape = list(weights.shape)
+    shape[-2] = 1
+    keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+    weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, value.astype(dtype))
+
+
+def mask_to_bias(mask: Optional[Array], dtype: DType) -> Optional[Array]:
+  """`[..., q, k]` 0/1 mask -> additive bias (0 where visible)."""
+  if mask is None:
+    return None
+  return jnp.where(mask > 0, 0.0, _MASKED_LOGIT).astype(dtype)
+
+
+def _prepend_visible(x: Optional[Array], prefix: int, fill: float):
+  """Pads `[..., q, k]` with `prefix` columns of `fill` on the key axis."""
+  if x is None or prefix == 0:
+    return x
+  pad = [(0, 0)] * (x.ndim - 1) + [(prefix, 0)]
+  return jnp.pad(x, pad, constant_values=fill)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head attention with t5x's `query/key/value/out` kernels.
+
+  Decoding keeps t5x's cache layout (`cached_key` / `cached_value` as
+  `[batch, heads, head_dim, max_length]`, `cache_index`), so t5x's decoding
+  utilities and beam search handle it unchanged. A key/value prefix given at
+  cache initialisation is stored as `cached_prefix_key` / `cached_prefix_value`
+  (`[batch, prefix, heads, head_dim]`, batch-major like every cache leaf) and
+  reused at every decode step.
+  """
+
+  num_heads: int
+  head_dim: int
+  dtype: DType = jnp.float32
+  dropout_rate: float = 0.0
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, 'fan_in', 'normal'
+  )
+  float32_logits: bool = True
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs_q: Array,
+      inputs_kv: Array,
+      mask: Optional[Array] = None,
+      bias: Optional[Array] = None,
+      *,
+      prefix_key: Optional[Array] = None,
+      prefix_value: Optional[Array] = None,
+      decode: bool = False,
+      deterministic: bool = False,
+  ) -> Array:
+    """Attends `inputs_q` over `[prefix; inputs_kv]`.
+
+    Args:
+      inputs_q: `[batch, q_length, embed]`.
+      inputs_kv: `[batch, kv_length, embed]`.
+      mask: `[batch, 1, q_length, kv_length]` 0/1 mask over the token columns.
+      bias: `[1, heads, q_length, kv_length]` bias over the token columns.
+      prefix_key: optional `[batch, prefix, heads, head_dim]` keys prepended
+        after the key projection; always visible, zero position bias.
+      prefix_value: `[batch, prefix, heads, head_dim]`, with `prefix_key`.
+      decode: use (and on the first call, create) the autoregressive cache.
+      deterministic: disables dropout.
+
+    Returns:
+      `[batch, q_length, embed]`.
+    """
+    if (prefix_key is None) != (prefix_value is None):
+      raise ValueError('prefix_key and prefix_value must be given together.')
+    dense = functools.partial(
+        DenseGeneral,
+        axis=-1,
+        features=(self.num_heads, self.head_dim),
+        kernel_axes=('embed', 'joined_kv'),
+        dtype=self.dtype,
+    )
+    # T5 has no explicit 1/sqrt(head_dim) on the logits: it is folded into
+    # the query initialiser (equivalent under Adafactor).
+    depth_scaling = jnp.sqrt(self.head_dim).astype(jnp.float32)
+    query_init = lambda *a: self.kernel_init(*a) / depth_scaling
+    query = dense(kernel_init=query_init, name='query')(inputs_q)
+    key = dense(kernel_init=self.kernel_init, name='key')(inputs_kv)
+    value = dense(kernel_init=self.kernel_init, name='value')(inputs_kv)
+    axes = ('batch', 'length', 'heads', 'kv')
+    query = with_sharding_constraint(query, axes)
+    key = with_sharding_constraint(key, axes)
+    value = with_sharding_constraint(value, axes)
+
+    if decode:
+      key, value, mask, bias, prefix_key, prefix_value = self._use_cache(
+          query, key, value, mask, bias, prefix_key, prefix_value
+      )
+
+    attention_bias = mask_to_bias(mask, self.dtype)
+    if bias is not None:
+      attention_bias = (
+          bias if attention_bias is None else attention_bias + bias
+      )
+    if prefix_key is not None:
+      prefix = prefix_key.shape[1]
+      key = jnp.concatenate([prefix_key.astype(key.dtype), key], axis=1)
+      value = jnp.concatenate([prefix_value.astype(value.dtype), value], axis=1)
+      attention_bias = _prepend_visible(attention_bias, prefix, 0.0)
+
+    dropout_rng = None
+    if not deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng('dropout')
+    x = dot_product_attention(
+        query,
+        key,
+        value,
+        bias=attention_bias,
+        dropout_rng=dropout_rng,
+        dropout_rate=self.dropout_rate,
+        deterministic=deterministic,
+        dtype=self.dtype,
+        float32_logits=self.float32_logits,
+    )
+    return DenseGeneral(
+        features=inputs_q.shape[-1],
+        axis=(-2, -1),
+        kernel_init=self.kernel_init,
+        kernel_axes=('joined_kv', 'embed'),
+        dtype=self.dtype,
+        name='out',
+    )(x)
+
+  def _use_cache(self, query, key, value, mask, bias, prefix_key,
+                 prefix_value):
+    """Creates the cache (first call) or appends one step to it."""
+    is_initialized = self.has_variable('cache', 'cached_key')
+    # [batch, length, heads, head_dim] is cached as [batch, heads, head_dim,
+    # length] (t5x's layout: a one-hot update instead of a scatter).
+    swap = lambda s: s[:-3] + (s[-2], s[-1], s[-3])
+    cached_key = self.variable(
+        'cache', 'cached_key', jnp.zeros, swap(key.shape), key.dtype
+    )
+    cached_value = self.variable(
+        'cache', 'cached_value', jnp.zeros, swap(value.shape), value.dtype
+    )
+    cache_index = self.variable(
+        'cache', 'cache_index', lambda: jnp.array(0, dtype=jnp.int32)
+    )
+    has_prefix = prefix_key is not None or self.has_variable(
+        'cache', 'cached_prefix_key'
+    )
+    if has_prefix:
+      if prefix_key is None and not is_initialized:
+        raise ValueError('A prefixed attention cache needs the prefix.')
+      # Filled with the real prefix when the cache is created; read after.
+      cached_prefix_key = self.variable(
+          'cache', 'cached_prefix_key', lambda: prefix_key
+      )
+      cached_prefix_value = self.variable(
+          'cache', 'cached_prefix_value', lambda: prefix_value
+      )
+    if not is_initialized:
+      return key, value, mask, bias, prefix_key, prefix_value
+
+    batch, heads, head_dim, length = cached_key.value.shape
+    if query.shape != (batch, 1, heads, head_dim):
+      raise ValueError(
+          'Autoregressive cache shape error: expected query shape '
+          f'{(batch, 1, heads, head_dim)}, got {query.shape}.'
+      )
+    cur = cache_index.value
+    one_hot = jax.nn.one_hot(cur, length, dtype=key.dtype)
+    key = cached_key.value + jnp.moveaxis(key, -3, -1) * one_hot
+    value = cached_value.value + jnp.moveaxis(value, -3, -1) * one_hot
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = cur + 1
+    key = jnp.moveaxis(key, -1, -3)
+    value = jnp.moveaxis(value, -1, -3)
+    # The single query sees the positions decoded so far, not the zeros.
+    step_mask = jnp.broadcast_to(
+        jnp.arange(length) <= cur, (batch, 1, 1, length)
+    )
+    mask = step_mask if mask is None else jnp.logical_and(mask, step_mask)
+    if bias is not None:
+      # Row `cur` of the full [1, heads, length, length] bias.
+      bias = lax.dynamic_slice_in_dim(bias, cur, 1, axis=-2)
+    if has_prefix:
+      prefix_key = cached_prefix_key.value
+      prefix_value = cached_prefix_value.value
+    return key, value, mask, bias, prefix_key, prefix_value
+
+
+def make_attention_mask(
+    query_input: Array,
+    key_input: Array,
+    pairwise_fn: Callable = jnp.multiply,
+    dtype: DType = jnp.float32,
+) -> Array:
+  """`[batch, q]`, `[batch, k]` -> `[batch, 1, q, k]` mask."""
+  mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
+  return mask[..., None, :, :].astype(dtype)
+
+
+def combine_masks(*masks: Optional[Array], dtype: DType = jnp.float32):
+  """Logical AND of the masks that are not None (None if all are)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks).astype(dtype)
+
+
+def make_decoder_mask(
+    decoder_target_tokens: Array,
+    dtype: DType,
+    decoder_segment_ids: Optional[Array] = None,
+) -> Array:
+  """Causal AND non-padding (AND same-segment) `[batch, 1, len, len]` mask."""
+  idx = jnp.broadcast_to(
+      jnp.arange(decoder_target_tokens.shape[-1]), decoder_target_tokens.shape
+  )
+  causal = make_attention_mask(idx, idx, jnp.greater_equal, dtype)
+  valid = decoder_target_tokens > 0
+  padding = make_attention_mask(valid, valid, dtype=dtype)
+  segments = None
+  if decoder_segment_ids is not None:
+    segments = make_attention_mask(
+        decoder_segment_ids, decoder_segment_ids, jnp.equal, dtype
+    )
+  return combine_masks(causal, padding, segments, dtype=dtype)

@@ -1,0 +1,438 @@
+"""T5 encoder-decoder (T5.1.1 by default, T5 v1.0 via config) with task ids.
+
+Parameter names, storage shapes and logical axes are those of t5x's
+`examples/t5/network.py`, so public t5x checkpoints restore into this module
+and t5x's partitioner shards it. Every entry point takes `task_ids` (int32
+`[batch]`, one per example); the plain network ignores them, task-conditioned
+modules consume them and raise when they are missing.
+"""
+
+from typing import Any, Optional, Sequence
+
+from flax import linen as nn
+from flax import struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyperprompt_jax import layers
+
+Array = jax.Array
+
+
+@struct.dataclass
+class T5Config:
+  """Hyperparameters of the network (gin: `network.T5Config`).
+
+  Defaults are T5.1.1-small's except the vocabulary, which must be set.
+  """
+
+  vocab_size: int
+  dtype: Any = jnp.float32  # activations; parameters are always float32
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  # ('gelu', 'linear') is T5.1.1's gated GELU; ('relu',) is T5 v1.0.
+  mlp_activations: Sequence[str] = ('gelu', 'linear')
+  dropout_rate: float = 0.1
+  # T5 v1.0 ties the output layer to the token embedding.
+  logits_via_embedding: bool = False
+  float32_attention_logits: bool = True
+  # Size of the task-id space: ids must lie in [0, num_tasks).
+  num_tasks: int = 8
+
+
+def check_config(cfg: T5Config) -> None:
+  """Raises ValueError on a configuration that cannot build a network."""
+  for name in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim', 'mlp_dim',
+               'num_tasks'):
+    if getattr(cfg, name) <= 0:
+      raise ValueError(f'T5Config.{name} must be positive, got '
+                       f'{getattr(cfg, name)}.')
+  for name in ('num_encoder_layers', 'num_decoder_layers'):
+    if getattr(cfg, name) < 0:
+      raise ValueError(f'T5Config.{name} must be >= 0.')
+  if not 0.0 <= cfg.dropout_rate < 1.0:
+    raise ValueError(f'T5Config.dropout_rate must be in [0, 1), got '
+                     f'{cfg.dropout_rate}.')
+  if not cfg.mlp_activations:
+    raise ValueError('T5Config.mlp_activations must name at least one.')
+
+
+def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
+  """Checks rank, batch size, dtype and, when concrete, the id range.
+
+  Inside `jax.jit` the values are abstract and an out-of-range gather would
+  clamp silently, so runners also validate batches on the host
+  (`hyperprompt_jax.batches.validate_batch`).
+  """
+  if task_ids is None:
+    return
+  if task_ids.ndim != 1 or task_ids.shape[0] != batch:
+    raise ValueError(
+        f'task_ids must be int32 [batch] = [{batch}], got shape '
+        f'{tuple(task_ids.shape)}.'
+    )
+  if not jnp.issubdtype(task_ids.dtype, jnp.integer):
+    raise ValueError(f'task_ids must be integers, got {task_ids.dtype}.')
+  if isinstance(task_ids, jax.core.Tracer):
+    return
+  ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
+  low, high = int(ids.min()), int(ids.max())
+  if low < 0 or high >= num_tasks:
+    raise ValueError(
+        f'task_ids must lie in [0, num_tasks) = [0, {num_tasks}), got ids '
+        f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
+        'the task list.'
+    )
+
+
+def _dropout(cfg: T5Config, **kwargs) -> nn.Dropout:
+  return nn.Dropout(rate=cfg.dropout_rate, **kwargs)
+
+
+class EncoderLayer(nn.Module):
+  """Pre-norm self-attention + FFN block of the encoder."""
+
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs, encoder_mask=None, deterministic=False):
+    """`[batch, length, embed]` -> `[batch, length, embed]`."""
+    cfg = self.config
+    length = inputs.shape[-2]
+    bias = self.relative_embedding(length, length, True)
+    x = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')(
+        inputs
+    )
+    x = layers.MultiHeadDotProductAttention(
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dtype=cfg.dtype,
+        dropout_rate=cfg.dropout_rate,
+        float32_logits=cfg.float32_attention_logits,
+        name='attention',
+    )(x, x, encoder_mask, bias, deterministic=deterministic)
+    x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    x = x + inputs
+    y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
+    y = layers.MlpBlock(
+        intermediate_dim=cfg.mlp_dim,
+        activations=cfg.mlp_activations,
+        intermediate_dropout_rate=cfg.dropout_rate,
+        dtype=cfg.dtype,
+        name='mlp',
+    )(y, deterministic=deterministic)
+    y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    return y + x
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm causal self-attention + cross-attention + FFN block."""
+
+  config: T5Config
+  relative_embedding: nn.Module
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs,
+      encoded,
+      decoder_mask=None,
+      encoder_decoder_mask=None,
+      deterministic=False,
+      decode=False,
+      max_decode_length=None,
+  ):
+    """`[batch, target_length, embed]` -> `[batch, target_length, embed]`."""
+    cfg = self.config
+    length = max_decode_length if decode and max_decode_length else (
+        inputs.shape[-2]
+    )
+    bias = self.relative_embedding(length, length, False)
+    attention = lambda name: layers.MultiHeadDotProductAttention(
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        dtype=cfg.dtype,
+        dropout_rate=cfg.dropout_rate,
+        float32_logits=cfg.float32_attention_logits,
+        name=name,
+    )
+    x = layers.LayerNorm(
+        dtype=cfg.dtype, name='pre_self_attention_layer_norm'
+    )(inputs)
+    x = attention('self_attention')(
+        x, x, decoder_mask, bias, deterministic=deterministic, decode=decode
+    )
+    x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    x = x + inputs
+    y = layers.LayerNorm(
+        dtype=cfg.dtype, name='pre_cross_attention_layer_norm'
+    )(x)
+    y = attention('encoder_decoder_attention')(
+        y, encoded, encoder_decoder_mask, deterministic=deterministic
+    )
+    y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    y = y + x
+    z = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(y)
+    z = layers.MlpBlock(
+        intermediate_dim=cfg.mlp_dim,
+        activations=cfg.mlp_activations,
+        intermediate_dropout_rate=cfg.dropout_rate,
+        dtype=cfg.dtype,
+        name='mlp',
+    )(z, deterministic=deterministic)
+    z = _dropout(cfg, broadcast_dims=(-2,))(z, deterministic=deterministic)
+    return z + y
+
+
+def _relative_position_biases(cfg: T5Config) -> layers.RelativePositionBiases:
+  return layers.RelativePositionBiases(
+      num_buckets=32,
+      max_distance=128,
+      num_heads=cfg.num_heads,
+      dtype=cfg.dtype,
+      name='relpos_bias',
+  )
+
+
+class Encoder(nn.Module):
+  """Embedding, encoder layers and final norm."""
+
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoder_input_tokens, encoder_mask=None,
+               deterministic=False):
+    """`[batch, length]` tokens -> `[batch, length, embed]`."""
+    cfg = self.config
+    rel_emb = _relative_position_biases(cfg)
+    x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
+    x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    x = x.astype(cfg.dtype)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, rel_emb, name=f'layers_{i}')(
+          x, encoder_mask, deterministic
+      )
+    x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
+    return _dropout(cfg)(x, deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+  """Embedding, decoder layers, final norm and output logits."""
+
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(
+      self,
+      encoded,
+      decoder_input_tokens,
+      decoder_positions=None,
+      decoder_mask=None,
+      encoder_decoder_mask=None,
+      deterministic=False,
+      decode=False,
+      max_decode_length=None,
+  ):
+    """Returns float32 logits `[batch, target_length, vocab]`."""
+    cfg = self.config
+    rel_emb = _relative_position_biases(cfg)
+    y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    y = y.astype(cfg.dtype)
+    for i in range(cfg.num_decoder_layers):
+      y = DecoderLayer(cfg, rel_emb, name=f'layers_{i}')(
+          y,
+          encoded,
+          decoder_mask=decoder_mask,
+          encoder_decoder_mask=encoder_decoder_mask,
+          deterministic=deterministic,
+          decode=decode,
+          max_decode_length=max_decode_length,
+      )
+    y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
+    y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    if cfg.logits_via_embedding:
+      # Tied output layer, normalised as in T5 v1.0.
+      return self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    return layers.DenseGeneral(
+        cfg.vocab_size,
+        dtype=jnp.float32,  # float32 logits for a stable softmax
+        kernel_axes=('embed', 'vocab'),
+        name='logits_dense',
+    )(y)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder T5 with t5x's entry points plus `task_ids`."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    check_config(cfg)
+    self.shared_embedding = layers.Embed(
+        num_embeddings=cfg.vocab_size,
+        features=cfg.emb_dim,
+        dtype=cfg.dtype,
+        attend_dtype=jnp.float32,
+        embedding_init=nn.initializers.normal(stddev=1.0),
+        one_hot=True,
+        name='token_embedder',
+    )
+    self.encoder = Encoder(cfg, self.shared_embedding)
+    self.decoder = Decoder(cfg, self.shared_embedding)
+
+  def encode(
+      self,
+      encoder_input_tokens,
+      encoder_segment_ids=None,
+      enable_dropout=True,
+      task_ids=None,
+  ):
+    """Encodes `[batch, length]` tokens to `[batch, length, embed]`.
+
+    Padding (token 0) is masked; with `encoder_segment_ids` (packed rows)
+    tokens attend only within their segment.
+    """
+    cfg = self.config
+    if encoder_input_tokens.ndim != 2:
+      raise ValueError(
+          'encoder_input_tokens must be [batch, length], got shape '
+          f'{encoder_input_tokens.shape}.'
+      )
+    check_task_ids(task_ids, encoder_input_tokens.shape[0], cfg.num_tasks)
+    valid = encoder_input_tokens > 0
+    encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
+    if encoder_segment_ids is not None:
+      encoder_mask = layers.combine_masks(
+          encoder_mask,
+          layers.make_attention_mask(
+              encoder_segment_ids, encoder_segment_ids, jnp.equal,
+              dtype=cfg.dtype,
+          ),
+          dtype=cfg.dtype,
+      )
+    return self.encoder(
+        encoder_input_tokens, encoder_mask, deterministic=not enable_dropout
+    )
+
+  def decode(
+      self,
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids=None,
+      decoder_segment_ids=None,
+      decoder_positions=None,
+      enable_dropout=True,
+      decode=False,
+      max_decode_length=None,
+      task_ids=None,
+  ):
+    """Decoder logits `[batch, target_length, vocab]` given `encoded`.
+
+    With `decode=True` this runs one step against the autoregressive cache
+    (created by a first call with the full-length target shape).
+    """
+    cfg = self.config
+    if decoder_input_tokens.ndim != 2:
+      raise ValueError(
+          'decoder_input_tokens must be [batch, length], got shape '
+          f'{decoder_input_tokens.shape}.'
+      )
+    check_task_ids(task_ids, decoder_input_tokens.shape[0], cfg.num_tasks)
+    encoder_valid = encoder_input_tokens > 0
+    if decode:
+      # Targets are not known while decoding: no decoder padding mask.
+      decoder_mask = None
+      encoder_decoder_mask = layers.make_attention_mask(
+          jnp.ones_like(decoder_target_tokens), encoder_valid, dtype=cfg.dtype
+      )
+    else:
+      decoder_mask = layers.make_decoder_mask(
+          decoder_target_tokens, cfg.dtype, decoder_segment_ids
+      )
+      encoder_decoder_mask = layers.make_attention_mask(
+          decoder_target_tokens > 0, encoder_valid, dtype=cfg.dtype
+      )
+    if encoder_segment_ids is not None:
+      if decode:
+        raise ValueError(
+            'Packed inputs cannot be decoded: `encoder_segment_ids` was passed '
+            'with decode=True.'
+        )
+      encoder_decoder_mask = layers.combine_masks(
+          encoder_decoder_mask,
+          layers.make_attention_mask(
+              decoder_segment_ids, encoder_segment_ids, jnp.equal,
+              dtype=cfg.dtype,
+          ),
+          dtype=cfg.dtype,
+      )
+    return self.decoder(
+        encoded,
+        decoder_input_tokens=decoder_input_tokens,
+        decoder_positions=decoder_positions,
+        decoder_mask=decoder_mask,
+        encoder_decoder_mask=encoder_decoder_mask,
+        deterministic=not enable_dropout,
+        decode=decode,
+        max_decode_length=max_decode_length,
+    )
+
+  def __call__(
+      self,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids=None,
+      decoder_segment_ids=None,
+      encoder_positions=None,
+      decoder_positions=None,
+      *,
+      enable_dropout: bool = True,
+      decode: bool = False,
+      task_ids=None,
+  ):
+    """Teacher-forced logits `[batch, target_length, vocab]`.
+
+    Args:
+      encoder_input_tokens: `[batch, input_length]` int tokens, 0 = padding.
+      decoder_input_tokens: `[batch, target_length]`, targets shifted right.
+      decoder_target_tokens: `[batch, target_length]`, for the masks.
+      encoder_segment_ids: `[batch, input_length]` for packed rows.
+      decoder_segment_ids: `[batch, target_length]` for packed rows.
+      encoder_positions: unused (relative positions), kept for t5x.
+      decoder_positions: `[batch, target_length]`, kept for t5x.
+      enable_dropout: enables dropout (needs a 'dropout' rng).
+      decode: use the autoregressive cache.
+      task_ids: int32 `[batch]`, ids in `[0, num_tasks)`.
+    """
+    del encoder_positions  # T5 uses relative position biases only
+    encoded = self.encode(
+        encoder_input_tokens,
+        encoder_segment_ids=encoder_segment_ids,
+        enable_dropout=enable_dropout,
+        task_ids=task_ids,
+    )
+    return self.decode(
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        decoder_target_tokens,
+        encoder_segment_ids=encoder_segment_ids,
+        decoder_segment_ids=decoder_segment_ids,
+        decoder_positions=decoder_positions,
+        enable_dropout=enable_dropout,
+        decode=decode,
+        task_ids=task_ids,
+    )

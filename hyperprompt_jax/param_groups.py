@@ -1,0 +1,29 @@
+"""Which parameters are task-conditioned, and which are the backbone.
+
+One rule for the whole project (parameter tables, the freeze switch of the
+optimizer, checkpoint restore): a parameter is task-conditioned when any
+component of its path is one of `TASK_CONDITIONED_SCOPES`. Every
+task-conditioning module (HyperPrompt, HyperGrid, the baselines) lives under
+one of these scope names; everything else is the T5 backbone that a public
+t5x checkpoint provides.
+"""
+
+from typing import Iterable
+
+TASK_CONDITIONED_SCOPES = frozenset({
+    'hyperprompt',     # HyperPrompt global prompts and hypernetworks
+    'hypergrid',       # HyperGrid gates and task embeddings
+    'output_gating',   # HyperGrid's Output Gating baseline
+    'adapter',         # Vanilla (Houlsby) adapters
+    'hyperformer',     # HyperFormer++ adapter hypernetworks
+    'prompt_tuning',   # multi-task soft prompts
+})
+
+
+def split_path(path: str | Iterable[str]) -> tuple[str, ...]:
+  return tuple(path.split('/')) if isinstance(path, str) else tuple(path)
+
+
+def is_task_conditioned(path: str | Iterable[str]) -> bool:
+  """True for '/'-joined (or tuple) paths inside a task-conditioning scope."""
+  return any(part in TASK_CONDITIONED_SCOPES for part in split_path(path))

@@ -1,0 +1,120 @@
+r"""Parameter table of a gin-configured network, without allocating it.
+
+    python -m hyperprompt_jax.param_table \
+        --gin_file=models/t5_1_1_base.gin [--gin_file=variants/...gin] \
+        [--gin.NUM_TASKS=8] [--json]
+
+Shapes come from `jax.eval_shape` of the network's `init`, so XXL costs
+nothing. Task-conditioned parameters are those under a scope listed in
+`hyperprompt_jax.param_groups.TASK_CONDITIONED_SCOPES`; the ratio is
+total / backbone, as the papers' "#Params" column.
+"""
+
+import argparse
+import collections
+import json
+import re
+import sys
+from typing import Any, Optional, Sequence
+
+from flax import traverse_util
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import network
+from hyperprompt_jax import param_groups
+
+
+def abstract_params(model: network.Transformer) -> dict[str, Any]:
+  """'/'-joined path -> `jax.ShapeDtypeStruct` of every parameter."""
+  batch, inputs, targets = 1, 8, 4
+  enc = jnp.ones((batch, inputs), jnp.int32)
+  dec = jnp.ones((batch, targets), jnp.int32)
+  task_ids = jnp.zeros((batch,), jnp.int32)
+  variables = jax.eval_shape(
+      lambda: model.init(
+          jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False,
+          task_ids=task_ids,
+      )
+  )
+  return traverse_util.flatten_dict(variables['params'], sep='/')
+
+
+def summarize(params: dict[str, Any]) -> dict[str, Any]:
+  """The `--json` object: totals, task-conditioned part, ratio, shapes."""
+  sizes = {k: int(np.prod(v.shape)) for k, v in params.items()}
+  total = sum(sizes.values())
+  task = sum(n for k, n in sizes.items() if param_groups.is_task_conditioned(k))
+  backbone = total - task
+  return {
+      'total_parameters': total,
+      'backbone_parameters': backbone,
+      'task_conditioned_parameters': task,
+      'ratio': total / backbone if backbone else float('inf'),
+      'parameters': {k: list(v.shape) for k, v in sorted(params.items())},
+  }
+
+
+def _module_of(path: str) -> str:
+  """Groups per-layer parameters: 'encoder/layers_3/mlp/wo/kernel' ->
+  'encoder/layers_*/mlp'."""
+  parts = re.sub(r'layers_\d+', 'layers_*', path).split('/')[:-1]
+  keep = 3 if len(parts) > 1 and parts[1] == 'layers_*' else 2
+  return '/'.join(parts[:keep])
+
+
+def format_table(summary: dict[str, Any]) -> str:
+  by_module = collections.Counter()
+  for path, shape in summary['parameters'].items():
+    by_module[_module_of(path)] += int(np.prod(shape))
+  width = max(len(m) for m in by_module) + 2
+  lines = [f'{"module":<{width}}{"parameters":>16}  kind']
+  for module, n in sorted(by_module.items()):
+    kind = ('task-conditioned' if param_groups.is_task_conditioned(module)
+            else 'backbone')
+    lines.append(f'{module:<{width}}{n:>16,}  {kind}')
+  lines += [
+      '',
+      f'{"total":<{width}}{summary["total_parameters"]:>16,}',
+      f'{"backbone":<{width}}{summary["backbone_parameters"]:>16,}',
+      f'{"task-conditioned":<{width}}'
+      f'{summary["task_conditioned_parameters"]:>16,}',
+      f'{"ratio total/backbone":<{width}}{summary["ratio"]:>16.4f}x',
+  ]
+  return '\n'.join(lines)
+
+
+def build_network() -> network.Transformer:
+  """The network the parsed gin configuration describes."""
+  return gin.get_configurable(network.Transformer)()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = gin_utils.rewrite_gin_shorthand(
+      sys.argv[1:] if argv is None else argv
+  )
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.param_table', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  gin_utils.add_gin_flags(parser)
+  parser.add_argument('--json', action='store_true',
+                      help='print one JSON object instead of the table')
+  args = parser.parse_args(argv)
+  gin.clear_config()
+  gin_utils.parse_gin(args.gin_file, args.gin_bindings,
+                      [p for p in args.gin_search_paths.split(',') if p])
+  summary = summarize(abstract_params(build_network()))
+  print(json.dumps(summary) if args.json else format_table(summary))
+  return 0
+
+
+if __name__ == '__main__':
+  try:
+    sys.exit(main())
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
