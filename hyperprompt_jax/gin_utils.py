@@ -8,6 +8,7 @@ resolves from anywhere.
 
 import argparse
 import os
+import re
 from typing import Sequence
 
 import gin
@@ -54,11 +55,10 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
                      '--gin_file=models/t5_1_1_small.gin.')
   files = [resolve_gin_file(f, search_paths) for f in gin_files]
   try:
-    gin.parse_config_files_and_bindings(
-        files,
-        list(bindings),
-        finalize_config=False,
-    )
+    gin.parse_config_files_and_bindings(files, [], finalize_config=False)
+    _check_macros_exist(bindings)
+    gin.parse_config_files_and_bindings([], list(bindings),
+                                        finalize_config=False)
   except (ValueError, IOError, TypeError) as e:
     raise ValueError(
         f'Invalid gin configuration: {e}\n(Check the spelling of the '
@@ -80,3 +80,27 @@ def resolve_gin_file(name: str, search_paths: Sequence[str]) -> str:
       f'paths {list(search_paths)}. Shipped files: models/*.gin, '
       'variants/*.gin (see `python -m hyperprompt_jax.paths gin`).'
   )
+
+
+_MACRO_BINDING = re.compile(r'^\s*([A-Z][A-Z0-9_]*)\s*=')
+
+
+def _check_macros_exist(bindings: Sequence[str]) -> None:
+  """A macro set on the command line must override one a gin file defines.
+
+  gin accepts any macro name silently, so a typo (`--gin.TRAIN_STPES=10`)
+  would otherwise be ignored.
+  """
+  for binding in bindings:
+    match = _MACRO_BINDING.match(binding)
+    if not match:
+      continue
+    name = match.group(1)
+    try:
+      gin.query_parameter(f'{name}/macro.value')
+    except ValueError:
+      raise ValueError(
+          f'Unknown gin macro {name!r}: none of the gin files defines it. '
+          'Check the spelling (macros are CAPS names set in the model, '
+          'variant and run files).'
+      ) from None

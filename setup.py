@@ -1,0 +1,63 @@
+"""Install hyperprompt_jax: `pip install -e '.[test]'` in a checkout."""
+
+import setuptools
+
+# Versions that resolve together from the package index and that t5x's current
+# source runs with (jax 0.10 / flax 0.12); the t5x test data was written with
+# the same jax / flax / orbax versions.
+INSTALL_REQUIRES = [
+    'jax==0.10.2',
+    'jaxlib==0.10.2',
+    'flax==0.12.8',
+    'optax==0.2.8',
+    'orbax-checkpoint==0.12.8',
+    'tensorstore==0.1.86',
+    'seqio==0.0.20',
+    'tensorflow-cpu==2.21.0',
+    'tensorflow-text==2.21.1',
+    'tensorflow-datasets==4.9.10',
+    'importlib_resources==7.1.0',
+    'gin-config==0.5.0',
+    'clu==0.0.12',
+    'sentencepiece==0.2.3',
+    'scikit-learn==1.9.1',
+    'scipy==1.17.1',
+    'matplotlib==3.11.2',
+    'numpy==2.4.6',
+    'etils==1.15.0',
+    'absl-py==2.5.1',
+]
+
+EXTRAS_REQUIRE = {
+    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0'],
+    'tpu': ['jax[tpu]==0.10.2'],
+    'gpu': ['jax[cuda12]==0.10.2'],
+}
+
+setuptools.setup(
+    name='hyperprompt_jax',
+    version='0.1.0',
+    description=(
+        'HyperPrompt and HyperGrid multi-task T5 in JAX / Flax, for t5x and '
+        'a built-in runner.'
+    ),
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.11',
+    # The top-level `tasks/` and `gin/` folders install inside the package:
+    # as `hyperprompt_jax.tasks` and `hyperprompt_jax/gin` (no top-level
+    # module named `tasks`).
+    packages=['hyperprompt_jax', 'hyperprompt_jax.tasks', 'hyperprompt_jax.gin'],
+    package_dir={
+        'hyperprompt_jax': 'hyperprompt_jax',
+        'hyperprompt_jax.tasks': 'tasks',
+        'hyperprompt_jax.gin': 'gin',
+    },
+    package_data={
+        'hyperprompt_jax.gin': ['*.gin', '*/*.gin', '*/*/*.gin'],
+        'hyperprompt_jax.tasks': ['fixtures/*', 'fixtures/*/*'],
+    },
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    license='Apache-2.0',
+)

@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny configurations, their parameters and test data."""
+
+import os
+import pathlib
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+from flax import traverse_util  # pylint: disable=g-import-not-at-top
+import jax
+import numpy as np
+import pytest
+
+from hyperprompt_jax import network
+
+TESTDATA = pathlib.Path(__file__).parent / 'testdata'
+T5X_TINY = TESTDATA / 't5x_tiny'
+
+# The configuration real t5x trained the checkpoints in testdata/t5x_tiny with
+# (its model.gin): vocab 384, d 32, 2 heads of 16, 2 + 2 layers, d_ff 64.
+T5X_TINY_CONFIG = network.T5Config(
+    vocab_size=384, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+    num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
+    num_tasks=4,
+)
+
+
+def flat(params) -> dict[str, np.ndarray]:
+  """Nested params -> '/'-keyed dict of float64 numpy arrays."""
+  return {k: np.asarray(v, np.float64)
+          for k, v in traverse_util.flatten_dict(params, sep='/').items()}
+
+
+def random_tokens(rng: np.random.Generator, shape, vocab=384, pad_from=None):
+  """Tokens in [1, vocab); positions >= pad_from[i] of row i are padding."""
+  tokens = rng.integers(1, vocab, size=shape).astype(np.int32)
+  if pad_from is not None:
+    for row, start in enumerate(pad_from):
+      tokens[row, start:] = 0
+  return tokens
+
+
+@pytest.fixture(scope='session')
+def tiny_model_and_params():
+  """The t5x test-data configuration with random float32 parameters."""
+  model = network.Transformer(T5X_TINY_CONFIG)
+  enc = np.ones((1, 8), np.int32)
+  dec = np.ones((1, 4), np.int32)
+  variables = jax.jit(
+      lambda rng: model.init(rng, enc, dec, dec, enable_dropout=False)
+  )(jax.random.PRNGKey(0))
+  return model, variables['params']

@@ -1,0 +1,129 @@
+"""An independent numpy T5 forward pass, the reference the network is tested on.
+
+Written from the T5 / T5.1.1 definitions (RMS layer norm, unscaled attention
+with bucketed relative-position biases, gated-GELU or ReLU FFN, pre-norm
+residual blocks), one example at a time in float64, with plain loops where
+the network vectorises. It reads parameters by their t5x paths from a flat
+'/'-keyed dict.
+"""
+
+import math
+
+import numpy as np
+
+
+def rms_norm(x, scale, eps=1e-6):
+  return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def gelu_tanh(x):
+  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def bucket(relative_position, bidirectional, num_buckets=32, max_distance=128):
+  """T5's bucket of `key_position - query_position`, one scalar at a time."""
+  ret, n = 0, -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    if n < 0:
+      ret += num_buckets
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  max_exact = num_buckets // 2
+  if n < max_exact:
+    return ret + n
+  large = max_exact + int(
+      math.log(n / max_exact) / math.log(max_distance / max_exact)
+      * (num_buckets - max_exact)
+  )
+  return ret + min(large, num_buckets - 1)
+
+
+def relpos_bias(table, qlen, klen, bidirectional):
+  """`[heads, buckets]` table -> `[heads, qlen, klen]` bias."""
+  out = np.zeros((table.shape[0], qlen, klen))
+  for i in range(qlen):
+    for j in range(klen):
+      out[:, i, j] = table[:, bucket(j - i, bidirectional)]
+  return out
+
+
+def attention(p, prefix, xq, xkv, visible, bias, heads, prompt_kv=None):
+  """One example. `visible [q, k]` bool; `bias [heads, q, k]` or None.
+
+  `prompt_kv`: optional `(keys, values)` `[l, heads, head_dim]` prepended to
+  the keys / values, always visible, zero position bias.
+  """
+  wq, wk, wv, wo = (p[f'{prefix}/{n}/kernel'] for n in ('query', 'key',
+                                                        'value', 'out'))
+  dh = wq.shape[1] // heads
+  q = (xq @ wq).reshape(len(xq), heads, dh)
+  k = (xkv @ wk).reshape(len(xkv), heads, dh)
+  v = (xkv @ wv).reshape(len(xkv), heads, dh)
+  logits = np.einsum('qhd,khd->hqk', q, k)
+  if bias is not None:
+    logits = logits + bias
+  logits = np.where(visible[None], logits, -1e10)
+  if prompt_kv is not None:
+    pk, pv = prompt_kv
+    logits = np.concatenate([np.einsum('qhd,lhd->hql', q, pk), logits], -1)
+    v = np.concatenate([pv, v], 0)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w = w / w.sum(-1, keepdims=True)
+  out = np.einsum('hqk,khd->qhd', w, v).reshape(len(xq), heads * dh)
+  return out @ wo
+
+
+def mlp(p, prefix, x, gated):
+  if gated:
+    h = gelu_tanh(x @ p[f'{prefix}/wi_0/kernel']) * (x @ p[f'{prefix}/wi_1/kernel'])
+  else:
+    h = np.maximum(x @ p[f'{prefix}/wi/kernel'], 0)
+  return h @ p[f'{prefix}/wo/kernel']
+
+
+def encode(p, tokens, heads, num_layers, gated=True, prompts=None):
+  """One example `[length]` -> `[length, d]`. `prompts[i]`: layer i's (k, v)."""
+  tokens = np.asarray(tokens)
+  x = p['token_embedder/embedding'][tokens].astype(np.float64)
+  valid = tokens > 0
+  visible = valid[:, None] & valid[None, :]
+  bias = relpos_bias(p['encoder/relpos_bias/rel_embedding'], len(tokens),
+                     len(tokens), True)
+  for i in range(num_layers):
+    pre = f'encoder/layers_{i}'
+    h = rms_norm(x, p[f'{pre}/pre_attention_layer_norm/scale'])
+    x = x + attention(p, f'{pre}/attention', h, h, visible, bias, heads,
+                      None if prompts is None else prompts[i])
+    h = rms_norm(x, p[f'{pre}/pre_mlp_layer_norm/scale'])
+    x = x + mlp(p, f'{pre}/mlp', h, gated)
+  return rms_norm(x, p['encoder/encoder_norm/scale'])
+
+
+def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
+           heads, num_layers, gated=True, tied=False, prompts=None):
+  """One example -> logits `[target_length, vocab]` (teacher forcing)."""
+  target_tokens = np.asarray(target_tokens)
+  t = len(target_tokens)
+  y = p['token_embedder/embedding'][np.asarray(decoder_input_tokens)]
+  y = y.astype(np.float64)
+  tvalid = target_tokens > 0
+  causal = np.tril(np.ones((t, t), bool))
+  self_visible = causal & tvalid[:, None] & tvalid[None, :]
+  cross_visible = tvalid[:, None] & (np.asarray(input_tokens) > 0)[None, :]
+  bias = relpos_bias(p['decoder/relpos_bias/rel_embedding'], t, t, False)
+  for i in range(num_layers):
+    pre = f'decoder/layers_{i}'
+    h = rms_norm(y, p[f'{pre}/pre_self_attention_layer_norm/scale'])
+    y = y + attention(p, f'{pre}/self_attention', h, h, self_visible, bias,
+                      heads, None if prompts is None else prompts[i])
+    h = rms_norm(y, p[f'{pre}/pre_cross_attention_layer_norm/scale'])
+    y = y + attention(p, f'{pre}/encoder_decoder_attention', h, encoded,
+                      cross_visible, None, heads)
+    h = rms_norm(y, p[f'{pre}/pre_mlp_layer_norm/scale'])
+    y = y + mlp(p, f'{pre}/mlp', h, gated)
+  y = rms_norm(y, p['decoder/decoder_norm/scale'])
+  if tied:
+    return y @ p['token_embedder/embedding'].T / math.sqrt(y.shape[-1])
+  return y @ p['decoder/logits_dense/kernel']

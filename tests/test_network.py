@@ -1,0 +1,219 @@
+"""The T5 network against an independent numpy T5 (tests/numpy_t5.py)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_t5
+from conftest import T5X_TINY_CONFIG, flat, random_tokens
+from hyperprompt_jax import network
+
+CFG = T5X_TINY_CONFIG
+
+
+def _batch(seed=0, batch=3, inputs=9, targets=6):
+  rng = np.random.default_rng(seed)
+  enc = random_tokens(rng, (batch, inputs), pad_from=[inputs, 6, 3][:batch])
+  tgt = random_tokens(rng, (batch, targets), pad_from=[targets, 4, 2][:batch])
+  dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], 1)
+  dec_in = np.where(tgt > 0, dec_in, 0)
+  return enc, dec_in, tgt
+
+
+def _reference_logits(p, enc, dec_in, tgt, cfg=CFG):
+  gated = len(cfg.mlp_activations) == 2
+  out = []
+  for e, d, t in zip(enc, dec_in, tgt):
+    encoded = numpy_t5.encode(p, e, cfg.num_heads, cfg.num_encoder_layers,
+                              gated)
+    out.append(numpy_t5.decode(p, encoded, e, d, t, cfg.num_heads,
+                               cfg.num_decoder_layers, gated,
+                               cfg.logits_via_embedding))
+  return np.stack(out)
+
+
+def _assert_close_where_valid(got, want, tgt, atol=2e-4):
+  valid = tgt > 0
+  np.testing.assert_allclose(np.asarray(got)[valid], want[valid],
+                             rtol=2e-4, atol=atol)
+
+
+def test_teacher_forced_logits_match_numpy_reference(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, dec_in, tgt = _batch()
+  logits = jax.jit(
+      lambda p: model.apply({'params': p}, enc, dec_in, tgt,
+                            enable_dropout=False,
+                            task_ids=jnp.array([0, 1, 3]))
+  )(params)
+  assert logits.shape == (3, 6, CFG.vocab_size)
+  assert logits.dtype == jnp.float32
+  _assert_close_where_valid(logits, _reference_logits(flat(params), enc,
+                                                      dec_in, tgt), tgt)
+
+
+def test_t5_v1_0_relu_ffn_and_tied_logits():
+  cfg = dataclasses.replace(CFG, mlp_activations=('relu',),
+                            logits_via_embedding=True)
+  model = network.Transformer(cfg)
+  enc, dec_in, tgt = _batch(seed=1)
+  params = model.init(jax.random.PRNGKey(1), enc, dec_in, tgt,
+                      enable_dropout=False)['params']
+  paths = set(flat(params))
+  assert 'encoder/layers_0/mlp/wi/kernel' in paths
+  assert 'encoder/layers_0/mlp/wi_0/kernel' not in paths
+  assert not any('logits_dense' in k for k in paths)
+  logits = model.apply({'params': params}, enc, dec_in, tgt,
+                       enable_dropout=False)
+  _assert_close_where_valid(logits, _reference_logits(flat(params), enc,
+                                                      dec_in, tgt, cfg), tgt)
+
+
+def test_incremental_decoding_with_cache_equals_teacher_forcing(
+    tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, _, _ = _batch(seed=2, batch=2, targets=7)
+  rng = np.random.default_rng(3)
+  tgt = random_tokens(rng, (2, 7))  # no padding: every position is decoded
+  dec_in = np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], 1)
+  task_ids = jnp.array([1, 2])
+  full = model.apply({'params': params}, enc, dec_in, tgt,
+                     enable_dropout=False, task_ids=task_ids)
+
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=task_ids, method=model.encode)
+  # Initialise the cache with the full target shape (as t5x does).
+  _, cache_vars = model.apply(
+      {'params': params}, encoded, enc, jnp.ones_like(tgt), jnp.ones_like(tgt),
+      enable_dropout=False, decode=True, max_decode_length=7,
+      task_ids=task_ids, mutable=['cache'], method=model.decode,
+  )
+  cache = cache_vars['cache']
+  assert cache['decoder']['layers_0']['self_attention']['cached_key'].shape == (
+      2, CFG.num_heads, CFG.head_dim, 7)
+
+  @jax.jit
+  def step(cache, token):
+    logits, new_vars = model.apply(
+        {'params': params, 'cache': cache}, encoded, enc, token, token,
+        enable_dropout=False, decode=True, max_decode_length=7,
+        task_ids=task_ids, mutable=['cache'], method=model.decode,
+    )
+    return logits[:, 0], new_vars['cache']
+
+  steps = []
+  for i in range(7):
+    logits, cache = step(cache, dec_in[:, i:i + 1])
+    steps.append(logits)
+  np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def _encode(model, params, tokens, segment_ids=None):
+  return np.asarray(model.apply({'params': params}, tokens,
+                                encoder_segment_ids=segment_ids,
+                                enable_dropout=False, method=model.encode))
+
+
+def test_encoder_is_bidirectional(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, _, _ = _batch(batch=1)
+  changed = enc.copy()
+  changed[0, -1] = changed[0, -1] % 383 + 1  # a different non-pad token
+  before, after = _encode(model, params, enc), _encode(model, params, changed)
+  assert not np.allclose(before[0, 0], after[0, 0], atol=1e-6)
+
+
+def test_padding_does_not_change_the_encoding(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, _, _ = _batch(batch=1)
+  short = _encode(model, params, enc[:, :5])
+  padded = _encode(model, params, np.pad(enc[:, :5], ((0, 0), (0, 7))))
+  np.testing.assert_allclose(padded[:, :5], short, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_segments_do_not_see_each_other(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  rng = np.random.default_rng(4)
+  a, b = random_tokens(rng, (1, 4)), random_tokens(rng, (1, 5))
+  packed = np.concatenate([a, b], 1)
+  segments = np.array([[1] * 4 + [2] * 5], np.int32)
+  got = _encode(model, params, packed, segments)
+  np.testing.assert_allclose(got[:, :4], _encode(model, params, a),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[:, 4:], _encode(model, params, b),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_is_causal(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, dec_in, tgt = _batch(batch=1, targets=6)
+  logits = lambda d, t: np.asarray(model.apply(
+      {'params': params}, enc, d, t, enable_dropout=False))
+  before = logits(dec_in, tgt)
+  dec2, tgt2 = dec_in.copy(), tgt.copy()
+  dec2[0, 4] = dec2[0, 4] % 383 + 1  # change a later input token
+  after = logits(dec2, tgt2)
+  np.testing.assert_allclose(after[0, :4], before[0, :4], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(after[0, 4], before[0, 4], atol=1e-6)
+
+
+def test_bfloat16_activations_give_float32_logits_close_to_float32():
+  cfg = dataclasses.replace(CFG, dtype='bfloat16')
+  model32, model16 = network.Transformer(CFG), network.Transformer(cfg)
+  enc, dec_in, tgt = _batch(seed=5)
+  params = model32.init(jax.random.PRNGKey(2), enc, dec_in, tgt,
+                        enable_dropout=False)['params']
+  l32 = model32.apply({'params': params}, enc, dec_in, tgt,
+                      enable_dropout=False)
+  l16 = model16.apply({'params': params}, enc, dec_in, tgt,
+                      enable_dropout=False)
+  assert l16.dtype == jnp.float32
+  valid = tgt > 0
+  assert np.abs(np.asarray(l16 - l32))[valid].max() < 0.1 * np.abs(
+      np.asarray(l32))[valid].max()
+
+
+def test_dropout_needs_rng_and_changes_outputs(tiny_model_and_params):
+  _, params = tiny_model_and_params
+  model = network.Transformer(dataclasses.replace(CFG, dropout_rate=0.3))
+  enc, dec_in, tgt = _batch()
+  run = lambda seed: np.asarray(model.apply(
+      {'params': params}, enc, dec_in, tgt, enable_dropout=True,
+      rngs={'dropout': jax.random.PRNGKey(seed)}))
+  assert not np.allclose(run(0), run(1))
+  np.testing.assert_array_equal(run(0), run(0))
+
+
+@pytest.mark.parametrize('task_ids, message', [
+    (np.array([0, 1, 4]), r'\[0, 4\)'),
+    (np.array([-1, 0, 0]), r'\[0, 4\)'),
+    (np.array([0, 1]), r'task_ids must be int32 \[batch\]'),
+    (np.array([[0, 1, 2]]), r'task_ids must be int32 \[batch\]'),
+    (np.array([0.0, 1.0, 2.0]), 'must be integers'),
+])
+def test_bad_task_ids_raise(tiny_model_and_params, task_ids, message):
+  model, params = tiny_model_and_params
+  enc, dec_in, tgt = _batch()
+  with pytest.raises(ValueError, match=message):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False,
+                task_ids=task_ids)
+
+
+def test_wrong_token_rank_raises(tiny_model_and_params):
+  model, params = tiny_model_and_params
+  enc, dec_in, tgt = _batch()
+  with pytest.raises(ValueError, match=r'encoder_input_tokens must be \[batch'):
+    model.apply({'params': params}, enc[0], dec_in, tgt, enable_dropout=False)
+  with pytest.raises(ValueError, match=r'decoder_input_tokens must be \[batch'):
+    model.apply({'params': params}, enc, dec_in[..., None], tgt,
+                enable_dropout=False)
+
+
+def test_bad_config_raises():
+  with pytest.raises(ValueError, match='num_heads must be positive'):
+    network.Transformer(dataclasses.replace(CFG, num_heads=0)).init(
+        jax.random.PRNGKey(0), np.ones((1, 2), np.int32),
+        np.ones((1, 2), np.int32), np.ones((1, 2), np.int32))
