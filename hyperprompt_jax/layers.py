@@ -295,12 +295,27 @@ def mask_to_bias(mask: Optional[Array], dtype: DType) -> Optional[Array]:
   return jnp.where(mask > 0, 0.0, _MASKED_LOGIT).astype(dtype)
 
 
-def _prepend_visible(x: Optional[Array], prefix: int, fill: float):
-  """Pads `[..., q, k]` with `prefix` columns of `fill` on the key axis."""
-  if x is None or prefix == 0:
-    return x
-  pad = [(0, 0)] * (x.ndim - 1) + [(prefix, 0)]
-  return jnp.pad(x, pad, constant_values=fill)
+def _prepend_prefix_columns(bias, prefix_logit_bias, q_len, kv_len, prefix,
+                            dtype):
+  """Bias `[b, h, q, kv]` -> `[b, h, q, prefix + kv]` with visible prefix.
+
+  The prefix columns are never masked (no causal, no padding mask) and get
+  no relative-position bias: zero, or `prefix_logit_bias [heads]`.
+  """
+  if bias is None:
+    bias = jnp.zeros((1, 1, q_len, kv_len), dtype)
+  if prefix_logit_bias is None:
+    columns = jnp.zeros((1, 1, 1, prefix), bias.dtype)
+  else:
+    columns = jnp.broadcast_to(
+        prefix_logit_bias.astype(bias.dtype)[None, :, None, None],
+        (1, prefix_logit_bias.shape[0], 1, prefix),
+    )
+  lead = jnp.broadcast_shapes(bias.shape[:2], columns.shape[:2])
+  return jnp.concatenate([
+      jnp.broadcast_to(columns, lead + (bias.shape[2], prefix)),
+      jnp.broadcast_to(bias, lead + bias.shape[2:]),
+  ], axis=-1)
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -333,6 +348,7 @@ class MultiHeadDotProductAttention(nn.Module):
       *,
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
+      prefix_logit_bias: Optional[Array] = None,
       decode: bool = False,
       deterministic: bool = False,
   ) -> Array:
@@ -346,6 +362,8 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: optional `[batch, prefix, heads, head_dim]` keys prepended
         after the key projection; always visible, zero position bias.
       prefix_value: `[batch, prefix, heads, head_dim]`, with `prefix_key`.
+      prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
+        (zero when None).
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
@@ -354,6 +372,8 @@ class MultiHeadDotProductAttention(nn.Module):
     """
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
+    if prefix_key is None and prefix_logit_bias is not None and not decode:
+      raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
     dense = functools.partial(
         DenseGeneral,
         axis=-1,
@@ -384,10 +404,12 @@ class MultiHeadDotProductAttention(nn.Module):
           bias if attention_bias is None else attention_bias + bias
       )
     if prefix_key is not None:
-      prefix = prefix_key.shape[1]
+      attention_bias = _prepend_prefix_columns(
+          attention_bias, prefix_logit_bias, query.shape[1], key.shape[1],
+          prefix_key.shape[1], self.dtype,
+      )
       key = jnp.concatenate([prefix_key.astype(key.dtype), key], axis=1)
       value = jnp.concatenate([prefix_value.astype(value.dtype), value], axis=1)
-      attention_bias = _prepend_visible(attention_bias, prefix, 0.0)
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:

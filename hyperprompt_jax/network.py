@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
 
 Array = jax.Array
@@ -43,6 +44,8 @@ class T5Config:
   float32_attention_logits: bool = True
   # Size of the task-id space: ids must lie in [0, num_tasks).
   num_tasks: int = 8
+  # Task conditioning (None: the plain multi-task T5, "MTL").
+  hyperprompt: Optional[hyperprompt_lib.HyperPromptConfig] = None
 
 
 def check_config(cfg: T5Config) -> None:
@@ -60,6 +63,14 @@ def check_config(cfg: T5Config) -> None:
                      f'{cfg.dropout_rate}.')
   if not cfg.mlp_activations:
     raise ValueError('T5Config.mlp_activations must name at least one.')
+  if cfg.hyperprompt is not None:
+    hyperprompt_lib.check_hyperprompt_config(cfg.hyperprompt, cfg.emb_dim)
+
+
+def is_task_conditioned(cfg: T5Config) -> bool:
+  """Whether any module of the network consumes `task_ids`."""
+  return any(hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack) > 0
+             for stack in ('encoder', 'decoder'))
 
 
 def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
@@ -90,6 +101,16 @@ def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
     )
 
 
+def _refuse_packing(cfg: T5Config, segment_ids) -> None:
+  if segment_ids is not None and is_task_conditioned(cfg):
+    raise ValueError(
+        'Packed inputs (segment ids) reached a task-conditioned model: a '
+        'packed row mixes tasks, but task ids are per example. Set '
+        '`pack = False` in the DatasetConfig of the run (train and '
+        'train_eval).'
+    )
+
+
 def _dropout(cfg: T5Config, **kwargs) -> nn.Dropout:
   return nn.Dropout(rate=cfg.dropout_rate, **kwargs)
 
@@ -101,8 +122,13 @@ class EncoderLayer(nn.Module):
   relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, inputs, encoder_mask=None, deterministic=False):
-    """`[batch, length, embed]` -> `[batch, length, embed]`."""
+  def __call__(self, inputs, encoder_mask=None, deterministic=False,
+               prompts=None):
+    """`[batch, length, embed]` -> `[batch, length, embed]`.
+
+    `prompts`: optional `(keys, values, logit_bias)` of this layer, keys and
+    values `[batch, l, heads, head_dim]` prepended in self-attention.
+    """
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True)
@@ -116,7 +142,8 @@ class EncoderLayer(nn.Module):
         dropout_rate=cfg.dropout_rate,
         float32_logits=cfg.float32_attention_logits,
         name='attention',
-    )(x, x, encoder_mask, bias, deterministic=deterministic)
+    )(x, x, encoder_mask, bias, deterministic=deterministic,
+      **_prefix_kwargs(prompts))
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
@@ -147,8 +174,13 @@ class DecoderLayer(nn.Module):
       deterministic=False,
       decode=False,
       max_decode_length=None,
+      prompts=None,
   ):
-    """`[batch, target_length, embed]` -> `[batch, target_length, embed]`."""
+    """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
+
+    `prompts`: optional `(keys, values, logit_bias)` for self-attention (see
+    EncoderLayer); while decoding only needed when the cache is created.
+    """
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else (
         inputs.shape[-2]
@@ -166,7 +198,8 @@ class DecoderLayer(nn.Module):
         dtype=cfg.dtype, name='pre_self_attention_layer_norm'
     )(inputs)
     x = attention('self_attention')(
-        x, x, decoder_mask, bias, deterministic=deterministic, decode=decode
+        x, x, decoder_mask, bias, deterministic=deterministic, decode=decode,
+        **_prefix_kwargs(prompts),
     )
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
@@ -190,6 +223,57 @@ class DecoderLayer(nn.Module):
     return z + y
 
 
+def _prefix_kwargs(prompts) -> dict[str, Any]:
+  if prompts is None:
+    return {}
+  keys, values, logit_bias = prompts
+  return dict(prefix_key=keys, prefix_value=values,
+              prefix_logit_bias=logit_bias)
+
+
+class _StackPrompts:
+  """A stack's hyper-prompts for all tasks, gathered per layer by task id."""
+
+  def __init__(self, generated, task_ids):
+    self.keys, self.values, self.logit_bias = generated
+    self.task_ids = task_ids
+
+  def for_layer(self, layer: int):
+    """`(keys, values, logit_bias)` of one layer; keys / values are None at
+    decode steps, where the attention reads them from its cache."""
+    bias = None if self.logit_bias is None else self.logit_bias[layer]
+    if self.keys is None:
+      return None, None, bias
+    keys, values = hyperprompt_lib.gather_prompts(
+        self.keys, self.values, layer, self.task_ids)
+    return keys, values, bias
+
+
+def _stack_prompts(module: nn.Module, stack: str, num_layers: int,
+                   task_ids, generate: bool = True) -> Optional[_StackPrompts]:
+  """Generates (once, for all T tasks) the prompts of `stack`, if any.
+
+  `generate=False` (decode steps) skips the hypernetworks: the prompts are
+  already in the attention caches.
+  """
+  cfg = module.config
+  length = hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack)
+  if length == 0:
+    return None
+  generated = hyperprompt_lib.HyperPromptGenerator(
+      config=cfg.hyperprompt,
+      num_tasks=cfg.num_tasks,
+      num_layers=num_layers,
+      prompt_length=length,
+      emb_dim=cfg.emb_dim,
+      num_heads=cfg.num_heads,
+      head_dim=cfg.head_dim,
+      dtype=cfg.dtype,
+      name='hyperprompt',
+  )(generate=generate)
+  return _StackPrompts(generated, task_ids)
+
+
 def _relative_position_biases(cfg: T5Config) -> layers.RelativePositionBiases:
   return layers.RelativePositionBiases(
       num_buckets=32,
@@ -208,16 +292,19 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoder_input_tokens, encoder_mask=None,
-               deterministic=False):
+               deterministic=False, task_ids=None):
     """`[batch, length]` tokens -> `[batch, length, embed]`."""
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
+    prompts = _stack_prompts(self, 'encoder', cfg.num_encoder_layers,
+                             task_ids)
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x.astype(cfg.dtype)
     for i in range(cfg.num_encoder_layers):
       x = EncoderLayer(cfg, rel_emb, name=f'layers_{i}')(
-          x, encoder_mask, deterministic
+          x, encoder_mask, deterministic,
+          prompts=prompts and prompts.for_layer(i),
       )
     x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
     return _dropout(cfg)(x, deterministic=deterministic)
@@ -240,10 +327,16 @@ class Decoder(nn.Module):
       deterministic=False,
       decode=False,
       max_decode_length=None,
+      task_ids=None,
   ):
     """Returns float32 logits `[batch, target_length, vocab]`."""
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
+    # While decoding, prompts are generated once, when the cache is created,
+    # and read back from the cache at every step.
+    cache_ready = decode and 'cache' in self.variables
+    prompts = _stack_prompts(self, 'decoder', cfg.num_decoder_layers,
+                             task_ids, generate=not cache_ready)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -256,6 +349,7 @@ class Decoder(nn.Module):
           deterministic=deterministic,
           decode=decode,
           max_decode_length=max_decode_length,
+          prompts=prompts and prompts.for_layer(i),
       )
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -309,6 +403,7 @@ class Transformer(nn.Module):
           f'{encoder_input_tokens.shape}.'
       )
     check_task_ids(task_ids, encoder_input_tokens.shape[0], cfg.num_tasks)
+    _refuse_packing(cfg, encoder_segment_ids)
     valid = encoder_input_tokens > 0
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
@@ -321,7 +416,8 @@ class Transformer(nn.Module):
           dtype=cfg.dtype,
       )
     return self.encoder(
-        encoder_input_tokens, encoder_mask, deterministic=not enable_dropout
+        encoder_input_tokens, encoder_mask, deterministic=not enable_dropout,
+        task_ids=task_ids,
     )
 
   def decode(
@@ -350,6 +446,7 @@ class Transformer(nn.Module):
           f'{decoder_input_tokens.shape}.'
       )
     check_task_ids(task_ids, decoder_input_tokens.shape[0], cfg.num_tasks)
+    _refuse_packing(cfg, decoder_segment_ids)
     encoder_valid = encoder_input_tokens > 0
     if decode:
       # Targets are not known while decoding: no decoder padding mask.
@@ -387,6 +484,7 @@ class Transformer(nn.Module):
         deterministic=not enable_dropout,
         decode=decode,
         max_decode_length=max_decode_length,
+        task_ids=task_ids,
     )
 
   def __call__(

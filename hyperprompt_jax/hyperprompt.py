@@ -1,0 +1,297 @@
+"""HyperPrompt (He et al., ICML 2022): hypernetwork-generated task prompts.
+
+Every self-attention layer m of a stack gets, per task tau, `l` key and `l`
+value vectors prepended after its K/V projections (Eqs. 1-2):
+
+    K' = [P^m_{tau,k}; K],   V' = [P^m_{tau,v}; V],   P^m [l, heads, head_dim]
+
+generated from a per-task global prompt P_tau [l, d] by a bottleneck
+hypernetwork (Eqs. 3-4): P^m_{tau,k} = U^m_k(ReLU(D^m_k(P_tau))), with
+D [d, b] and U [b, heads * head_dim], where
+
+- **Share**: one (D, U) per layer, shared by the tasks;
+- **Sep**: one (D, U) per layer and task (Eqs. 5-6);
+- **Global**: (D, U) generated per layer and task by global hypernetworks
+  W^{D_k}, W^{D_v} [t, d*b] and W^{U_k}, W^{U_v} [t, b*heads*head_dim] from a
+  layer-aware task embedding I^m_tau = h_t([k_tau; z_m]) (Eqs. 7-8), with task
+  embeddings k [T, t'], layer embeddings z [M, t'] and the task projector h_t
+  = Dense(2t' -> e), ReLU, Dense(e -> t).
+
+Decisions (DESIGN.md): one P_tau feeds both the key and the value
+hypernetworks; encoder and decoder have separate everything; no biases and no
+layer norms by default (the paper's parameter formula is then exact); the
+flattened W^D I is read as [d, b] and W^U I as [b, heads * head_dim]
+(row-major). Prompts for all T tasks are computed once per forward
+(`[layers, T, l, heads, head_dim]`) and gathered by task id, so their cost
+does not grow with the batch.
+
+Initialisation (the paper gives none): P_tau, k_tau, z_m ~ N(0, 1) like T5's
+token embeddings; D, U and h_t fan-in scaled like T5's dense layers; the
+global hypernetworks scaled so that the *generated* D and U have fan-in
+variance (1/d and 1/b), which makes the generated prompt keys about as large
+as token keys at step 0.
+"""
+
+from typing import Any, Optional
+
+from flax import linen as nn
+from flax import struct
+import jax
+import jax.numpy as jnp
+
+from hyperprompt_jax import layers
+
+Array = jax.Array
+VARIANTS = ('share', 'sep', 'global', 'none')
+PLACEMENTS = ('both', 'encoder', 'decoder')
+
+
+@struct.dataclass
+class HyperPromptConfig:
+  """gin: `hyperprompt.HyperPromptConfig` (see gin/variants/hyperprompt_*)."""
+
+  variant: str = 'global'  # 'share' | 'sep' | 'global' | 'none'
+  placement: str = 'both'  # 'both' | 'encoder' | 'decoder'
+  encoder_prompt_length: int = 16   # l_enc
+  decoder_prompt_length: int = 6    # l_dec
+  hypernet_reduction: int = 32      # r: bottleneck b = d / r
+  task_embed_dim: int = 64          # t': task and layer embeddings
+  task_hidden_dim: int = 128        # e: hidden width of h_t
+  layer_task_embed_dim: int = 64    # t: I^m_tau
+  # Options, off by default (not in the paper's parameter formula):
+  use_bias: bool = False            # biases in D / U, h_t and W^{D,U}
+  use_layer_norm: bool = False      # layer norm on the hypernetwork input
+  learned_prompt_bias: bool = False  # per-layer, per-head logit bias on prompts
+
+
+def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
+  """Raises ValueError on settings that cannot build HyperPrompt."""
+  if cfg.variant not in VARIANTS:
+    raise ValueError(f'HyperPromptConfig.variant must be one of {VARIANTS}, '
+                     f'got {cfg.variant!r}.')
+  if cfg.placement not in PLACEMENTS:
+    raise ValueError(f'HyperPromptConfig.placement (PLACEMENT) must be one of '
+                     f'{PLACEMENTS}, got {cfg.placement!r}.')
+  for name in ('encoder_prompt_length', 'decoder_prompt_length'):
+    if getattr(cfg, name) < 0:
+      raise ValueError(f'HyperPromptConfig.{name} must be >= 0, got '
+                       f'{getattr(cfg, name)}.')
+  r = cfg.hypernet_reduction
+  if r <= 0 or emb_dim % r:
+    raise ValueError(
+        f'HYPERNET_REDUCTION={r} must be a positive divisor of d_model='
+        f'{emb_dim} (the bottleneck is b = d / r).'
+    )
+  for name in ('task_embed_dim', 'task_hidden_dim', 'layer_task_embed_dim'):
+    if getattr(cfg, name) <= 0:
+      raise ValueError(f'HyperPromptConfig.{name} must be positive.')
+
+
+def prompt_length_for(cfg: Optional[HyperPromptConfig], stack: str) -> int:
+  """Prompt length of `stack` ('encoder' | 'decoder'); 0 when it has none."""
+  if cfg is None or cfg.variant == 'none':
+    return 0
+  if cfg.placement not in ('both', stack):
+    return 0
+  return (cfg.encoder_prompt_length if stack == 'encoder'
+          else cfg.decoder_prompt_length)
+
+
+def _normal(stddev: float):
+  return nn.initializers.normal(stddev=stddev)
+
+
+def _fan_in(fan_in: int):
+  return _normal(fan_in ** -0.5)
+
+
+class HyperPromptGenerator(nn.Module):
+  """The hyper-prompts of one stack, for all tasks and layers.
+
+  Parameters (under `<stack>/hyperprompt/`), with T tasks, M layers, l the
+  prompt length, d = emb_dim, b = d / r, j = heads * head_dim:
+    global_prompts [T, l, d]
+    share:  {key,value}_down [M, d, b], {key,value}_up [M, b, j]
+    sep:    {key,value}_down [T, M, d, b], {key,value}_up [T, M, b, j]
+    global: task_embeddings [T, t'], layer_embeddings [M, t'],
+            task_projector/{hidden [2t', e], output [e, t]},
+            {key,value}_down_generator [t, d*b], {key,value}_up_generator
+            [t, b*j]
+  """
+
+  config: HyperPromptConfig
+  num_tasks: int
+  num_layers: int
+  prompt_length: int
+  emb_dim: int
+  num_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
+
+  def _param(self, name, init, shape, axes):
+    return jnp.asarray(
+        layers.param_with_axes(name, init, shape, jnp.float32, axes=axes),
+        self.dtype,
+    )
+
+  @nn.compact
+  def __call__(self, generate: bool = True):
+    """Returns `(keys, values, logit_bias)`.
+
+    Args:
+      generate: False skips the hypernetworks (decode steps read the prompts
+        from the cache) and returns `(None, None, logit_bias)`.
+
+    Returns:
+      keys, values: `[layers, tasks, prompt_length, heads, head_dim]`.
+      logit_bias: `[layers, heads]` learned bias on the prompt columns, or
+        None.
+    """
+    cfg = self.config
+    logit_bias = None
+    if cfg.learned_prompt_bias:
+      logit_bias = self._param('prompt_logit_bias', nn.initializers.zeros,
+                               (self.num_layers, self.num_heads),
+                               ('hyper_layers', 'heads'))
+    if not generate:
+      return None, None, logit_bias
+    t_, m, l, d = self.num_tasks, self.num_layers, self.prompt_length, (
+        self.emb_dim)
+    b = d // cfg.hypernet_reduction
+    j = self.num_heads * self.head_dim
+    prompts = self._param('global_prompts', _normal(1.0), (t_, l, d),
+                          ('tasks', 'prompt_length', 'embed'))
+    if cfg.use_layer_norm and cfg.variant != 'global':
+      prompts = layers.LayerNorm(dtype=self.dtype, name='prompt_norm')(prompts)
+
+    if cfg.variant == 'global':
+      down, up = self._global_hypernetworks(b, j)
+      hypernets = {'key': (down[0], up[0]), 'value': (down[1], up[1])}
+    else:
+      lead = (m,) if cfg.variant == 'share' else (t_, m)
+      lead_axes = (('hyper_layers',) if cfg.variant == 'share'
+                   else ('tasks', 'hyper_layers'))
+      hypernets = {
+          kind: (
+              self._param(f'{kind}_down', _fan_in(d), lead + (d, b),
+                          lead_axes + ('embed', 'hyper_bottleneck')),
+              self._param(f'{kind}_up', _fan_in(b), lead + (b, j),
+                          lead_axes + ('hyper_bottleneck', 'joined_kv')),
+          )
+          for kind in ('key', 'value')
+      }
+
+    out = []
+    for kind in ('key', 'value'):
+      down, up = hypernets[kind]
+      out.append(self._local_hypernetwork(kind, prompts, down, up, b, j))
+    return out[0], out[1], logit_bias
+
+  def _local_hypernetwork(self, kind, prompts, down, up, b, j):
+    """Eqs. (3)-(6): U(ReLU(D(P_tau))) for every layer and task.
+
+    Args:
+      kind: 'key' or 'value'.
+      prompts: `[T, l, d]` global prompts P_tau.
+      down: D, `[M, d, b]` (shared by tasks) or `[T, M, d, b]`.
+      up: U, `[M, b, j]` or `[T, M, b, j]`.
+      b: bottleneck width.
+      j: heads * head_dim.
+
+    Returns:
+      `[M, T, l, heads, head_dim]`.
+    """
+    if down.ndim == 3:  # Share
+      hidden = jnp.einsum('tld,mdb->mtlb', prompts, down)
+    else:
+      hidden = jnp.einsum('tld,tmdb->mtlb', prompts, down)
+    if self.config.use_bias:
+      hidden = hidden + self._param(
+          f'{kind}_down_bias', nn.initializers.zeros,
+          (self.num_layers, b), ('hyper_layers', 'hyper_bottleneck'),
+      )[:, None, None]
+    hidden = jax.nn.relu(hidden)
+    if up.ndim == 3:
+      out = jnp.einsum('mtlb,mbj->mtlj', hidden, up)
+    else:
+      out = jnp.einsum('mtlb,tmbj->mtlj', hidden, up)
+    if self.config.use_bias:
+      out = out + self._param(
+          f'{kind}_up_bias', nn.initializers.zeros,
+          (self.num_layers, j), ('hyper_layers', 'joined_kv'),
+      )[:, None, None]
+    return out.reshape(out.shape[:-1] + (self.num_heads, self.head_dim))
+
+  def _global_hypernetworks(self, b, j):
+    """Eqs. (7)-(8): per-task, per-layer (D, U) from I^m_tau.
+
+    Returns:
+      `((D_k, D_v), (U_k, U_v))` with D `[T, M, d, b]` and U `[T, M, b, j]`.
+    """
+    cfg = self.config
+    t_, m, d = self.num_tasks, self.num_layers, self.emb_dim
+    te, th, t = (cfg.task_embed_dim, cfg.task_hidden_dim,
+                 cfg.layer_task_embed_dim)
+    task_emb = self._param('task_embeddings', _normal(1.0), (t_, te),
+                           ('tasks', 'task_embed'))
+    layer_emb = self._param('layer_embeddings', _normal(1.0), (m, te),
+                            ('hyper_layers', 'task_embed'))
+    # [T, M, 2t'] = [k_tau; z_m] for every (task, layer) pair.
+    pairs = jnp.concatenate([
+        jnp.broadcast_to(task_emb[:, None], (t_, m, te)),
+        jnp.broadcast_to(layer_emb[None], (t_, m, te)),
+    ], axis=-1)
+    task_embedding = self._task_projector(pairs, 2 * te, th, t)  # [T, M, t]
+
+    def generate(name, out_dim, fan_in):
+      # Scaled so the generated matrix has fan-in variance 1 / fan_in.
+      w = self._param(f'{name}_generator', _normal((t * fan_in) ** -0.5),
+                      (t, out_dim), ('task_embed', 'hyper_bottleneck'))
+      y = jnp.einsum('tmi,io->tmo', task_embedding, w)
+      if cfg.use_bias:
+        y = y + self._param(f'{name}_generator_bias', nn.initializers.zeros,
+                            (out_dim,), ('hyper_bottleneck',))
+      return y
+
+    downs = tuple(generate(f'{k}_down', d * b, d).reshape(t_, m, d, b)
+                  for k in ('key', 'value'))
+    ups = tuple(generate(f'{k}_up', b * j, b).reshape(t_, m, b, j)
+                for k in ('key', 'value'))
+    return downs, ups
+
+  def _task_projector(self, x, in_dim, hidden_dim, out_dim):
+    """h_t: Dense(2t' -> e), ReLU, Dense(e -> t) [, layer norm]."""
+    cfg = self.config
+    for name, (fan_in, width) in (('hidden', (in_dim, hidden_dim)),
+                                  ('output', (hidden_dim, out_dim))):
+      kernel = self._param(f'task_projector_{name}', _fan_in(fan_in),
+                           (fan_in, width), ('task_embed', 'task_embed'))
+      x = x @ kernel
+      if cfg.use_bias:
+        x = x + self._param(f'task_projector_{name}_bias',
+                            nn.initializers.zeros, (width,), ('task_embed',))
+      if name == 'hidden':
+        x = jax.nn.relu(x)
+    if cfg.use_layer_norm:
+      x = layers.LayerNorm(dtype=self.dtype, name='task_projector_norm')(x)
+    return x
+
+
+def gather_prompts(keys: Array, values: Array, layer: int,
+                   task_ids: Optional[Array]) -> tuple[Array, Array]:
+  """Layer `layer`'s prompts for each example: `[batch, l, heads, head_dim]`.
+
+  Args:
+    keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.
+    values: same shape as keys.
+    layer: the layer index m.
+    task_ids: int32 `[batch]`.
+  """
+  if task_ids is None:
+    raise ValueError(
+        'HyperPrompt needs task_ids (int32 [batch]) but none were given: pass '
+        'task_ids to encode / decode / __call__ (the feature converter adds '
+        'them).'
+    )
+  return (jnp.take(keys[layer], task_ids, axis=0),
+          jnp.take(values[layer], task_ids, axis=0))
