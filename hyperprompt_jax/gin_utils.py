@@ -7,6 +7,7 @@ resolves from anywhere.
 """
 
 import argparse
+import logging
 import os
 import re
 from typing import Sequence
@@ -44,9 +45,21 @@ def rewrite_gin_shorthand(argv: Sequence[str]) -> list[str]:
   return out
 
 
+class _QuietGinProbes(logging.Filter):
+  """Drops gin's 'Path not found' errors: gin logs one each time it probes
+  an `include` as a Python-package resource before the search paths, which
+  succeed; a file that is really missing still raises."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Path not found')
+
+
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
               search_paths: Sequence[str] = ()) -> None:
   """Parses gin files and bindings, with errors that say what to fix."""
+  root = logging.getLogger()
+  if not any(isinstance(f, _QuietGinProbes) for f in root.filters):
+    root.addFilter(_QuietGinProbes())
   search_paths = [p for p in [*search_paths, paths.gin_dir()] if p]
   for path in search_paths:
     gin.add_config_file_search_path(path)
