@@ -62,6 +62,9 @@ class HyperPromptConfig:
   use_bias: bool = False            # biases in D / U, h_t and W^{D,U}
   use_layer_norm: bool = False      # layer norm on the hypernetwork input
   learned_prompt_bias: bool = False  # per-layer, per-head logit bias on prompts
+  # EXPERIMENTAL (not in the paper): also prepend each decoder layer's
+  # hyper-prompts to its encoder-decoder attention keys / values.
+  cross_attention_prompts: bool = False
 
 
 def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:

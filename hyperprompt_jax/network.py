@@ -207,7 +207,8 @@ class DecoderLayer(nn.Module):
         dtype=cfg.dtype, name='pre_cross_attention_layer_norm'
     )(x)
     y = attention('encoder_decoder_attention')(
-        y, encoded, encoder_decoder_mask, deterministic=deterministic
+        y, encoded, encoder_decoder_mask, deterministic=deterministic,
+        **_prefix_kwargs(self._cross_attention_prompts(prompts)),
     )
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y + x
@@ -221,6 +222,18 @@ class DecoderLayer(nn.Module):
     )(z, deterministic=deterministic)
     z = _dropout(cfg, broadcast_dims=(-2,))(z, deterministic=deterministic)
     return z + y
+
+  def _cross_attention_prompts(self, prompts):
+    """The layer's self-attention prompts, reused in cross-attention when
+    `HyperPromptConfig.cross_attention_prompts` (experimental) is on."""
+    hp = self.config.hyperprompt
+    if prompts is None or not (hp and hp.cross_attention_prompts):
+      return None
+    keys, values, bias = prompts
+    if keys is None:  # decode step: the prompts live in the self-attention cache
+      cache = self.variables['cache']['self_attention']
+      keys, values = cache['cached_prefix_key'], cache['cached_prefix_value']
+    return keys, values, bias
 
 
 def _prefix_kwargs(prompts) -> dict[str, Any]:

@@ -102,8 +102,12 @@ def encode(p, tokens, heads, num_layers, gated=True, prompts=None):
 
 
 def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
-           heads, num_layers, gated=True, tied=False, prompts=None):
-  """One example -> logits `[target_length, vocab]` (teacher forcing)."""
+           heads, num_layers, gated=True, tied=False, prompts=None,
+           cross_prompts=False):
+  """One example -> logits `[target_length, vocab]` (teacher forcing).
+
+  `cross_prompts`: also prepend layer i's prompts in cross-attention.
+  """
   target_tokens = np.asarray(target_tokens)
   t = len(target_tokens)
   y = p['token_embedder/embedding'][np.asarray(decoder_input_tokens)]
@@ -120,7 +124,8 @@ def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
                       heads, None if prompts is None else prompts[i])
     h = rms_norm(y, p[f'{pre}/pre_cross_attention_layer_norm/scale'])
     y = y + attention(p, f'{pre}/encoder_decoder_attention', h, encoded,
-                      cross_visible, None, heads)
+                      cross_visible, None, heads,
+                      prompts[i] if cross_prompts else None)
     h = rms_norm(y, p[f'{pre}/pre_mlp_layer_norm/scale'])
     y = y + mlp(p, f'{pre}/mlp', h, gated)
   y = rms_norm(y, p['decoder/decoder_norm/scale'])

@@ -272,3 +272,42 @@ def test_bad_inputs_raise():
   with pytest.raises(ValueError, match='pack = False'):
     apply(task_ids=task_ids, encoder_segment_ids=np.ones_like(enc),
           decoder_segment_ids=np.ones_like(tgt))
+
+
+def test_experimental_cross_attention_prompts():
+  cfg = _config('sep', 'decoder', cross_attention_prompts=True)
+  model, params = _init(cfg)
+  enc, dec_in, tgt, task_ids = _batch()
+  logits = np.asarray(model.apply({'params': params}, enc, dec_in, tgt,
+                                  enable_dropout=False, task_ids=task_ids))
+  p = flat(params)
+  prompts = numpy_hyperprompt.stack_prompts(p, 'decoder', 'sep', 2, 2)
+  for n, (e, d, t, task) in enumerate(zip(enc, dec_in, tgt, task_ids)):
+    encoded = numpy_t5.encode(p, e, 2, 2)
+    want = numpy_t5.decode(p, encoded, e, d, t, 2, 2,
+                           prompts=[prompts[task, 0], prompts[task, 1]],
+                           cross_prompts=True)
+    valid = t > 0
+    np.testing.assert_allclose(logits[n][valid], want[valid], rtol=3e-4,
+                               atol=3e-4)
+  # Cached decoding reads the cross-attention prompts from the cache too.
+  full_tgt = random_tokens(np.random.default_rng(2), (4, 3))
+  full_in = np.concatenate([np.zeros((4, 1), np.int32), full_tgt[:, :-1]], 1)
+  full = model.apply({'params': params}, enc, full_in, full_tgt,
+                     enable_dropout=False, task_ids=task_ids)
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=task_ids, method=model.encode)
+  _, v = model.apply({'params': params}, encoded, enc, jnp.ones_like(full_tgt),
+                     jnp.ones_like(full_tgt), enable_dropout=False,
+                     decode=True, max_decode_length=3, task_ids=task_ids,
+                     mutable=['cache'], method=model.decode)
+  cache, got = v['cache'], []
+  for i in range(3):
+    out, v = model.apply({'params': params, 'cache': cache}, encoded, enc,
+                         full_in[:, i:i + 1], full_in[:, i:i + 1],
+                         enable_dropout=False, decode=True,
+                         max_decode_length=3, mutable=['cache'],
+                         method=model.decode)
+    cache = v['cache']
+    got.append(out[:, 0])
+  np.testing.assert_allclose(np.stack(got, 1), full, rtol=2e-5, atol=2e-5)

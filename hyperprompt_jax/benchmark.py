@@ -1,0 +1,180 @@
+r"""Training-step time of the HyperPrompt variants relative to MTL T5.
+
+    python -m hyperprompt_jax.benchmark [--gin_file=models/t5_1_1_small.gin]
+        [--batch_sizes=4,8,16] [--input_length=512] [--target_length=32]
+        [--variants=share,sep,global] [--placement=both] [--rounds=3]
+        [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
+
+For every batch size, one jit-compiled training step (forward, backward,
+`make_optimizer`'s Adafactor update) is built for the MTL network and for each
+variant, at the paper's defaults (l_enc 16, l_dec 6, r 32, t' 64, e 128,
+t 64, T = 8). The steps are timed side by side in this one process, in
+interleaved rounds (MTL, share, sep, global, MTL, ...) so drift hits every
+model alike; the median per-step time gives the ratio variant / MTL. Since
+the hyper-prompts are computed once per step for all tasks, the ratio should
+not grow with the batch size.
+"""
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from typing import Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+
+NUM_TASKS = 8
+Z_LOSS = 1e-4
+
+
+def make_train_step(model: network.Transformer, optimizer):
+  """`(params, opt_state, batch, rng) -> (params, opt_state, loss)`."""
+
+  def loss_fn(params, batch, rng):
+    logits = model.apply(
+        {'params': params}, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        enable_dropout=True, task_ids=batch['task_ids'],
+        rngs={'dropout': rng},
+    )
+    targets = batch['decoder_target_tokens']
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    nll = log_z - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    weights = (targets > 0).astype(jnp.float32)
+    return jnp.sum((nll + Z_LOSS * log_z**2) * weights) / jnp.sum(weights)
+
+  def step(params, opt_state, batch, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+def random_batch(rng: np.random.Generator, batch: int, input_length: int,
+                 target_length: int, vocab: int):
+  targets = rng.integers(1, vocab, (batch, target_length), dtype=np.int32)
+  return {
+      'encoder_input_tokens': rng.integers(1, vocab, (batch, input_length),
+                                           dtype=np.int32),
+      'decoder_input_tokens': np.concatenate(
+          [np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
+      'decoder_target_tokens': targets,
+      'task_ids': rng.integers(0, NUM_TASKS, (batch,), dtype=np.int32),
+  }
+
+
+def variant_config(base: network.T5Config, variant: str,
+                   placement: str) -> network.T5Config:
+  if variant == 'mtl':
+    return dataclasses.replace(base, hyperprompt=None, num_tasks=NUM_TASKS)
+  return dataclasses.replace(
+      base, num_tasks=NUM_TASKS,
+      hyperprompt=hyperprompt.HyperPromptConfig(variant=variant,
+                                                placement=placement))
+
+
+def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
+              variants: Sequence[str], placement: str, input_length: int,
+              target_length: int, rounds: int, steps: int) -> list[dict]:
+  """Returns one row per (batch size, model): median seconds per step and
+  the ratio to MTL at that batch size."""
+  rows = []
+  optimizer = optimizers.make_optimizer()
+  names = ['mtl', *variants]
+  for batch_size in batch_sizes:
+    batch = random_batch(np.random.default_rng(0), batch_size, input_length,
+                         target_length, base.vocab_size)
+    runners = {}
+    for name in names:
+      model = network.Transformer(variant_config(base, name, placement))
+      params = jax.jit(lambda rng, m=model: m.init(
+          rng, batch['encoder_input_tokens'], batch['decoder_input_tokens'],
+          batch['decoder_target_tokens'], enable_dropout=False,
+          task_ids=batch['task_ids'])['params'])(jax.random.PRNGKey(0))
+      opt_state = optimizer.init(params)
+      step = jax.jit(make_train_step(model, optimizer), donate_argnums=(0, 1))
+      state = [params, opt_state]
+      rng = jax.random.PRNGKey(1)
+      # Compile and warm up.
+      state[0], state[1], loss = step(state[0], state[1], batch, rng)
+      loss.block_until_ready()
+      runners[name] = (step, state)
+    times = {name: [] for name in names}
+    for _ in range(rounds):
+      for name in names:
+        step, state = runners[name]
+        start = time.perf_counter()
+        for i in range(steps):
+          state[0], state[1], loss = step(state[0], state[1], batch,
+                                          jax.random.PRNGKey(i))
+        loss.block_until_ready()
+        times[name].append((time.perf_counter() - start) / steps)
+    mtl = statistics.median(times['mtl'])
+    for name in names:
+      seconds = statistics.median(times[name])
+      rows.append({'batch_size': batch_size, 'model': name,
+                   'seconds_per_step': seconds, 'ratio_to_mtl': seconds / mtl})
+    del runners
+  return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+  lines = [f'{"batch":>5}  {"model":<8}{"ms/step":>12}{"ratio to MTL":>15}']
+  for r in rows:
+    lines.append(f'{r["batch_size"]:>5}  {r["model"]:<8}'
+                 f'{1000 * r["seconds_per_step"]:>12.1f}'
+                 f'{r["ratio_to_mtl"]:>14.3f}x')
+  return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = gin_utils.rewrite_gin_shorthand(
+      sys.argv[1:] if argv is None else argv)
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.benchmark', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  gin_utils.add_gin_flags(parser)
+  parser.add_argument('--batch_sizes', default='4,8,16')
+  parser.add_argument('--input_length', type=int, default=512)
+  parser.add_argument('--target_length', type=int, default=32)
+  parser.add_argument('--variants', default='share,sep,global')
+  parser.add_argument('--placement', default='both',
+                      choices=hyperprompt.PLACEMENTS)
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=3)
+  args = parser.parse_args(argv)
+  variants = [v for v in args.variants.split(',') if v]
+  bad = set(variants) - {'share', 'sep', 'global'}
+  if bad:
+    raise ValueError(f'Unknown variants {sorted(bad)}: choose from share, '
+                     'sep, global.')
+  gin.clear_config()
+  gin_utils.parse_gin(args.gin_file or ['models/t5_1_1_small.gin'],
+                      args.gin_bindings,
+                      [p for p in args.gin_search_paths.split(',') if p])
+  base = gin.get_configurable(network.Transformer)().config
+  rows = benchmark(base, [int(b) for b in args.batch_sizes.split(',')],
+                   variants, args.placement, args.input_length,
+                   args.target_length, args.rounds, args.steps)
+  print(f'devices: {jax.devices()}')
+  print(format_rows(rows))
+  return 0
+
+
+if __name__ == '__main__':
+  try:
+    sys.exit(main())
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
