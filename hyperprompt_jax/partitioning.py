@@ -1,0 +1,81 @@
+"""Logical axis rules: how parameters and activations map onto a device mesh.
+
+Partitioning is data, as in t5x: every parameter and activation carries
+logical axis names (`embed`, `mlp`, `heads`, ...) and these rules map them to
+the mesh axes `('data', 'model')`. The rules are t5x's standard ones
+(`t5x.partitioning.standard_logical_axis_rules()` with default settings)
+plus the project's new names, replicated by default, so t5x's partitioner and
+the built-in runner shard the network identically.
+"""
+
+from typing import Sequence
+
+import flax
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+import jax
+
+AxisRules = Sequence[tuple[str, str | None]]
+
+# t5x's standard rules for 1-D parameter partitioning (model parallelism over
+# 'model', data parallelism over 'data').
+T5X_STANDARD_RULES: AxisRules = (
+    ('batch', 'data'),
+    ('vocab', 'model'),
+    ('embed', None),
+    ('mlp', 'model'),
+    ('heads', 'model'),
+    ('kv', None),
+    ('joined_kv', 'model'),
+    ('relpos_buckets', None),
+    ('abspos_buckets', None),
+    ('length', None),
+    ('layers', None),
+    ('stack', None),
+    ('mlp_activations', None),
+)
+
+# The project's new axis names (DESIGN.md); small, so replicated.
+TASK_CONDITIONING_RULES: AxisRules = (
+    ('tasks', None),
+    ('prompt_length', None),
+    ('hyper_layers', None),
+    ('hyper_bottleneck', None),
+    ('task_embed', None),
+    ('grid_rows', None),
+    ('grid_cols', None),
+)
+
+
+def logical_axis_rules(additional_rules: AxisRules = ()) -> AxisRules:
+  """t5x's standard rules, the project's names, then `additional_rules`
+  (which take precedence, as in t5x)."""
+  return tuple(additional_rules) + T5X_STANDARD_RULES + TASK_CONDITIONING_RULES
+
+
+def parameter_shardings(params_axes, mesh: jax.sharding.Mesh,
+                        rules: AxisRules | None = None):
+  """`NamedSharding` of every parameter from the init's `params_axes`."""
+  logical = flax.core.unfreeze(nn_partitioning.get_axis_names(params_axes))
+  return nn.logical_to_mesh_sharding(logical, mesh,
+                                     rules or logical_axis_rules())
+
+
+def create_mesh(data: int = -1, model: int = 1) -> jax.sharding.Mesh:
+  """A `('data', 'model')` mesh over all devices (`data=-1`: the rest).
+
+  Axes are `Auto` (GSPMD propagation, as t5x's partitioner), not JAX's
+  explicit-sharding mode, which would demand an output sharding for every
+  product whose contracted dimension is sharded.
+  """
+  n = jax.device_count()
+  if data == -1:
+    if n % model:
+      raise ValueError(f'{n} devices do not divide into model={model} parts.')
+    data = n // model
+  if data * model != n:
+    raise ValueError(f'Mesh data={data} x model={model} needs {data * model} '
+                     f'devices, found {n}.')
+  auto = jax.sharding.AxisType.Auto
+  return jax.make_mesh((data, model), ('data', 'model'),
+                       axis_types=(auto, auto))

@@ -1,0 +1,61 @@
+"""The tiny model (and HyperPrompt) shard on a 2 x 4 (data x model) mesh of 8
+simulated CPU devices and compute what the unsharded model computes."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent('''
+    import dataclasses
+    import jax, numpy as np
+    from flax.linen import partitioning as nn_partitioning
+    from hyperprompt_jax import hyperprompt, network, partitioning
+
+    assert jax.device_count() == 8
+    cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
+                           mlp_dim=64, num_encoder_layers=2,
+                           num_decoder_layers=2, dropout_rate=0.0, num_tasks=8,
+                           hyperprompt=hyperprompt.HyperPromptConfig(
+                               variant='sep', encoder_prompt_length=4,
+                               decoder_prompt_length=2, hypernet_reduction=8))
+    model = network.Transformer(cfg)
+    rng = np.random.default_rng(0)
+    enc = rng.integers(1, 384, (8, 12), dtype=np.int32)
+    tgt = rng.integers(1, 384, (8, 4), dtype=np.int32)
+    ids = rng.integers(0, 8, (8,), dtype=np.int32)
+    init = lambda r: model.init(r, enc, tgt, tgt, enable_dropout=False,
+                                task_ids=ids)
+    variables = init(jax.random.PRNGKey(0))
+    mesh = partitioning.create_mesh(data=2, model=4)
+    rules = partitioning.logical_axis_rules()
+    shardings = partitioning.parameter_shardings(variables['params_axes'],
+                                                 mesh, rules)
+    params = jax.device_put(variables['params'], shardings)
+    kernel = params['encoder']['layers_0']['mlp']['wi_0']['kernel']
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, 'model')
+    assert len(kernel.addressable_shards) == 8
+    assert kernel.addressable_shards[0].data.shape == (32, 16)
+
+    data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    def apply(p, e, t, i):
+      with nn_partitioning.axis_rules(rules):
+        return model.apply({'params': p}, e, t, t, enable_dropout=False,
+                           task_ids=i)
+    with jax.set_mesh(mesh):
+      sharded = jax.jit(apply, in_shardings=(shardings, data, data, data))(
+          params, enc, tgt, ids)
+    single = model.apply({'params': variables['params']}, enc, tgt, tgt,
+                         enable_dropout=False, task_ids=ids)
+    np.testing.assert_allclose(np.asarray(sharded), np.asarray(single),
+                               rtol=1e-5, atol=1e-5)
+    print('SHARDED_OK')
+''')
+
+
+def test_tiny_model_shards_on_a_2x4_mesh():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert 'SHARDED_OK' in result.stdout, result.stderr[-3000:]
