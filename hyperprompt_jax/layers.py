@@ -179,14 +179,11 @@ class RelativePositionBiases(nn.Module):
         jnp.float32,
         axes=('heads', 'relpos_buckets'),
     )
-    # A one-hot contraction instead of a gather, which SPMD partitions well.
-    one_hot = jnp.asarray(
-        buckets[None] == np.arange(self.num_buckets)[:, None, None],
-        self.dtype,
-    )
-    values = jnp.einsum(
-        'hn,nqk->hqk', jnp.asarray(table, self.dtype), one_hot
-    )
+    # A gather along the (unsharded) bucket axis: its only constant is the
+    # int32 [qlen, klen] bucket map (t5x's one-hot contraction embeds a
+    # [buckets, qlen, klen] float constant that XLA spends seconds folding).
+    values = jnp.take(jnp.asarray(table, self.dtype),
+                      jnp.asarray(buckets, jnp.int32), axis=1)
     return values[None]
 
 
