@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 import jax
+
+from hyperprompt_jax import hypergrid
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +57,9 @@ class DenseGeneral(nn.Module):
   kernel_axes: tuple[str, ...] = ()
 
   @nn.compact
-  def __call__(self, inputs: Array) -> Array:
+  def __call__(self, inputs: Array, grid: Optional[Array] = None) -> Array:
+    """Applies the kernel; with `grid` (`[batch, k_in, k_out]`, HyperGrid),
+    the per-example gated kernel `(1 + psi(grid)) ⊙ kernel` instead."""
     features = _as_tuple(self.features)
     axis = tuple(a % inputs.ndim for a in _as_tuple(self.axis))
     in_dims = tuple(inputs.shape[a] for a in axis)
@@ -66,8 +70,14 @@ class DenseGeneral(nn.Module):
         jnp.float32,
         axes=self.kernel_axes,
     )
-    kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
     inputs = jnp.asarray(inputs, self.dtype)
+    if grid is not None:
+      if len(axis) != 1 or len(features) != 1 or inputs.ndim != 3:
+        raise ValueError('A HyperGrid gate needs a 2-D kernel applied to '
+                         '[batch, length, features] inputs.')
+      return hypergrid.gated_matmul(inputs, jnp.asarray(kernel, self.dtype),
+                                    grid)
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
     contract = (axis, tuple(range(len(axis))))
     return lax.dot_general(inputs, kernel, (contract, ((), ())))
 
@@ -215,8 +225,24 @@ class MlpBlock(nn.Module):
   )
 
   @nn.compact
-  def __call__(self, inputs: Array, deterministic: bool = False) -> Array:
-    """`[batch, length, embed]` -> `[batch, length, embed]`."""
+  def __call__(
+      self,
+      inputs: Array,
+      deterministic: bool = False,
+      wi_grid: Optional[Array] = None,
+      wo_grid: Optional[Array] = None,
+      output_gate: Optional[Array] = None,
+  ) -> Array:
+    """`[batch, length, embed]` -> `[batch, length, embed]`.
+
+    Args:
+      inputs: `[batch, length, embed]`.
+      deterministic: disables dropout.
+      wi_grid: HyperGrid gate of every `wi*` kernel, `[batch, d_r, d_c]`.
+      wo_grid: HyperGrid gate of `wo`, `[batch, d_c, d_r]`.
+      output_gate: Output Gating's `[batch, mlp]` gate on the activations
+        (after the gated-GELU product).
+    """
     hidden = []
     for i, act in enumerate(self.activations):
       name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
@@ -226,9 +252,11 @@ class MlpBlock(nn.Module):
           kernel_init=self.kernel_init,
           kernel_axes=('embed', 'mlp'),
           name=name,
-      )(inputs)
+      )(inputs, grid=wi_grid)
       hidden.append(_activation(act)(h))
     x = functools.reduce(operator.mul, hidden)
+    if output_gate is not None:
+      x = x * output_gate.astype(x.dtype)[:, None, :]
     x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
         x, deterministic=deterministic
     )
@@ -239,7 +267,7 @@ class MlpBlock(nn.Module):
         kernel_init=self.kernel_init,
         kernel_axes=('mlp', 'embed'),
         name='wo',
-    )(x)
+    )(x, grid=wo_grid)
 
 
 def dot_product_attention(
@@ -346,9 +374,11 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
       prefix_logit_bias: Optional[Array] = None,
+      task_query: Optional[Array] = None,
+      task_key_valid: Optional[Array] = None,
       decode: bool = False,
       deterministic: bool = False,
-  ) -> Array:
+  ):
     """Attends `inputs_q` over `[prefix; inputs_kv]`.
 
     Args:
@@ -361,11 +391,17 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_value: `[batch, prefix, heads, head_dim]`, with `prefix_key`.
       prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
         (zero when None).
+      task_query: optional `[batch, embed]` (HyperGrid's conditioning): an
+        extra query that attends over `[itself; inputs_kv]` with these
+        weights; the sequence's own attention does not see it.
+      task_key_valid: `[batch, kv_length]` bool, the token columns the task
+        query may see (with `task_query`).
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
     Returns:
-      `[batch, q_length, embed]`.
+      `[batch, q_length, embed]`; with `task_query`, also the task query's
+      output `[batch, embed]`.
     """
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
@@ -382,9 +418,21 @@ class MultiHeadDotProductAttention(nn.Module):
     # the query initialiser (equivalent under Adafactor).
     depth_scaling = jnp.sqrt(self.head_dim).astype(jnp.float32)
     query_init = lambda *a: self.kernel_init(*a) / depth_scaling
-    query = dense(kernel_init=query_init, name='query')(inputs_q)
-    key = dense(kernel_init=self.kernel_init, name='key')(inputs_kv)
-    value = dense(kernel_init=self.kernel_init, name='value')(inputs_kv)
+    query_proj = dense(kernel_init=query_init, name='query')
+    key_proj = dense(kernel_init=self.kernel_init, name='key')
+    value_proj = dense(kernel_init=self.kernel_init, name='value')
+    out_proj = DenseGeneral(
+        features=inputs_q.shape[-1],
+        axis=(-2, -1),
+        kernel_init=self.kernel_init,
+        kernel_axes=('joined_kv', 'embed'),
+        dtype=self.dtype,
+        name='out',
+    )
+    query = query_proj(inputs_q)
+    key = key_proj(inputs_kv)
+    value = value_proj(inputs_kv)
+    token_key, token_value = key, value
     axes = ('batch', 'length', 'heads', 'kv')
     query = with_sharding_constraint(query, axes)
     key = with_sharding_constraint(key, axes)
@@ -422,14 +470,24 @@ class MultiHeadDotProductAttention(nn.Module):
         dtype=self.dtype,
         float32_logits=self.float32_logits,
     )
-    return DenseGeneral(
-        features=inputs_q.shape[-1],
-        axis=(-2, -1),
-        kernel_init=self.kernel_init,
-        kernel_axes=('joined_kv', 'embed'),
-        dtype=self.dtype,
-        name='out',
-    )(x)
+    out = out_proj(x)
+    if task_query is None:
+      return out
+    if decode:
+      raise ValueError('A task query cannot use the decode cache; give it to '
+                       'an attention that is recomputed at every step.')
+    # The task vector attends to [itself; tokens] (Eq. 6 of HyperGrid), with
+    # no position bias and no dropout on its row.
+    tq = task_query[:, None, :]
+    keys = jnp.concatenate([key_proj(tq), token_key], axis=1)
+    values = jnp.concatenate([value_proj(tq), token_value], axis=1)
+    visible = jnp.concatenate(
+        [jnp.ones_like(task_key_valid[:, :1]), task_key_valid], axis=1)
+    task_out = dot_product_attention(
+        query_proj(tq), keys, values,
+        bias=mask_to_bias(visible[:, None, None, :], self.dtype),
+        dtype=self.dtype, float32_logits=self.float32_logits)
+    return out, out_proj(task_out)[:, 0]
 
   def _use_cache(self, query, key, value, mask, bias, prefix_key,
                  prefix_value):

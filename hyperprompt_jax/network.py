@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import hypergrid as hypergrid_lib
 from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
 
@@ -46,6 +47,7 @@ class T5Config:
   num_tasks: int = 8
   # Task conditioning (None: the plain multi-task T5, "MTL").
   hyperprompt: Optional[hyperprompt_lib.HyperPromptConfig] = None
+  hypergrid: Optional[hypergrid_lib.HyperGridConfig] = None
 
 
 def check_config(cfg: T5Config) -> None:
@@ -65,11 +67,15 @@ def check_config(cfg: T5Config) -> None:
     raise ValueError('T5Config.mlp_activations must name at least one.')
   if cfg.hyperprompt is not None:
     hyperprompt_lib.check_hyperprompt_config(cfg.hyperprompt, cfg.emb_dim)
+  if cfg.hypergrid is not None:
+    hypergrid_lib.check_hypergrid_config(cfg.hypergrid, cfg.emb_dim,
+                                         cfg.mlp_dim)
 
 
 def is_task_conditioned(cfg: T5Config) -> bool:
   """Whether any module of the network consumes `task_ids`."""
   return any(hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack) > 0
+             or hypergrid_lib.is_active(cfg.hypergrid, stack)
              for stack in ('encoder', 'decoder'))
 
 
@@ -123,18 +129,20 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, encoder_mask=None, deterministic=False,
-               prompts=None):
+               prompts=None, grid_conditioning=None):
     """`[batch, length, embed]` -> `[batch, length, embed]`.
 
     `prompts`: optional `(keys, values, logit_bias)` of this layer, keys and
     values `[batch, l, heads, head_dim]` prepended in self-attention.
+    `grid_conditioning`: HyperGrid's `(task_vectors [batch, embed] or None,
+    token_valid [batch, length])` of the stack.
     """
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True)
-    x = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')(
-        inputs
-    )
+    norm = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')
+    x = norm(inputs)
+    task_kwargs = _task_query_kwargs(grid_conditioning, norm)
     x = layers.MultiHeadDotProductAttention(
         num_heads=cfg.num_heads,
         head_dim=cfg.head_dim,
@@ -143,7 +151,13 @@ class EncoderLayer(nn.Module):
         float32_logits=cfg.float32_attention_logits,
         name='attention',
     )(x, x, encoder_mask, bias, deterministic=deterministic,
-      **_prefix_kwargs(prompts))
+      **_prefix_kwargs(prompts), **task_kwargs)
+    gates = {}
+    if grid_conditioning is not None:
+      # c: the task query's output, or the first token (first_token option).
+      x, c = x if task_kwargs else (x, norm(inputs)[:, 0])
+      gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
+                                        cfg.mlp_dim)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
     y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
@@ -153,7 +167,7 @@ class EncoderLayer(nn.Module):
         intermediate_dropout_rate=cfg.dropout_rate,
         dtype=cfg.dtype,
         name='mlp',
-    )(y, deterministic=deterministic)
+    )(y, deterministic=deterministic, **gates)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     return y + x
 
@@ -175,11 +189,15 @@ class DecoderLayer(nn.Module):
       decode=False,
       max_decode_length=None,
       prompts=None,
+      grid_conditioning=None,
   ):
     """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
 
     `prompts`: optional `(keys, values, logit_bias)` for self-attention (see
     EncoderLayer); while decoding only needed when the cache is created.
+    `grid_conditioning`: HyperGrid's `(task_vectors or None, encoder token
+    valid [batch, input_length])`; the gate is computed from `encoded` through
+    the cross-attention, never from target tokens.
     """
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else (
@@ -203,13 +221,21 @@ class DecoderLayer(nn.Module):
     )
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
-    y = layers.LayerNorm(
+    cross_norm = layers.LayerNorm(
         dtype=cfg.dtype, name='pre_cross_attention_layer_norm'
-    )(x)
+    )
+    y = cross_norm(x)
+    task_kwargs = _task_query_kwargs(grid_conditioning, cross_norm)
     y = attention('encoder_decoder_attention')(
         y, encoded, encoder_decoder_mask, deterministic=deterministic,
         **_prefix_kwargs(self._cross_attention_prompts(prompts)),
+        **task_kwargs,
     )
+    gates = {}
+    if grid_conditioning is not None:
+      y, c = y if task_kwargs else (y, encoded[:, 0])
+      gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
+                                        cfg.mlp_dim)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y + x
     z = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(y)
@@ -219,7 +245,7 @@ class DecoderLayer(nn.Module):
         intermediate_dropout_rate=cfg.dropout_rate,
         dtype=cfg.dtype,
         name='mlp',
-    )(z, deterministic=deterministic)
+    )(z, deterministic=deterministic, **gates)
     z = _dropout(cfg, broadcast_dims=(-2,))(z, deterministic=deterministic)
     return z + y
 
@@ -234,6 +260,27 @@ class DecoderLayer(nn.Module):
       cache = self.variables['cache']['self_attention']
       keys, values = cache['cached_prefix_key'], cache['cached_prefix_value']
     return keys, values, bias
+
+
+def _task_query_kwargs(grid_conditioning, norm) -> dict[str, Any]:
+  """Attention kwargs for HyperGrid's task query (none for first_token)."""
+  if grid_conditioning is None or grid_conditioning[0] is None:
+    return {}
+  task_vectors, token_valid = grid_conditioning
+  return dict(task_query=norm(task_vectors), task_key_valid=token_valid)
+
+
+def _grid_conditioning(module: nn.Module, stack: str, task_ids, token_valid):
+  """HyperGrid's per-stack conditioning inputs, or None when inactive."""
+  hg = module.config.hypergrid
+  if not hypergrid_lib.is_active(hg, stack):
+    return None
+  task_vectors = None
+  if hg.conditioning == 'task_attention':
+    task_vectors = hypergrid_lib.TaskEmbedding(
+        module.config.num_tasks, module.config.emb_dim,
+        name=hypergrid_lib.scope_name(hg))(task_ids)
+  return task_vectors, token_valid
 
 
 def _prefix_kwargs(prompts) -> dict[str, Any]:
@@ -311,6 +358,8 @@ class Encoder(nn.Module):
     rel_emb = _relative_position_biases(cfg)
     prompts = _stack_prompts(self, 'encoder', cfg.num_encoder_layers,
                              task_ids)
+    grid_conditioning = _grid_conditioning(self, 'encoder', task_ids,
+                                           encoder_input_tokens > 0)
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x.astype(cfg.dtype)
@@ -318,6 +367,7 @@ class Encoder(nn.Module):
       x = EncoderLayer(cfg, rel_emb, name=f'layers_{i}')(
           x, encoder_mask, deterministic,
           prompts=prompts and prompts.for_layer(i),
+          grid_conditioning=grid_conditioning,
       )
     x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
     return _dropout(cfg)(x, deterministic=deterministic)
@@ -341,8 +391,13 @@ class Decoder(nn.Module):
       decode=False,
       max_decode_length=None,
       task_ids=None,
+      encoder_valid=None,
   ):
-    """Returns float32 logits `[batch, target_length, vocab]`."""
+    """Returns float32 logits `[batch, target_length, vocab]`.
+
+    `encoder_valid`: `[batch, input_length]` non-padding input tokens (for
+    HyperGrid's task query over `encoded`).
+    """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
     # While decoding, prompts are generated once, when the cache is created,
@@ -350,6 +405,8 @@ class Decoder(nn.Module):
     cache_ready = decode and 'cache' in self.variables
     prompts = _stack_prompts(self, 'decoder', cfg.num_decoder_layers,
                              task_ids, generate=not cache_ready)
+    grid_conditioning = _grid_conditioning(self, 'decoder', task_ids,
+                                           encoder_valid)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -363,6 +420,7 @@ class Decoder(nn.Module):
           decode=decode,
           max_decode_length=max_decode_length,
           prompts=prompts and prompts.for_layer(i),
+          grid_conditioning=grid_conditioning,
       )
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -498,6 +556,7 @@ class Transformer(nn.Module):
         decode=decode,
         max_decode_length=max_decode_length,
         task_ids=task_ids,
+        encoder_valid=encoder_valid,
     )
 
   def __call__(

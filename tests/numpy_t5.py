@@ -75,16 +75,33 @@ def attention(p, prefix, xq, xkv, visible, bias, heads, prompt_kv=None):
   return out @ wo
 
 
-def mlp(p, prefix, x, gated):
+def mlp(p, prefix, x, gated, gates=None):
+  """T5 FFN. `gates`: HyperGrid's `{'wi': G, 'wo': G}` full gates in the
+  paper's `[d_model, d_ff]` orientation (kernel <- (1 + G) * kernel), or
+  Output Gating's `{'out': g [d_ff]}`."""
+  gates = gates or {}
+
+  def kernel(name, target, transpose):
+    w = p[f'{prefix}/{name}/kernel']
+    g = gates.get(target)
+    return w if g is None else w * (1 + (g.T if transpose else g))
+
   if gated:
-    h = gelu_tanh(x @ p[f'{prefix}/wi_0/kernel']) * (x @ p[f'{prefix}/wi_1/kernel'])
+    h = gelu_tanh(x @ kernel('wi_0', 'wi', False)) * (
+        x @ kernel('wi_1', 'wi', False))
   else:
-    h = np.maximum(x @ p[f'{prefix}/wi/kernel'], 0)
-  return h @ p[f'{prefix}/wo/kernel']
+    h = np.maximum(x @ kernel('wi', 'wi', False), 0)
+  if gates.get('out') is not None:
+    h = h * gates['out']
+  return h @ kernel('wo', 'wo', True)
 
 
-def encode(p, tokens, heads, num_layers, gated=True, prompts=None):
-  """One example `[length]` -> `[length, d]`. `prompts[i]`: layer i's (k, v)."""
+def encode(p, tokens, heads, num_layers, gated=True, prompts=None,
+           gate_fn=None):
+  """One example `[length]` -> `[length, d]`. `prompts[i]`: layer i's (k, v).
+
+  `gate_fn('encoder', i, normed_layer_input, valid)` -> layer i's FFN gates.
+  """
   tokens = np.asarray(tokens)
   x = p['token_embedder/embedding'][tokens].astype(np.float64)
   valid = tokens > 0
@@ -94,19 +111,21 @@ def encode(p, tokens, heads, num_layers, gated=True, prompts=None):
   for i in range(num_layers):
     pre = f'encoder/layers_{i}'
     h = rms_norm(x, p[f'{pre}/pre_attention_layer_norm/scale'])
+    gates = gate_fn('encoder', i, h, valid) if gate_fn else None
     x = x + attention(p, f'{pre}/attention', h, h, visible, bias, heads,
                       None if prompts is None else prompts[i])
     h = rms_norm(x, p[f'{pre}/pre_mlp_layer_norm/scale'])
-    x = x + mlp(p, f'{pre}/mlp', h, gated)
+    x = x + mlp(p, f'{pre}/mlp', h, gated, gates)
   return rms_norm(x, p['encoder/encoder_norm/scale'])
 
 
 def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
            heads, num_layers, gated=True, tied=False, prompts=None,
-           cross_prompts=False):
+           cross_prompts=False, gate_fn=None):
   """One example -> logits `[target_length, vocab]` (teacher forcing).
 
   `cross_prompts`: also prepend layer i's prompts in cross-attention.
+  `gate_fn('decoder', i, encoded, input_valid)` -> layer i's FFN gates.
   """
   target_tokens = np.asarray(target_tokens)
   t = len(target_tokens)
@@ -127,7 +146,9 @@ def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
                       cross_visible, None, heads,
                       prompts[i] if cross_prompts else None)
     h = rms_norm(y, p[f'{pre}/pre_mlp_layer_norm/scale'])
-    y = y + mlp(p, f'{pre}/mlp', h, gated)
+    gates = (gate_fn('decoder', i, encoded, np.asarray(input_tokens) > 0)
+             if gate_fn else None)
+    y = y + mlp(p, f'{pre}/mlp', h, gated, gates)
   y = rms_norm(y, p['decoder/decoder_norm/scale'])
   if tied:
     return y @ p['token_embedder/embedding'].T / math.sqrt(y.shape[-1])

@@ -1,0 +1,255 @@
+"""HyperGrid (Tay et al., ICLR 2021): grid-wise gating of FFN weights.
+
+For a layer input x and a conditioning vector c in R^{d_model} (one per
+example), a gated FFN projection computes (Eq. 7, the paper's residual form)
+
+    y = x W + x (G ⊙ W),   G = psi(sigma(grid)),
+
+where the grid is `d_r x d_c` (d_r splits the d_model axis, d_c the d_ff axis)
+and psi repeats each grid value over its `d_model/d_r x d_ff/d_c` block
+(`jnp.repeat`, a Kronecker product with a ones block, not a tile):
+
+    L2:  grid = (L_r c) ⊗ (L_c c)        (Eq. 3)
+    LG:  grid = (L_r c) ⊗ G_c            (Eq. 4)
+    GL:  grid = G_r ⊗ (L_c c)            (Eq. 5)
+    L:   sigma(L_r c) along d_model, broadcast along d_ff (one local factor)
+
+with L_r [d_model, d_r], L_c [d_model, d_c], G_r [d_r], G_c [d_c] per layer.
+sigma is applied after the outer product. The baseline Output Gating (§6.4)
+is `max(W x, 0) ⊙ sigma(U c)` with U [d_model, n], n = d_ff (full) or n
+values repeated d_ff / n times.
+
+The conditioning vector c (DESIGN.md): a task embedding table [T, d_model]
+per stack; in each layer the (layer-normed) task vector is the single query
+of that layer's own attention over [task; tokens] (Eq. 6, T' = MHSA([T;X])_0),
+encoder layers through their self-attention, decoder layers through their
+encoder-decoder attention over `encoded` (so no target token reaches the
+gate). Option 'first_token': c is the first token of the layer's normed input
+(encoder) or of `encoded` (decoder), as in the earlier version of the paper.
+
+**Compute rule.** Materialising G ⊙ W per example costs
+`batch * d_in * d_out` memory. With the grid oriented to the kernel
+`[d_in, d_out]` as `[k_in, k_out]` blocks:
+- k_in == 1 or k_out == 1 (the L variant, the scalar gate): an elementwise
+  gate on the output or the input; no weight is materialised;
+- `length * k_in < d_in` (decoding, short sequences): blockwise partial sums
+  `P[c] = x[block c] W[block c]` (`[batch, length, k_in, d_out]`) and
+  `y = sum_c (1 + G[c]) P[c]`;
+- otherwise: fold `(1 + G) ⊙ W` into a per-example weight
+  `[batch, d_in, d_out]` and multiply once.
+Both compute exactly `x ((1 + G) ⊙ W)`.
+"""
+
+from typing import Any, Optional
+
+from flax import linen as nn
+from flax import struct
+from flax.linen import partitioning as nn_partitioning
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
+TARGETS = ('wo', 'wi', 'both')
+CONDITIONINGS = ('task_attention', 'first_token')
+PLACEMENTS = ('both', 'encoder', 'decoder')
+
+
+@struct.dataclass
+class HyperGridConfig:
+  """gin: `hypergrid.HyperGridConfig` (see gin/variants/hypergrid_*.gin)."""
+
+  variant: str = 'lg'           # 'l' | 'l2' | 'lg' | 'gl' | 'output_gating'
+  placement: str = 'both'       # 'both' | 'encoder' | 'decoder'
+  grid_rows: int = 32           # d_r, splits d_model
+  grid_cols: int = 128          # d_c, splits d_ff
+  target: str = 'wo'            # 'wo' | 'wi' (wi_0 and wi_1) | 'both'
+  conditioning: str = 'task_attention'  # | 'first_token'
+  # Table 7's Scalar HyperGrid: the grid mean-pooled to one gate per example.
+  scalar: bool = False
+  # Output Gating: number of gate values n repeated over d_ff (0: d_ff).
+  output_gating_values: int = 0
+
+
+def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
+                           mlp_dim: int) -> None:
+  """Raises ValueError on settings that cannot build HyperGrid."""
+  for name, value, allowed in (('variant', cfg.variant, VARIANTS),
+                               ('placement (PLACEMENT)', cfg.placement,
+                                PLACEMENTS),
+                               ('target (HYPERGRID_TARGET)', cfg.target,
+                                TARGETS),
+                               ('conditioning (HYPERGRID_CONDITIONING)',
+                                cfg.conditioning, CONDITIONINGS)):
+    if value not in allowed:
+      raise ValueError(f'HyperGridConfig.{name} must be one of {allowed}, '
+                       f'got {value!r}.')
+  if cfg.variant == 'output_gating':
+    n = cfg.output_gating_values
+    if n < 0 or (n and mlp_dim % n):
+      raise ValueError(
+          f'output_gating_values={n} must be 0 (full size) or divide '
+          f'd_ff={mlp_dim}.')
+    return
+  if cfg.grid_rows <= 0 or emb_dim % cfg.grid_rows:
+    raise ValueError(
+        f'GRID_ROWS={cfg.grid_rows} must be a positive divisor of d_model='
+        f'{emb_dim} (d_r splits the d_model axis into blocks).')
+  if cfg.variant != 'l' and (cfg.grid_cols <= 0 or mlp_dim % cfg.grid_cols):
+    raise ValueError(
+        f'GRID_COLS={cfg.grid_cols} must be a positive divisor of d_ff='
+        f'{mlp_dim} (d_c splits the d_ff axis into blocks).')
+
+
+def is_active(cfg: Optional[HyperGridConfig], stack: str) -> bool:
+  return cfg is not None and cfg.placement in ('both', stack)
+
+
+def scope_name(cfg: HyperGridConfig) -> str:
+  """Parameter scope: 'output_gating' for the baseline, else 'hypergrid'."""
+  return 'output_gating' if cfg.variant == 'output_gating' else 'hypergrid'
+
+
+def _param(module, name, init, shape, axes):
+  return nn_partitioning.param_with_axes(name, init, shape, jnp.float32,
+                                         axes=axes, module=module)
+
+
+class TaskEmbedding(nn.Module):
+  """Per-stack task embedding table `[tasks, embed]`, gathered by task id."""
+
+  num_tasks: int
+  emb_dim: int
+
+  @nn.compact
+  def __call__(self, task_ids: Optional[Array]) -> Array:
+    """int32 `[batch]` -> `[batch, embed]`."""
+    if task_ids is None:
+      raise ValueError(
+          'HyperGrid needs task_ids (int32 [batch]) but none were given: pass '
+          'task_ids to encode / decode / __call__ (the feature converter adds '
+          'them).')
+    table = _param(self, 'task_embeddings', nn.initializers.normal(1.0),
+                   (self.num_tasks, self.emb_dim), ('tasks', 'embed'))
+    return jnp.take(table, task_ids, axis=0)
+
+
+class GridGate(nn.Module):
+  """One layer's gate grid from its conditioning vector (Eqs. 3-5).
+
+  Returns the sigmoid grid in the paper's orientation `[batch, d_r, d_c]`
+  (`[batch, d_r, 1]` for L, `[batch, 1, 1]` for the scalar ablation), to be
+  block-repeated (psi) onto each gated kernel by `gated_matmul`.
+  """
+
+  config: HyperGridConfig
+  emb_dim: int
+
+  @nn.compact
+  def __call__(self, c: Array) -> Array:
+    """`c [batch, embed]` -> sigmoid grid `[batch, rows, cols]`."""
+    cfg = self.config
+    d, d_r, d_c = self.emb_dim, cfg.grid_rows, cfg.grid_cols
+    dense_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
+    c = c.astype(jnp.float32)
+    rows = cols = None
+    if cfg.variant in ('l', 'l2', 'lg'):
+      rows = c @ _param(self, 'local_rows', dense_init, (d, d_r),
+                        ('embed', 'grid_rows'))                   # L_r c
+    if cfg.variant in ('l2', 'gl'):
+      cols = c @ _param(self, 'local_cols', dense_init, (d, d_c),
+                        ('embed', 'grid_cols'))                   # L_c c
+    if cfg.variant == 'gl':
+      rows = jnp.broadcast_to(_param(self, 'global_rows',
+                                     nn.initializers.normal(1.0), (d_r,),
+                                     ('grid_rows',)), (c.shape[0], d_r))
+    if cfg.variant == 'lg':
+      cols = jnp.broadcast_to(_param(self, 'global_cols',
+                                     nn.initializers.normal(1.0), (d_c,),
+                                     ('grid_cols',)), (c.shape[0], d_c))
+    if cfg.variant == 'l':
+      grid = jax.nn.sigmoid(rows)[:, :, None]
+    else:
+      grid = jax.nn.sigmoid(rows[:, :, None] * cols[:, None, :])
+    if cfg.scalar:
+      grid = jnp.mean(grid, axis=(1, 2), keepdims=True)
+    return grid
+
+
+def orient_grid(grid: Array, kernel_rows_are_model: bool) -> Array:
+  """Paper orientation `[batch, d_r, d_c]` -> the kernel's `[in, out]` blocks.
+
+  `wi` kernels are `[d_model, d_ff]` (same orientation); `wo` kernels are
+  `[d_ff, d_model]` (transposed).
+  """
+  return grid if kernel_rows_are_model else jnp.swapaxes(grid, 1, 2)
+
+
+def gated_matmul(x: Array, kernel: Array, grid: Array) -> Array:
+  """`x ((1 + psi(grid)) ⊙ kernel)` per example, by the cheapest route.
+
+  Args:
+    x: `[batch, length, d_in]`.
+    kernel: `[d_in, d_out]`.
+    grid: `[batch, k_in, k_out]` gate values in (0, 1), oriented to the
+      kernel; `d_in % k_in == d_out % k_out == 0`.
+
+  Returns:
+    `[batch, length, d_out]`.
+  """
+  batch, length, d_in = x.shape
+  d_out = kernel.shape[1]
+  k_in, k_out = grid.shape[1:]
+  grid = grid.astype(x.dtype)
+  if k_in == 1:  # gate varies along the output only: scale the output
+    gate = jnp.repeat(grid[:, 0, :], d_out // k_out, axis=-1)
+    return (x @ kernel) * (1 + gate)[:, None, :]
+  if k_out == 1:  # gate varies along the input only: scale the input
+    gate = jnp.repeat(grid[:, :, 0], d_in // k_in, axis=-1)
+    return (x * (1 + gate)[:, None, :]) @ kernel
+  out_gate = jnp.repeat(grid, d_out // k_out, axis=2)  # [batch, k_in, d_out]
+  if length * k_in < d_in:
+    # Blockwise partial sums over the k_in input blocks.
+    partial = jnp.einsum('blci,cio->blco',
+                         x.reshape(batch, length, k_in, d_in // k_in),
+                         kernel.reshape(k_in, d_in // k_in, d_out))
+    return jnp.einsum('blco,bco->blo', partial, 1 + out_gate)
+  # Fold (1 + G) into a per-example weight.
+  full_gate = jnp.repeat(out_gate, d_in // k_in, axis=1)  # [b, d_in, d_out]
+  return jnp.einsum('bli,bio->blo', x, (1 + full_gate) * kernel)
+
+
+class OutputGate(nn.Module):
+  """Output Gating's `sigma(U c)`, repeated to `[batch, d_ff]`."""
+
+  config: HyperGridConfig
+  emb_dim: int
+  mlp_dim: int
+
+  @nn.compact
+  def __call__(self, c: Array) -> Array:
+    n = self.config.output_gating_values or self.mlp_dim
+    u = _param(self, 'gate_projection',
+               nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'),
+               (self.emb_dim, n), ('embed', 'mlp'))
+    gate = jax.nn.sigmoid(c.astype(jnp.float32) @ u)
+    return jnp.repeat(gate, self.mlp_dim // n, axis=-1)
+
+
+def layer_gates(cfg: HyperGridConfig, c: Array, emb_dim: int,
+                mlp_dim: int) -> dict[str, Any]:
+  """Builds a layer's gate modules (call inside a compact module).
+
+  Returns the MlpBlock keyword arguments: `wi_grid` / `wo_grid` (grids
+  oriented to the kernels) or `output_gate` `[batch, d_ff]`.
+  """
+  if cfg.variant == 'output_gating':
+    return {'output_gate': OutputGate(cfg, emb_dim, mlp_dim,
+                                      name='output_gating')(c)}
+  grid = GridGate(cfg, emb_dim, name='hypergrid')(c)
+  gates = {}
+  if cfg.target in ('wi', 'both'):
+    gates['wi_grid'] = orient_grid(grid, kernel_rows_are_model=True)
+  if cfg.target in ('wo', 'both'):
+    gates['wo_grid'] = orient_grid(grid, kernel_rows_are_model=False)
+  return gates

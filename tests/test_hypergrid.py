@@ -1,0 +1,232 @@
+"""HyperGrid and Output Gating against an independent numpy re-derivation."""
+
+import contextlib
+import dataclasses
+import io
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_hypergrid
+import numpy_t5
+from conftest import T5X_TINY_CONFIG, flat, random_tokens
+from hyperprompt_jax import hypergrid
+from hyperprompt_jax import network
+from hyperprompt_jax import param_table
+
+TASKS = 3
+
+
+def _config(**hg):
+  hg = dict(dict(variant='lg', grid_rows=4, grid_cols=8), **hg)
+  return dataclasses.replace(T5X_TINY_CONFIG, num_tasks=TASKS,
+                             hypergrid=hypergrid.HyperGridConfig(**hg))
+
+
+def _batch(seed=0, inputs=9):
+  rng = np.random.default_rng(seed)
+  enc = random_tokens(rng, (3, inputs), pad_from=[inputs, 5, 3])
+  tgt = random_tokens(rng, (3, 5), pad_from=[5, 4, 2])
+  dec_in = np.concatenate([np.zeros((3, 1), np.int32), tgt[:, :-1]], 1)
+  return enc, np.where(tgt > 0, dec_in, 0), tgt, np.array([2, 0, 1],
+                                                             np.int32)
+
+
+def _init(cfg, seed=0):
+  model = network.Transformer(cfg)
+  enc, dec_in, tgt, ids = _batch()
+  params = model.init(jax.random.PRNGKey(seed), enc, dec_in, tgt,
+                      enable_dropout=False, task_ids=ids)['params']
+  return model, params
+
+
+def _reference(cfg, p, enc, dec_in, tgt, ids):
+  gated = len(cfg.mlp_activations) == 2
+  out = []
+  for e, d, t, task in zip(enc, dec_in, tgt, ids):
+    fn = numpy_hypergrid.gate_fn(p, cfg, task)
+    encoded = numpy_t5.encode(p, e, cfg.num_heads, cfg.num_encoder_layers,
+                              gated, gate_fn=fn)
+    out.append(numpy_t5.decode(p, encoded, e, d, t, cfg.num_heads,
+                               cfg.num_decoder_layers, gated, gate_fn=fn))
+  return np.stack(out)
+
+
+CASES = [
+    dict(variant='l'),
+    dict(variant='l2'),
+    dict(variant='lg'),
+    dict(variant='gl'),
+    dict(variant='lg', target='wi'),
+    dict(variant='l', target='wi'),
+    dict(variant='l2', target='both', placement='encoder'),
+    dict(variant='gl', placement='decoder'),
+    dict(variant='lg', conditioning='first_token'),
+    dict(variant='l2', scalar=True),
+    dict(variant='l2', grid_rows=32, grid_cols=64),  # Max-Grid
+    dict(variant='output_gating'),
+    dict(variant='output_gating', output_gating_values=16,
+         conditioning='first_token'),
+]
+
+
+@pytest.mark.parametrize('hg', CASES, ids=lambda hg: '-'.join(
+    f'{v}' for v in hg.values()))
+@pytest.mark.parametrize('inputs', [9, 5])  # fold / blockwise in the encoder
+def test_matches_numpy_rederivation(hg, inputs):
+  cfg = _config(**hg)
+  model, params = _init(cfg)
+  enc, dec_in, tgt, ids = _batch(inputs=inputs)
+  logits = jax.jit(lambda p: model.apply(
+      {'params': p}, enc, dec_in, tgt, enable_dropout=False,
+      task_ids=ids))(params)
+  p = flat(params)
+  want = _reference(cfg, p, enc, dec_in, tgt, ids)
+  valid = tgt > 0
+  np.testing.assert_allclose(np.asarray(logits)[valid], want[valid],
+                             rtol=3e-4, atol=3e-4)
+  plain = numpy_t5.decode(p, numpy_t5.encode(p, enc[0], 2, 2), enc[0],
+                          dec_in[0], tgt[0], 2, 2)
+  assert not np.allclose(plain, want[0], atol=1e-3)  # the gates matter
+
+
+def test_relu_t5_v1_0_output_gating_and_hypergrid():
+  for hg in (dict(variant='output_gating'), dict(variant='lg')):
+    cfg = dataclasses.replace(_config(**hg), mlp_activations=('relu',),
+                              logits_via_embedding=True)
+    model, params = _init(cfg)
+    enc, dec_in, tgt, ids = _batch()
+    logits = model.apply({'params': params}, enc, dec_in, tgt,
+                         enable_dropout=False, task_ids=ids)
+    p = flat(params)
+    out = []
+    for e, d, t, task in zip(enc, dec_in, tgt, ids):
+      fn = numpy_hypergrid.gate_fn(p, cfg, task)
+      encoded = numpy_t5.encode(p, e, 2, 2, gated=False, gate_fn=fn)
+      out.append(numpy_t5.decode(p, encoded, e, d, t, 2, 2, gated=False,
+                                 tied=True, gate_fn=fn))
+    valid = tgt > 0
+    np.testing.assert_allclose(np.asarray(logits)[valid],
+                               np.stack(out)[valid], rtol=3e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize('length', [1, 3, 40])
+def test_psi_is_a_block_repeat_on_both_routes(length):
+  """Each grid value lands on its own weight block, for wo ([d_ff, d_model])
+  and wi ([d_model, d_ff]) orientations, through the blockwise (short) and
+  the folded (long) routes."""
+  d_model, d_ff, rows, cols = 8, 12, 2, 3
+  grid = (np.arange(rows * cols, dtype=np.float32).reshape(1, rows, cols)
+          + 1) / 10  # one distinct value per block
+  rng = np.random.default_rng(0)
+  for rows_are_model, (d_in, d_out) in ((True, (d_model, d_ff)),
+                                        (False, (d_ff, d_model))):
+    kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
+    x = rng.normal(size=(1, length, d_in)).astype(np.float32)
+    oriented = hypergrid.orient_grid(jnp.asarray(grid), rows_are_model)
+    got = hypergrid.gated_matmul(jnp.asarray(x), jnp.asarray(kernel),
+                                 oriented)
+    gate = np.zeros((d_in, d_out))
+    for i in range(d_in):
+      for o in range(d_out):
+        m, f = (i, o) if rows_are_model else (o, i)
+        gate[i, o] = grid[0, m // (d_model // rows), f // (d_ff // cols)]
+    np.testing.assert_allclose(got[0], x[0] @ ((1 + gate) * kernel),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decoding_equals_teacher_forcing_and_no_target_leak():
+  cfg = _config(variant='l2')
+  model, params = _init(cfg)
+  enc, _, _, ids = _batch()
+  tgt = random_tokens(np.random.default_rng(3), (3, 5))
+  dec_in = np.concatenate([np.zeros((3, 1), np.int32), tgt[:, :-1]], 1)
+  full = model.apply({'params': params}, enc, dec_in, tgt,
+                     enable_dropout=False, task_ids=ids)
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=ids, method=model.encode)
+  _, v = model.apply({'params': params}, encoded, enc, jnp.ones_like(tgt),
+                     jnp.ones_like(tgt), enable_dropout=False, decode=True,
+                     max_decode_length=5, task_ids=ids, mutable=['cache'],
+                     method=model.decode)
+  cache, got = v['cache'], []
+  for i in range(5):
+    out, v = model.apply({'params': params, 'cache': cache}, encoded, enc,
+                         dec_in[:, i:i + 1], dec_in[:, i:i + 1],
+                         enable_dropout=False, decode=True,
+                         max_decode_length=5, task_ids=ids,
+                         mutable=['cache'], method=model.decode)
+    cache = v['cache']
+    got.append(out[:, 0])
+  np.testing.assert_allclose(np.stack(got, 1), full, rtol=2e-5, atol=2e-5)
+  # A later target token cannot reach earlier positions, not even through
+  # the (per-example) gate.
+  changed = dec_in.copy()
+  changed[:, 3] = changed[:, 3] % 383 + 1
+  after = model.apply({'params': params}, enc, changed, tgt,
+                      enable_dropout=False, task_ids=ids)
+  np.testing.assert_allclose(after[:, :3], full[:, :3], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('hg, message', [
+    (dict(grid_rows=5), 'GRID_ROWS=5 must be a positive divisor of '
+                        'd_model=32'),
+    (dict(grid_cols=7), 'GRID_COLS=7 must be a positive divisor of d_ff=64'),
+    (dict(variant='lll'), 'variant must be one of'),
+    (dict(conditioning='pooling'), 'HYPERGRID_CONDITIONING'),
+    (dict(target='wq'), 'HYPERGRID_TARGET'),
+    (dict(variant='output_gating', output_gating_values=5),
+     'output_gating_values=5'),
+])
+def test_bad_configuration_raises(hg, message):
+  with pytest.raises(ValueError, match=message):
+    _init(_config(**hg))
+
+
+def test_bad_inputs_raise():
+  model, params = _init(_config())
+  enc, dec_in, tgt, ids = _batch()
+  with pytest.raises(ValueError, match='HyperGrid needs task_ids'):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False)
+  with pytest.raises(ValueError, match='pack = False'):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False,
+                task_ids=ids, encoder_segment_ids=np.ones_like(enc),
+                decoder_segment_ids=np.ones_like(tgt))
+
+
+def _summary(model, variant, *bindings):
+  argv = [f'--gin_file=models/{model}.gin',
+          f'--gin_file=variants/{variant}.gin', '--json']
+  argv += [f'--gin.{b}' for b in bindings]
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert param_table.main(argv) == 0
+  return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize('model, d, f', [('t5_base', 768, 3072),
+                                         ('t5_1_1_base', 768, 2048)])
+def test_parameter_counts_and_ratios(model, d, f):
+  layers, tasks, d_r, d_c = 24, 16, 32, 128  # 12 + 12 layers, GLUE+SuperGLUE
+  per_layer = {
+      'hypergrid_l': d * d_r,
+      'hypergrid_l2': d * d_r + d * d_c,
+      'hypergrid_lg': d * d_r + d_c,
+      'hypergrid_gl': d_r + d * d_c,
+      'output_gating': d * f,
+  }
+  for variant, n in per_layer.items():
+    summary = _summary(model, variant)
+    assert summary['task_conditioned_parameters'] == (
+        layers * n + 2 * tasks * d), variant
+    print(f'{model} {variant}: {summary["ratio"]:.4f}x')
+    if variant != 'output_gating':  # full-size OG is exempt
+      assert summary['ratio'] < 1.02
+  og16 = _summary(model, 'output_gating', 'OUTPUT_GATING_VALUES=16')
+  assert og16['task_conditioned_parameters'] == layers * d * 16 + 2 * tasks * d
+  max_grid = _summary(model, 'hypergrid_l2', f'GRID_ROWS={d}',
+                      f'GRID_COLS={f}')
+  print(f'{model} max-grid L2: {max_grid["ratio"]:.4f}x')
