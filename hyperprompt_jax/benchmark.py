@@ -1,18 +1,21 @@
-r"""Training-step time of the HyperPrompt variants relative to MTL T5.
+r"""Training-step time and peak memory of each variant relative to MTL T5.
 
     python -m hyperprompt_jax.benchmark [--gin_file=models/t5_1_1_small.gin]
         [--batch_sizes=4,8,16] [--input_length=512] [--target_length=32]
-        [--variants=share,sep,global] [--placement=both] [--rounds=3]
-        [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
+        [--variants=share,sep,global,hypergrid_lg,...] [--placement=both]
+        [--rounds=3] [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
 
 For every batch size, one jit-compiled training step (forward, backward,
 `make_optimizer`'s Adafactor update) is built for the MTL network and for each
-variant, at the paper's defaults (l_enc 16, l_dec 6, r 32, t' 64, e 128,
-t 64, T = 8). The steps are timed side by side in this one process, in
-interleaved rounds (MTL, share, sep, global, MTL, ...) so drift hits every
-model alike; the median per-step time gives the ratio variant / MTL. Since
-the hyper-prompts are computed once per step for all tasks, the ratio should
-not grow with the batch size.
+variant, at the papers' defaults: HyperPrompt with l_enc 16, l_dec 6, r 32,
+t' 64, e 128, t 64, T = 8; HyperGrid with a 32 x 128 grid on `wo`, task
+attention conditioning, T = 16. The steps are timed side by side in this one
+process, in interleaved rounds (MTL, share, ..., MTL, ...) so drift hits every
+model alike; the median per-step time gives the ratio variant / MTL. Peak
+memory is XLA's own estimate for the compiled step
+(`compiled.memory_analysis()`: temporaries + arguments + outputs - aliased).
+Hyper-prompts are computed once per step for all tasks, so their ratio
+should not grow with the batch size.
 """
 
 import argparse
@@ -29,11 +32,16 @@ import numpy as np
 import optax
 
 from hyperprompt_jax import gin_utils
+from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 
-NUM_TASKS = 8
+HYPERPROMPT_TASKS = 8    # one GLUE or SuperGLUE run
+HYPERGRID_TASKS = 16     # GLUE + SuperGLUE co-trained
+HYPERPROMPT_VARIANTS = ('share', 'sep', 'global')
+HYPERGRID_VARIANTS = ('hypergrid_l', 'hypergrid_l2', 'hypergrid_lg',
+                      'hypergrid_gl', 'output_gating')
 Z_LOSS = 1e-4
 
 
@@ -70,25 +78,43 @@ def random_batch(rng: np.random.Generator, batch: int, input_length: int,
       'decoder_input_tokens': np.concatenate(
           [np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
       'decoder_target_tokens': targets,
-      'task_ids': rng.integers(0, NUM_TASKS, (batch,), dtype=np.int32),
+      'task_ids': rng.integers(0, HYPERPROMPT_TASKS, (batch,),
+                               dtype=np.int32),
   }
 
 
 def variant_config(base: network.T5Config, variant: str,
                    placement: str) -> network.T5Config:
+  """The network of `variant` ('mtl', a HyperPrompt or HyperGrid name)."""
+  base = dataclasses.replace(base, hyperprompt=None, hypergrid=None)
   if variant == 'mtl':
-    return dataclasses.replace(base, hyperprompt=None, num_tasks=NUM_TASKS)
-  return dataclasses.replace(
-      base, num_tasks=NUM_TASKS,
-      hyperprompt=hyperprompt.HyperPromptConfig(variant=variant,
-                                                placement=placement))
+    return dataclasses.replace(base, num_tasks=HYPERPROMPT_TASKS)
+  if variant in HYPERPROMPT_VARIANTS:
+    return dataclasses.replace(
+        base, num_tasks=HYPERPROMPT_TASKS,
+        hyperprompt=hyperprompt.HyperPromptConfig(variant=variant,
+                                                  placement=placement))
+  if variant in HYPERGRID_VARIANTS:
+    return dataclasses.replace(
+        base, num_tasks=HYPERGRID_TASKS,
+        hypergrid=hypergrid.HyperGridConfig(
+            variant=variant.removeprefix('hypergrid_'), placement=placement))
+  raise ValueError(f'Unknown variant {variant!r}: choose from '
+                   f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
+
+
+def peak_bytes(compiled) -> int:
+  """XLA's peak-memory estimate of a compiled computation."""
+  m = compiled.memory_analysis()
+  return (m.temp_size_in_bytes + m.argument_size_in_bytes
+          + m.output_size_in_bytes - m.alias_size_in_bytes)
 
 
 def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
               variants: Sequence[str], placement: str, input_length: int,
               target_length: int, rounds: int, steps: int) -> list[dict]:
-  """Returns one row per (batch size, model): median seconds per step and
-  the ratio to MTL at that batch size."""
+  """Returns one row per (batch size, model): median seconds per step,
+  peak bytes, and their ratios to MTL at that batch size."""
   rows = []
   optimizer = optimizers.make_optimizer()
   names = ['mtl', *variants]
@@ -103,17 +129,19 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
           batch['decoder_target_tokens'], enable_dropout=False,
           task_ids=batch['task_ids'])['params'])(jax.random.PRNGKey(0))
       opt_state = optimizer.init(params)
-      step = jax.jit(make_train_step(model, optimizer), donate_argnums=(0, 1))
-      state = [params, opt_state]
       rng = jax.random.PRNGKey(1)
-      # Compile and warm up.
+      step = jax.jit(make_train_step(model, optimizer),
+                     donate_argnums=(0, 1)).lower(params, opt_state, batch,
+                                                  rng).compile()
+      state = [params, opt_state]
+      # Warm up.
       state[0], state[1], loss = step(state[0], state[1], batch, rng)
       loss.block_until_ready()
-      runners[name] = (step, state)
+      runners[name] = (step, state, peak_bytes(step))
     times = {name: [] for name in names}
     for _ in range(rounds):
       for name in names:
-        step, state = runners[name]
+        step, state, _ = runners[name]
         start = time.perf_counter()
         for i in range(steps):
           state[0], state[1], loss = step(state[0], state[1], batch,
@@ -121,20 +149,26 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
         loss.block_until_ready()
         times[name].append((time.perf_counter() - start) / steps)
     mtl = statistics.median(times['mtl'])
+    mtl_peak = runners['mtl'][2]
     for name in names:
       seconds = statistics.median(times[name])
+      peak = runners[name][2]
       rows.append({'batch_size': batch_size, 'model': name,
-                   'seconds_per_step': seconds, 'ratio_to_mtl': seconds / mtl})
+                   'seconds_per_step': seconds, 'ratio_to_mtl': seconds / mtl,
+                   'peak_bytes': peak, 'peak_ratio_to_mtl': peak / mtl_peak})
     del runners
   return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-  lines = [f'{"batch":>5}  {"model":<8}{"ms/step":>12}{"ratio to MTL":>15}']
+  lines = [f'{"batch":>5}  {"model":<15}{"ms/step":>10}{"time / MTL":>12}'
+           f'{"peak MiB":>11}{"peak / MTL":>12}']
   for r in rows:
-    lines.append(f'{r["batch_size"]:>5}  {r["model"]:<8}'
-                 f'{1000 * r["seconds_per_step"]:>12.1f}'
-                 f'{r["ratio_to_mtl"]:>14.3f}x')
+    lines.append(f'{r["batch_size"]:>5}  {r["model"]:<15}'
+                 f'{1000 * r["seconds_per_step"]:>10.1f}'
+                 f'{r["ratio_to_mtl"]:>11.3f}x'
+                 f'{r["peak_bytes"] / 2**20:>11.1f}'
+                 f'{r["peak_ratio_to_mtl"]:>11.3f}x')
   return '\n'.join(lines)
 
 
@@ -148,17 +182,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument('--batch_sizes', default='4,8,16')
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--target_length', type=int, default=32)
-  parser.add_argument('--variants', default='share,sep,global')
+  parser.add_argument(
+      '--variants',
+      default=','.join(HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS))
   parser.add_argument('--placement', default='both',
                       choices=hyperprompt.PLACEMENTS)
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=3)
   args = parser.parse_args(argv)
   variants = [v for v in args.variants.split(',') if v]
-  bad = set(variants) - {'share', 'sep', 'global'}
+  bad = set(variants) - set(HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS)
   if bad:
-    raise ValueError(f'Unknown variants {sorted(bad)}: choose from share, '
-                     'sep, global.')
+    raise ValueError(f'Unknown variants {sorted(bad)}: choose from '
+                     f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
   gin.clear_config()
   gin_utils.parse_gin(args.gin_file or ['models/t5_1_1_small.gin'],
                       args.gin_bindings,
