@@ -195,10 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if bad:
     raise ValueError(f'Unknown variants {sorted(bad)}: choose from '
                      f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
-  gin.clear_config()
-  gin_utils.parse_gin(args.gin_file or ['models/t5_1_1_small.gin'],
-                      args.gin_bindings,
-                      [p for p in args.gin_search_paths.split(',') if p])
+  gin_utils.parse_gin_flags(args, ['models/t5_1_1_small.gin'])
   base = gin.get_configurable(network.Transformer)().config
   rows = benchmark(base, [int(b) for b in args.batch_sizes.split(',')],
                    variants, args.placement, args.input_length,
@@ -209,8 +206,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-  try:
-    sys.exit(main())
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  gin_utils.run(main)

@@ -10,7 +10,8 @@ import argparse
 import logging
 import os
 import re
-from typing import Sequence
+import sys
+from typing import Callable, Sequence
 
 import gin
 
@@ -24,6 +25,24 @@ def add_gin_flags(parser: argparse.ArgumentParser) -> None:
                       help="gin binding 'X=Y' (or use --gin.X=Y)")
   parser.add_argument('--gin_search_paths', default='',
                       help='comma-separated directories to resolve gin files')
+
+
+def parse_gin_flags(args: argparse.Namespace,
+                    default_gin_files: Sequence[str] = ()) -> None:
+  """Clears gin and parses the flags `add_gin_flags` defined."""
+  gin.clear_config()
+  parse_gin(args.gin_file or list(default_gin_files), args.gin_bindings,
+            [p for p in args.gin_search_paths.split(',') if p])
+
+
+def run(main: Callable[[], int]) -> None:
+  """Runs a command-line `main`, turning ValueError into a one-line error
+  and exit status 2 (a usage mistake, not a crash)."""
+  try:
+    sys.exit(main())
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
 
 
 def rewrite_gin_shorthand(argv: Sequence[str]) -> list[str]:

@@ -121,6 +121,33 @@ def _dropout(cfg: T5Config, **kwargs) -> nn.Dropout:
   return nn.Dropout(rate=cfg.dropout_rate, **kwargs)
 
 
+def _attention(cfg: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
+  return layers.MultiHeadDotProductAttention(
+      num_heads=cfg.num_heads,
+      head_dim=cfg.head_dim,
+      dtype=cfg.dtype,
+      dropout_rate=cfg.dropout_rate,
+      float32_logits=cfg.float32_attention_logits,
+      name=name,
+  )
+
+
+def _ffn_sublayer(cfg: T5Config, x, deterministic, gates):
+  """Pre-norm FFN with residual (call inside a layer's compact method):
+  `pre_mlp_layer_norm` and `mlp` of the calling layer. `gates`: MlpBlock's
+  HyperGrid / Output Gating arguments."""
+  y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
+  y = layers.MlpBlock(
+      intermediate_dim=cfg.mlp_dim,
+      activations=cfg.mlp_activations,
+      intermediate_dropout_rate=cfg.dropout_rate,
+      dtype=cfg.dtype,
+      name='mlp',
+  )(y, deterministic=deterministic, **gates)
+  y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
+  return y + x
+
+
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention + FFN block of the encoder."""
 
@@ -143,14 +170,8 @@ class EncoderLayer(nn.Module):
     norm = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')
     x = norm(inputs)
     task_kwargs = _task_query_kwargs(grid_conditioning, norm)
-    x = layers.MultiHeadDotProductAttention(
-        num_heads=cfg.num_heads,
-        head_dim=cfg.head_dim,
-        dtype=cfg.dtype,
-        dropout_rate=cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits,
-        name='attention',
-    )(x, x, encoder_mask, bias, deterministic=deterministic,
+    x = _attention(cfg, 'attention')(
+        x, x, encoder_mask, bias, deterministic=deterministic,
       **_prefix_kwargs(prompts), **task_kwargs)
     gates = {}
     if grid_conditioning is not None:
@@ -159,17 +180,7 @@ class EncoderLayer(nn.Module):
       gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
                                         cfg.mlp_dim)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
-    x = x + inputs
-    y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
-    y = layers.MlpBlock(
-        intermediate_dim=cfg.mlp_dim,
-        activations=cfg.mlp_activations,
-        intermediate_dropout_rate=cfg.dropout_rate,
-        dtype=cfg.dtype,
-        name='mlp',
-    )(y, deterministic=deterministic, **gates)
-    y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    return y + x
+    return _ffn_sublayer(cfg, x + inputs, deterministic, gates)
 
 
 class DecoderLayer(nn.Module):
@@ -204,18 +215,10 @@ class DecoderLayer(nn.Module):
         inputs.shape[-2]
     )
     bias = self.relative_embedding(length, length, False)
-    attention = lambda name: layers.MultiHeadDotProductAttention(
-        num_heads=cfg.num_heads,
-        head_dim=cfg.head_dim,
-        dtype=cfg.dtype,
-        dropout_rate=cfg.dropout_rate,
-        float32_logits=cfg.float32_attention_logits,
-        name=name,
-    )
     x = layers.LayerNorm(
         dtype=cfg.dtype, name='pre_self_attention_layer_norm'
     )(inputs)
-    x = attention('self_attention')(
+    x = _attention(cfg, 'self_attention')(
         x, x, decoder_mask, bias, deterministic=deterministic, decode=decode,
         **_prefix_kwargs(prompts),
     )
@@ -226,7 +229,7 @@ class DecoderLayer(nn.Module):
     )
     y = cross_norm(x)
     task_kwargs = _task_query_kwargs(grid_conditioning, cross_norm)
-    y = attention('encoder_decoder_attention')(
+    y = _attention(cfg, 'encoder_decoder_attention')(
         y, encoded, encoder_decoder_mask, deterministic=deterministic,
         **_prefix_kwargs(self._cross_attention_prompts(prompts)),
         **task_kwargs,
@@ -237,17 +240,7 @@ class DecoderLayer(nn.Module):
       gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
                                         cfg.mlp_dim)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    y = y + x
-    z = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(y)
-    z = layers.MlpBlock(
-        intermediate_dim=cfg.mlp_dim,
-        activations=cfg.mlp_activations,
-        intermediate_dropout_rate=cfg.dropout_rate,
-        dtype=cfg.dtype,
-        name='mlp',
-    )(z, deterministic=deterministic, **gates)
-    z = _dropout(cfg, broadcast_dims=(-2,))(z, deterministic=deterministic)
-    return z + y
+    return _ffn_sublayer(cfg, y + x, deterministic, gates)
 
   def _cross_attention_prompts(self, prompts):
     """The layer's self-attention prompts, reused in cross-attention when

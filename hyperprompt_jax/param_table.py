@@ -104,17 +104,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument('--json', action='store_true',
                       help='print one JSON object instead of the table')
   args = parser.parse_args(argv)
-  gin.clear_config()
-  gin_utils.parse_gin(args.gin_file, args.gin_bindings,
-                      [p for p in args.gin_search_paths.split(',') if p])
+  gin_utils.parse_gin_flags(args)
   summary = summarize(abstract_params(build_network()))
   print(json.dumps(summary) if args.json else format_table(summary))
   return 0
 
 
 if __name__ == '__main__':
-  try:
-    sys.exit(main())
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  gin_utils.run(main)
