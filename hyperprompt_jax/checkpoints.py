@@ -14,6 +14,7 @@ t5x install is needed to start from a public t5x checkpoint.
 import os
 from typing import Any, Mapping
 
+import flax
 from flax import serialization
 from flax import traverse_util
 import numpy as np
@@ -151,7 +152,8 @@ def restore_params(
       ones unless `allow_missing`.
   """
   loaded = load_t5x_params(path)
-  wanted = traverse_util.flatten_dict(_unfreeze(abstract_params), sep='/')
+  wanted = traverse_util.flatten_dict(flax.core.unfreeze(abstract_params),
+                                      sep='/')
   mismatched = [
       f'{k}: checkpoint {loaded[k].shape}, model {tuple(v.shape)}'
       for k, v in wanted.items()
@@ -171,11 +173,3 @@ def restore_params(
     )
   params = {k: loaded.get(k) for k in wanted}
   return traverse_util.unflatten_dict(params, sep='/'), missing
-
-
-def _unfreeze(tree: PyTree) -> PyTree:
-  if hasattr(tree, 'unfreeze'):
-    return tree.unfreeze()
-  if isinstance(tree, Mapping):
-    return {k: _unfreeze(v) for k, v in tree.items()}
-  return tree

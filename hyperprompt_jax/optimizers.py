@@ -13,6 +13,7 @@ The built-in runner calls it directly; t5x runs wrap it in
 
 from typing import Any, Mapping, Optional
 
+import flax
 from flax import traverse_util
 import optax
 
@@ -25,7 +26,7 @@ FROZEN = 'frozen'
 
 def parameter_labels(params: Any, train_only_task_conditioned: bool) -> Any:
   """The tree of `params` with each leaf replaced by its group label."""
-  flat = traverse_util.flatten_dict(_to_dict(params))
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(params))
   labels = {}
   for path, _ in flat.items():
     if param_groups.is_task_conditioned(path):
@@ -33,14 +34,6 @@ def parameter_labels(params: Any, train_only_task_conditioned: bool) -> Any:
     else:
       labels[path] = FROZEN if train_only_task_conditioned else BACKBONE
   return traverse_util.unflatten_dict(labels)
-
-
-def _to_dict(tree: Any) -> Any:
-  if hasattr(tree, 'unfreeze'):
-    return tree.unfreeze()
-  if isinstance(tree, Mapping):
-    return {k: _to_dict(v) for k, v in tree.items()}
-  return tree
 
 
 def make_optimizer(

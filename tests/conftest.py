@@ -49,3 +49,49 @@ def tiny_model_and_params():
       lambda rng: model.init(rng, enc, dec, dec, enable_dropout=False)
   )(jax.random.PRNGKey(0))
   return model, variables['params']
+
+
+def decoder_inputs(targets: np.ndarray) -> np.ndarray:
+  """Targets shifted right behind a 0 start token (T5's decoder inputs)."""
+  start = np.zeros((targets.shape[0], 1), targets.dtype)
+  return np.concatenate([start, targets[:, :-1]], 1)
+
+
+def decode_with_cache(model, params, enc, dec_in, task_ids,
+                      step_task_ids='same'):
+  """Greedy-style incremental decoding of given decoder inputs.
+
+  Encodes `enc`, creates the cache with the full target shape and `task_ids`
+  (as t5x does), then feeds `dec_in` one position at a time, with
+  `step_task_ids` (default: the same ids; None checks nothing is regenerated).
+
+  Returns:
+    `(logits [batch, length, vocab], the freshly created cache)`.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  if isinstance(step_task_ids, str):
+    step_task_ids = task_ids
+  length = dec_in.shape[1]
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=task_ids, method=model.encode)
+  _, variables = model.apply(
+      {'params': params}, encoded, enc, jnp.ones_like(dec_in),
+      jnp.ones_like(dec_in), enable_dropout=False, decode=True,
+      max_decode_length=length, task_ids=task_ids, mutable=['cache'],
+      method=model.decode)
+  initial = cache = variables['cache']
+
+  @jax.jit
+  def step(cache, token):
+    logits, new = model.apply(
+        {'params': params, 'cache': cache}, encoded, enc, token, token,
+        enable_dropout=False, decode=True, max_decode_length=length,
+        task_ids=step_task_ids, mutable=['cache'], method=model.decode)
+    return logits[:, 0], new['cache']
+
+  steps = []
+  for i in range(length):
+    logits, cache = step(cache, dec_in[:, i:i + 1])
+    steps.append(logits)
+  return np.stack(steps, 1), initial

@@ -12,7 +12,8 @@ import pytest
 
 import numpy_hypergrid
 import numpy_t5
-from conftest import T5X_TINY_CONFIG, flat, random_tokens
+from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
+from conftest import flat, random_tokens
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import network
 from hyperprompt_jax import param_table
@@ -143,25 +144,11 @@ def test_cached_decoding_equals_teacher_forcing_and_no_target_leak():
   model, params = _init(cfg)
   enc, _, _, ids = _batch()
   tgt = random_tokens(np.random.default_rng(3), (3, 5))
-  dec_in = np.concatenate([np.zeros((3, 1), np.int32), tgt[:, :-1]], 1)
+  dec_in = decoder_inputs(tgt)
   full = model.apply({'params': params}, enc, dec_in, tgt,
                      enable_dropout=False, task_ids=ids)
-  encoded = model.apply({'params': params}, enc, enable_dropout=False,
-                        task_ids=ids, method=model.encode)
-  _, v = model.apply({'params': params}, encoded, enc, jnp.ones_like(tgt),
-                     jnp.ones_like(tgt), enable_dropout=False, decode=True,
-                     max_decode_length=5, task_ids=ids, mutable=['cache'],
-                     method=model.decode)
-  cache, got = v['cache'], []
-  for i in range(5):
-    out, v = model.apply({'params': params, 'cache': cache}, encoded, enc,
-                         dec_in[:, i:i + 1], dec_in[:, i:i + 1],
-                         enable_dropout=False, decode=True,
-                         max_decode_length=5, task_ids=ids,
-                         mutable=['cache'], method=model.decode)
-    cache = v['cache']
-    got.append(out[:, 0])
-  np.testing.assert_allclose(np.stack(got, 1), full, rtol=2e-5, atol=2e-5)
+  got, _ = decode_with_cache(model, params, enc, dec_in, ids)
+  np.testing.assert_allclose(got, full, rtol=2e-5, atol=2e-5)
   # A later target token cannot reach earlier positions, not even through
   # the (per-example) gate.
   changed = dec_in.copy()

@@ -10,7 +10,8 @@ import pytest
 
 import numpy_hyperprompt
 import numpy_t5
-from conftest import T5X_TINY_CONFIG, flat, random_tokens
+from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
+from conftest import flat, random_tokens
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import network
 
@@ -146,35 +147,18 @@ def test_cached_decoding_equals_teacher_forcing_with_prompts(variant):
       params)
   enc, _, _, task_ids = _batch()
   tgt = random_tokens(np.random.default_rng(5), (4, 6))
-  dec_in = np.concatenate([np.zeros((4, 1), np.int32), tgt[:, :-1]], 1)
+  dec_in = decoder_inputs(tgt)
   full = model.apply({'params': params}, enc, dec_in, tgt,
                      enable_dropout=False, task_ids=task_ids)
-  encoded = model.apply({'params': params}, enc, enable_dropout=False,
-                        task_ids=task_ids, method=model.encode)
-  _, init_vars = model.apply(
-      {'params': params}, encoded, enc, jnp.ones_like(tgt), jnp.ones_like(tgt),
-      enable_dropout=False, decode=True, max_decode_length=6,
-      task_ids=task_ids, mutable=['cache'], method=model.decode)
-  cache = init_vars['cache']
+  # No task ids at decode steps: the prompts must come from the cache (a
+  # regeneration would raise for the missing ids).
+  got, cache = decode_with_cache(model, params, enc, dec_in, task_ids,
+                                 step_task_ids=None)
   layer0 = cache['decoder']['layers_0']['self_attention']
   # The gathered prompts are their own batch-major cache entries.
   assert layer0['cached_prefix_key'].shape == (4, 2, 2, 16)
   assert 'hyperprompt' not in cache['decoder']
-
-  def step(cache, token):
-    # No task ids at decode steps: the prompts must come from the cache.
-    logits, new_vars = model.apply(
-        {'params': params, 'cache': cache}, encoded, enc, token, token,
-        enable_dropout=False, decode=True, max_decode_length=6,
-        task_ids=None, mutable=['cache'], method=model.decode)
-    return logits[:, 0], new_vars['cache']
-
-  step = jax.jit(step)
-  got = []
-  for i in range(6):
-    logits, cache = step(cache, dec_in[:, i:i + 1])
-    got.append(logits)
-  np.testing.assert_allclose(np.stack(got, 1), full, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(got, full, rtol=2e-5, atol=2e-5)
 
 
 def test_prompts_are_visible_to_every_query_and_causality_holds():
@@ -292,22 +276,9 @@ def test_experimental_cross_attention_prompts():
                                atol=3e-4)
   # Cached decoding reads the cross-attention prompts from the cache too.
   full_tgt = random_tokens(np.random.default_rng(2), (4, 3))
-  full_in = np.concatenate([np.zeros((4, 1), np.int32), full_tgt[:, :-1]], 1)
+  full_in = decoder_inputs(full_tgt)
   full = model.apply({'params': params}, enc, full_in, full_tgt,
                      enable_dropout=False, task_ids=task_ids)
-  encoded = model.apply({'params': params}, enc, enable_dropout=False,
-                        task_ids=task_ids, method=model.encode)
-  _, v = model.apply({'params': params}, encoded, enc, jnp.ones_like(full_tgt),
-                     jnp.ones_like(full_tgt), enable_dropout=False,
-                     decode=True, max_decode_length=3, task_ids=task_ids,
-                     mutable=['cache'], method=model.decode)
-  cache, got = v['cache'], []
-  for i in range(3):
-    out, v = model.apply({'params': params, 'cache': cache}, encoded, enc,
-                         full_in[:, i:i + 1], full_in[:, i:i + 1],
-                         enable_dropout=False, decode=True,
-                         max_decode_length=3, mutable=['cache'],
-                         method=model.decode)
-    cache = v['cache']
-    got.append(out[:, 0])
-  np.testing.assert_allclose(np.stack(got, 1), full, rtol=2e-5, atol=2e-5)
+  got, _ = decode_with_cache(model, params, enc, full_in, task_ids,
+                             step_task_ids=None)
+  np.testing.assert_allclose(got, full, rtol=2e-5, atol=2e-5)

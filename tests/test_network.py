@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import numpy_t5
-from conftest import T5X_TINY_CONFIG, flat, random_tokens
+from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
+from conftest import flat, random_tokens
 from hyperprompt_jax import network
 
 CFG = T5X_TINY_CONFIG
@@ -78,37 +79,15 @@ def test_incremental_decoding_with_cache_equals_teacher_forcing(
   enc, _, _ = _batch(seed=2, batch=2, targets=7)
   rng = np.random.default_rng(3)
   tgt = random_tokens(rng, (2, 7))  # no padding: every position is decoded
-  dec_in = np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], 1)
+  dec_in = decoder_inputs(tgt)
   task_ids = jnp.array([1, 2])
   full = model.apply({'params': params}, enc, dec_in, tgt,
                      enable_dropout=False, task_ids=task_ids)
-
-  encoded = model.apply({'params': params}, enc, enable_dropout=False,
-                        task_ids=task_ids, method=model.encode)
-  # Initialise the cache with the full target shape (as t5x does).
-  _, cache_vars = model.apply(
-      {'params': params}, encoded, enc, jnp.ones_like(tgt), jnp.ones_like(tgt),
-      enable_dropout=False, decode=True, max_decode_length=7,
-      task_ids=task_ids, mutable=['cache'], method=model.decode,
-  )
-  cache = cache_vars['cache']
+  got, cache = decode_with_cache(model, params, enc, dec_in, task_ids)
+  # t5x's cache layout: [batch, heads, head_dim, max_length].
   assert cache['decoder']['layers_0']['self_attention']['cached_key'].shape == (
       2, CFG.num_heads, CFG.head_dim, 7)
-
-  @jax.jit
-  def step(cache, token):
-    logits, new_vars = model.apply(
-        {'params': params, 'cache': cache}, encoded, enc, token, token,
-        enable_dropout=False, decode=True, max_decode_length=7,
-        task_ids=task_ids, mutable=['cache'], method=model.decode,
-    )
-    return logits[:, 0], new_vars['cache']
-
-  steps = []
-  for i in range(7):
-    logits, cache = step(cache, dec_in[:, i:i + 1])
-    steps.append(logits)
-  np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
 
 
 def _encode(model, params, tokens, segment_ids=None):
