@@ -160,6 +160,37 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
   return rows
 
 
+def gated_matmul_routes(batch: int, lengths: Sequence[int], d_model: int,
+                        d_ff: int, grid_rows: int, grid_cols: int,
+                        repeats: int = 5) -> list[dict]:
+  """Times HyperGrid's two routes for a gated `wo` (forward and backward)
+  at each length, beside the route `gated_matmul_route` picks."""
+  rng = np.random.default_rng(0)
+  kernel = jnp.asarray(rng.normal(size=(d_ff, d_model)), jnp.float32)
+  grid = jnp.asarray(rng.uniform(size=(batch, grid_cols, grid_rows)),
+                     jnp.float32)  # wo orientation: [d_ff blocks, d_model]
+  rows = []
+  for length in lengths:
+    x = jnp.asarray(rng.normal(size=(batch, length, d_ff)), jnp.float32)
+    seconds = {}
+    for route in ('blockwise', 'fold'):
+      fn = jax.jit(jax.grad(lambda x, k, g, r=route: jnp.sum(
+          hypergrid.gated_matmul(x, k, g, route=r) ** 2), argnums=(0, 1)))
+      jax.block_until_ready(fn(x, kernel, grid))
+      times = []
+      for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(x, kernel, grid))
+        times.append(time.perf_counter() - start)
+      seconds[route] = statistics.median(times)
+    rows.append({'length': length, **{f'{r}_seconds': s
+                                      for r, s in seconds.items()},
+                 'rule': hypergrid.gated_matmul_route(length, d_ff, grid_cols,
+                                                      grid_rows),
+                 'faster': min(seconds, key=seconds.get)})
+  return rows
+
+
 def format_rows(rows: list[dict]) -> str:
   lines = [f'{"batch":>5}  {"model":<15}{"ms/step":>10}{"time / MTL":>12}'
            f'{"peak MiB":>11}{"peak / MTL":>12}']
@@ -189,6 +220,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       choices=hyperprompt.PLACEMENTS)
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=3)
+  parser.add_argument(
+      '--gated_matmul', action='store_true',
+      help="only time HyperGrid's blockwise and fold routes of a gated wo at "
+           'lengths 1, 8, 32, 128 and --input_length, at the first batch size')
   args = parser.parse_args(argv)
   variants = [v for v in args.variants.split(',') if v]
   bad = set(variants) - set(HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS)
@@ -197,8 +232,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
   gin_utils.parse_gin_flags(args, ['models/t5_1_1_small.gin'])
   base = gin.get_configurable(network.Transformer)().config
-  rows = benchmark(base, [int(b) for b in args.batch_sizes.split(',')],
-                   variants, args.placement, args.input_length,
+  batch_sizes = [int(b) for b in args.batch_sizes.split(',')]
+  if args.gated_matmul:
+    routes = gated_matmul_routes(batch_sizes[0],
+                                 [1, 8, 32, 128, args.input_length],
+                                 base.emb_dim, base.mlp_dim, 32, 128)
+    print(f'{"length":>6}{"blockwise ms":>14}{"fold ms":>10}  rule picks  '
+          'faster')
+    for r in routes:
+      print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
+            f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
+            f'{r["faster"]}')
+    return 0
+  rows = benchmark(base, batch_sizes, variants, args.placement, args.input_length,
                    args.target_length, args.rounds, args.steps)
   print(f'devices: {jax.devices()}')
   print(format_rows(rows))

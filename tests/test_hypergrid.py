@@ -128,15 +128,18 @@ def test_psi_is_a_block_repeat_on_both_routes(length):
     kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
     x = rng.normal(size=(1, length, d_in)).astype(np.float32)
     oriented = hypergrid.orient_grid(jnp.asarray(grid), rows_are_model)
-    got = hypergrid.gated_matmul(jnp.asarray(x), jnp.asarray(kernel),
-                                 oriented)
     gate = np.zeros((d_in, d_out))
     for i in range(d_in):
       for o in range(d_out):
         m, f = (i, o) if rows_are_model else (o, i)
         gate[i, o] = grid[0, m // (d_model // rows), f // (d_ff // cols)]
-    np.testing.assert_allclose(got[0], x[0] @ ((1 + gate) * kernel),
-                               rtol=1e-5, atol=1e-5)
+    want = x[0] @ ((1 + gate) * kernel)
+    for route in (None, 'blockwise', 'fold'):  # the rule's pick, then both
+      got = hypergrid.gated_matmul(jnp.asarray(x), jnp.asarray(kernel),
+                                   oriented, route=route)
+      np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+  assert hypergrid.gated_matmul_route(length, d_ff, cols, rows) == (
+      'blockwise' if length * cols < d_ff else 'fold')
 
 
 def test_cached_decoding_equals_teacher_forcing_and_no_target_leak():
