@@ -1,0 +1,134 @@
+"""Data sources: prepared TFDS datasets (read-only) and the offline fixtures.
+
+`PreparedTfdsDataSource` never downloads: a real `tfds.load` without data
+retries the network for minutes, so a missing dataset fails at once with a
+message saying how to prepare it. Its data directory is resolved when the data
+is first read, so gin (parsed after tasks are registered) can set it:
+
+  1. seqio's override (t5x's `--tfds_data_dir` flag sets it);
+  2. gin: `TFDS_DATA_DIR` (`hyperprompt_jax.tasks.sources.tfds_data_dir`);
+  3. TFDS's default (`$TFDS_DATA_DIR` or `~/tensorflow_datasets`).
+
+`FixtureDataSource` reads the JSON-lines files shipped in `tasks/fixtures/`,
+in the TFDS feature schema of the dataset they stand in for, so the same
+preprocessors, postprocessors and metrics run on them.
+"""
+
+import json
+import os
+from typing import Any, Mapping, Optional
+
+import gin
+import seqio
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+FIXTURES_DIR = os.path.join(os.path.dirname(__file__), 'fixtures')
+
+
+@gin.configurable(module='hyperprompt_jax.tasks.sources')
+def tfds_data_dir(data_dir: Optional[str] = None) -> Optional[str]:
+  """The gin-set TFDS data directory (None: TFDS's default)."""
+  return data_dir
+
+
+def resolve_tfds_data_dir() -> Optional[str]:
+  return seqio.utils._get_data_dir_override(None) or tfds_data_dir()  # pylint: disable=protected-access
+
+
+def check_prepared(tfds_name: str, data_dir: Optional[str]) -> None:
+  """Raises FileNotFoundError unless `tfds_name` is prepared in `data_dir`.
+
+  Builds the TFDS builder (local: well under a second) without touching the
+  network.
+  """
+  builder = tfds.builder(tfds_name, data_dir=data_dir)
+  if builder.is_prepared():
+    return
+  raise FileNotFoundError(
+      f'TFDS dataset {tfds_name} is not prepared in {builder.data_dir}. '
+      'Downloads are off in this project. Prepare it once on a machine with '
+      f'network access: `tfds build {tfds_name.split(":")[0]} '
+      '--data_dir=DIR`, then point runs '
+      'at that directory with --gin.TFDS_DATA_DIR="\'DIR\'" (t5x: '
+      '--tfds_data_dir=DIR). For an offline run use the fixture_* tasks.')
+
+
+class PreparedTfdsDataSource(seqio.TfdsDataSource):
+  """A read-only `seqio.TfdsDataSource` that fails fast on missing data.
+
+  Args:
+    tfds_name: 'name/config:version', e.g. 'glue/cola:2.0.0'.
+    splits: canonical split -> TFDS split, e.g. {'validation':
+      'validation_matched'}; explicit so nothing is read before it is needed.
+  """
+
+  def __init__(self, tfds_name: str, splits: Mapping[str, str]):
+    super().__init__(tfds_name=tfds_name, splits=dict(splits), read_only=True)
+    self._tfds_name = tfds_name
+    self._split_map = dict(splits)
+    self._loaders: dict[Optional[str], seqio.utils.LazyTfdsLoader] = {}
+
+  @property
+  def tfds_dataset(self) -> seqio.utils.LazyTfdsLoader:
+    data_dir = resolve_tfds_data_dir()
+    if data_dir not in self._loaders:
+      check_prepared(self._tfds_name, data_dir)
+      self._loaders[data_dir] = seqio.utils.LazyTfdsLoader(
+          self._tfds_name, data_dir=data_dir, split_map=self._split_map,
+          read_only=True)
+    return self._loaders[data_dir]
+
+
+def _tensor_spec(kind: Any):
+  """Schema entry -> tf.TensorSpec; a dict is a nested feature, a list
+  `[dtype]` a variable-length sequence."""
+  if isinstance(kind, dict):
+    return {k: _tensor_spec(v) for k, v in kind.items()}
+  if isinstance(kind, list):
+    return tf.TensorSpec([None], tf.as_dtype(kind[0]))
+  return tf.TensorSpec([], tf.as_dtype(kind))
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class FixtureDataSource(seqio.FunctionDataSource):
+  """Examples from `tasks/fixtures/<dataset>/<split>.jsonl`.
+
+  Args:
+    dataset: the fixture folder, e.g. 'glue_cola'.
+    schema: feature -> dtype name (the TFDS feature schema), e.g.
+      {'sentence': 'string', 'label': 'int64', 'idx': 'int32'}; nested dicts
+      and `[dtype]` sequences as in TFDS.
+    splits: canonical split -> file stem, e.g. {'validation':
+      'validation_matched'}.
+  """
+
+  def __init__(self, dataset: str, schema: Mapping[str, Any],
+               splits: Mapping[str, str]):
+    self._dir = os.path.join(FIXTURES_DIR, dataset)
+    self._signature = _tensor_spec(dict(schema))
+    self._files = {s: os.path.join(self._dir, f'{stem}.jsonl')
+                   for s, stem in splits.items()}
+    super().__init__(dataset_fn=self._read, splits=tuple(self._files))
+
+  def _examples(self, split: str) -> list[dict[str, Any]]:
+    path = self._files[split]
+    if not os.path.exists(path):
+      raise FileNotFoundError(
+          f'fixture file {path} is missing; regenerate the fixtures with '
+          '`python -m hyperprompt_jax.tasks.fixture_data`')
+    return read_jsonl(path)
+
+  def num_input_examples(self, split: str) -> int:
+    return len(self._examples(split))
+
+  def _read(self, split: str, shuffle_files: bool,
+            seed: Optional[int] = None) -> tf.data.Dataset:
+    del shuffle_files, seed  # One file per split; the Task shuffles examples.
+    examples = self._examples(split)
+    return tf.data.Dataset.from_generator(
+        lambda: iter(examples), output_signature=self._signature)
