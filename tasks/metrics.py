@@ -5,6 +5,10 @@ scaling (x100) are T5's (`t5/evaluation/metrics.py`), so result files read the
 same as T5's and t5x's.
 """
 
+import collections
+import re
+import string
+
 import numpy as np
 import scipy.stats
 import sklearn.metrics
@@ -52,3 +56,80 @@ def mean_multiclass_f1(num_classes: int):
     return {f'mean_{num_classes}class_f1': 100 * f1}
 
   return fn
+
+
+def _normalize_squad(text: str) -> str:
+  """The official SQuAD normalisation: lower case, no punctuation, no
+  articles, single spaces."""
+  text = ''.join('' if ch in string.punctuation else ch for ch in text.lower())
+  text = re.sub(r'\b(a|an|the)\b', ' ', text)
+  return ' '.join(text.split())
+
+
+def _token_f1(target: str, prediction: str) -> float:
+  pred, targ = prediction.split(), target.split()
+  same = sum((collections.Counter(pred) & collections.Counter(targ)).values())
+  if same == 0:
+    return 0.
+  precision, recall = same / len(pred), same / len(targ)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad(targets, predictions):
+  """SQuAD exact match and token F1 x100, each the max over a question's
+  answers. targets: list of lists of answers; predictions: strings."""
+  targets = [[_normalize_squad(t) for t in answers] for answers in targets]
+  predictions = [_normalize_squad(p) for p in predictions]
+  if len(targets) != len(predictions):
+    raise ValueError('Number of targets and predictions must match.')
+  em = np.mean([max(float(t == p) for t in ts)
+                for ts, p in zip(targets, predictions)])
+  f1 = np.mean([max(_token_f1(t, p) for t in ts)
+                for ts, p in zip(targets, predictions)])
+  return {'em': 100 * em, 'f1': 100 * f1}
+
+
+def all_match(targets, predictions):
+  """100 if every prediction equals its target, else 0."""
+  return {'exact_match': 100 * float(np.array_equal(targets, predictions))}
+
+
+def deduplicate_metric(metric_fn, group_key='group', value_key='value'):
+  """`metric_fn` on the first example of each group only (ReCoRD repeats an
+  example once per answer in its data; it is scored once)."""
+
+  def fn(targets, predictions):
+    seen, targs, preds = set(), [], []
+    for targ, pred in zip(targets, predictions):
+      if targ[group_key] in seen:
+        continue
+      seen.add(targ[group_key])
+      targs.append(targ[value_key])
+      preds.append(pred[value_key])
+    return metric_fn(targs, preds)
+
+  return fn
+
+
+def mean_group_metric(metric_fn, group_key='group', value_key='value'):
+  """The mean over groups of `metric_fn` on each group (MultiRC's exact
+  match per question)."""
+
+  def fn(targets, predictions):
+    groups = collections.defaultdict(lambda: ([], []))
+    for targ, pred in zip(targets, predictions):
+      groups[targ[group_key]][0].append(targ[value_key])
+      groups[targ[group_key]][1].append(pred[value_key])
+    per_metric = collections.defaultdict(list)
+    for targs, preds in groups.values():
+      for name, value in metric_fn(targs, preds).items():
+        per_metric[name].append(value)
+    return {name: float(np.mean(v)) for name, v in per_metric.items()}
+
+  return fn
+
+
+def multirc_f1_over_all_answers(targets, predictions):
+  """MultiRC's F1a: binary F1 (invalid predictions wrong) over every answer."""
+  return f1_score_with_invalid([t['value'] for t in targets],
+                               [p['value'] for p in predictions])

@@ -21,3 +21,57 @@ def string_label_to_class_id(string_label, label_classes: Sequence[str],
   if string_label in label_classes:
     return list(label_classes).index(string_label)
   return default
+
+
+def multirc(string_label, example=None, is_target=False) -> dict:
+  """{'value': class id of 'False' / 'True'}, plus the question id as
+  'group' on targets (the per-question exact match groups by it)."""
+  out = {'value': string_label_to_class_id(string_label,
+                                           label_classes=('False', 'True'))}
+  if is_target:
+    out['group'] = example['idx/question']
+  return out
+
+
+def record(answer, example=None, is_target=False) -> dict:
+  """Prediction: {'value': text}; target: {'value': all answers, 'group':
+  (passage id, query id)} (ReCoRD evaluates each query once, against all of
+  its answers)."""
+  if is_target:
+    return {
+        'value': [_text(a) for a in example['answers']],
+        'group': (example['idx/passage'], example['idx/query']),
+    }
+  return {'value': answer}
+
+
+_DETERMINERS = frozenset((
+    'a', 'an', 'few', 'her', 'his', 'each', 'every', 'many', 'much', 'my',
+    'our', 'some', 'that', 'the', 'their', 'these', 'this', 'those', 'which',
+    'whose', 'your'))
+
+
+def _text(s) -> str:
+  return s.decode('utf-8') if isinstance(s, bytes) else str(s)
+
+
+def wsc_simple(prediction, example=None, is_target=False) -> int:
+  """WSC eval: 1 if the predicted referent names the example's candidate
+  (capitalisation and determiners ignored, either word set containing the
+  other, a possessive only matching a possessive), else 0; -1 for an empty
+  prediction. Targets are the example's label."""
+  if is_target:
+    return example['label']
+
+  def clean(s):
+    s = _text(s).strip().lower()
+    return ' '.join(w for w in s.split(' ') if w not in _DETERMINERS)
+
+  prediction = clean(prediction)
+  if not prediction:
+    return -1  # An empty prediction must not match a 0 label by accident.
+  referent = clean(example['targets_pretokenized'])
+  if ("'" in prediction) != ("'" in referent):
+    return 0  # "Bob" is not "Bob's hat".
+  predicted, actual = set(prediction.split(' ')), set(referent.split(' '))
+  return int(predicted.issubset(actual) or actual.issubset(predicted))

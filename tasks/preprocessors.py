@@ -1,11 +1,13 @@
 """T5's text-to-text formats for GLUE and SuperGLUE, on seqio.
 
-The strings are T5's exactly (`t5/data/preprocessors.py`: `glue`, `stsb`), so
+The strings are T5's exactly (`t5/data/preprocessors.py`: `glue`, `stsb`,
+`definite_pronoun_resolution_simple`, `wsc_simple`, `record`), so
 scores compare with published numbers. We do not depend on the `t5` package:
 the one on the package index is unmaintained and its pins clash with seqio
 and tensorflow-datasets.
 """
 
+import functools
 from typing import Optional, Sequence
 
 import seqio
@@ -66,3 +68,131 @@ def stsb(x):
       separator=' ')
   target = tf.as_string(tf.round(x['label'] * 5) / 5, precision=1)
   return {'inputs': joined, 'targets': target, 'idx': x['idx']}
+
+
+@seqio.map_over_dataset
+def definite_pronoun_resolution_simple(x, label: str = 'wsc:'):
+  """DPR -> "wsc: <sentence with the first pronoun marked *he*>" -> referent.
+
+  Example: {'sentence': 'Bob asked Tom if he can lend some money.',
+  'pronoun': 'he', 'candidates': ['Bob', 'Tom'], 'label': 1} ->
+  {'inputs': 'wsc: Bob asked Tom if *he* can lend some money.',
+  'targets': 'Tom'}.
+  """
+  marked = tf.strings.regex_replace(
+      x['sentence'],
+      tf.strings.join([r' (', x['pronoun'], r')( |\.|,)']),
+      r' *\1*\2',
+      replace_global=False)
+  return {
+      'inputs': tf.strings.join([label, marked], separator=' '),
+      'targets': x['candidates'][x['label']],
+  }
+
+
+# Two WSC texts whose span2_index does not point at the pronoun; T5 spells
+# their blanked form out.
+_WSC_SPECIAL_CASES = (
+    ('The boy continued to whip the pony , and eventually the pony threw him '
+     'over. John laughed out quite loud. "Good for him," he said. ',
+     'The boy continued to whip the pony , and eventually the pony threw him '
+     'over. John laughed out quite loud. "Good for X ," he said.'),
+    ('When they had eventually calmed down a bit , and had gotten home, Mr. '
+     'Farley put the magic pebble in an iron safe . Some day they might want '
+     'to use it , but really for now, what more could they wish for?',
+     'When they had eventually calmed down a bit , and had gotten home, Mr. '
+     'Farley put the magic pebble in an iron safe . Some day they might want '
+     'to use X , but really for now, what more could they wish for?'),
+)
+
+
+def _wsc_blanked(x) -> tf.Tensor:
+  """The WSC text with the pronoun (word `span2_index`) replaced by 'X'."""
+  words = tf.strings.split([x['text']], sep=' ').values
+  index = x['span2_index']
+
+  def blank():
+    with tf.control_dependencies([
+        tf.debugging.assert_greater(index, 0),
+        tf.debugging.assert_less(index, tf.size(words)),
+        tf.debugging.assert_equal(words[index], x['span2_text'])]):
+      return tf.strings.join([
+          tf.strings.reduce_join(words[:index], separator=' '), 'X',
+          tf.strings.reduce_join(words[index + 1:], separator=' ')],
+                             separator=' ')
+
+  out = blank
+  for text, blanked in reversed(_WSC_SPECIAL_CASES):
+    out = functools.partial(
+        tf.cond, tf.equal(x['text'], text),
+        functools.partial(tf.constant, blanked), out)
+  return out()
+
+
+def wsc_simple(dataset: tf.data.Dataset, label: str = 'wsc:',
+               correct_referent_only: bool = False) -> tf.data.Dataset:
+  """SuperGLUE WSC -> "wsc: <text with *pronoun*>" -> the candidate referent.
+
+  Example: {'text': 'Mitchell asked Tom if he could lend some money.',
+  'span1_text': 'Tom', 'span2_text': 'he', 'span2_index': 4, ...} ->
+  {'inputs': 'wsc: Mitchell asked Tom if *he* could lend some money.',
+  'targets': 'Tom', 'label': ..., 'idx': ...}. The target is the candidate
+  whether or not it is the referent: training keeps only correct ones
+  (`correct_referent_only=True`); evaluation asks whether the model names the
+  candidate (`postprocessors.wsc_simple`).
+  """
+
+  def convert(x):
+    marked = tf.strings.regex_replace(
+        _wsc_blanked(x), r' X ', ' *' + x['span2_text'] + '* ')
+    return {
+        'inputs': tf.strings.join([label, marked], separator=' '),
+        'targets': tf.reshape(x['span1_text'], []),
+        'label': x.get('label', 0),
+        'idx': x['idx'],
+    }
+
+  if correct_referent_only:
+    dataset = dataset.filter(lambda x: tf.cast(x.get('label', False), tf.bool))
+  return dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """ReCoRD -> one example per answer (each answer in turn is the target;
+  '<unk>' when there is none), with all answers kept for evaluation.
+
+  inputs: "record query: <query> entities: <e1>, <e2> passage: <passage>",
+  the passage's "@highlight" lines joined into sentences.
+  """
+
+  def per_answer(x):
+    num_answers = tf.size(x['answers'])
+    copies = tf.maximum(num_answers, 1)
+
+    def repeat(t):
+      return tf.broadcast_to(t, tf.concat([[copies], tf.shape(t)], axis=0))
+
+    ex = {k: repeat(v) for k, v in x.items() if k != 'idx'}
+    ex['targets'] = tf.cond(num_answers > 0, lambda: x['answers'],
+                            lambda: tf.constant([UNLABELED_TARGET]))
+    ex['idx'] = {k: repeat(x['idx'][k]) for k in ('passage', 'query')}
+    return ex
+
+  def to_text(x):
+    passage = tf.strings.regex_replace(
+        x['passage'], r'(\.|\?|\!|\"|\')\n@highlight\n', r'\1 ')
+    passage = tf.strings.regex_replace(passage, r'\n@highlight\n', '. ')
+    inputs = tf.strings.join(
+        ['record query:', x['query'], 'entities:',
+         tf.strings.reduce_join(x['entities'], separator=', '), 'passage:',
+         passage], separator=' ')
+    return {
+        'idx/passage': x['idx']['passage'],
+        'idx/query': x['idx']['query'],
+        'inputs': inputs,
+        'targets': x['targets'],
+        'answers': x['answers'],
+    }
+
+  dataset = dataset.map(per_answer, num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.unbatch().map(to_text, num_parallel_calls=tf.data.AUTOTUNE)

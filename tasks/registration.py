@@ -23,11 +23,14 @@ task that should share another task's id and score (a second training set
 for it) passes `alias_of='glue_rte'`.
 """
 
-from typing import Callable, Mapping, Optional, Sequence, Union
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import seqio
 import tensorflow as tf
 
+from hyperprompt_jax.tasks import features
+from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 
 TASK_IDS = 'task_ids'
@@ -120,3 +123,70 @@ def add_to_mixture(mixture: str, task: str, rate: Rate) -> seqio.Mixture:
   entries = [(n, r) for n, r in old.rate_per_task_name.items() if n != task]
   seqio.MixtureRegistry.remove(mixture)
   return add_mixture(mixture, entries + [(task, rate)])
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """One benchmark task, registered twice: on TFDS and on its fixture.
+
+  Attributes:
+    name: the TFDS task's name; the fixture task is `fixture_<name>`.
+    tfds_name: 'name/config:version'.
+    preprocessors: the text preprocessors (raw TFDS example -> 'inputs' /
+      'targets' strings); tokenization, the cache placeholder, the id and EOS
+      follow.
+    postprocess_fn, metric_fns: T5's.
+    splits: canonical split -> TFDS split.
+    schema: the TFDS feature schema (`sources.FixtureDataSource`).
+    fixture: the fixture folder in `tasks/fixtures/`.
+    fixture_splits: canonical split -> fixture file stem.
+    rate: the proportional mixing rate (T5's number of training examples);
+      0 for evaluation-only tasks.
+    label_names: the class names of a classification task.
+  """
+  name: str
+  tfds_name: str
+  preprocessors: tuple[Callable, ...]
+  postprocess_fn: Optional[Callable]
+  metric_fns: tuple[Callable, ...]
+  splits: Mapping[str, str]
+  schema: Mapping[str, Any]
+  fixture: str
+  fixture_splits: Mapping[str, str]
+  rate: float
+  label_names: Optional[tuple[str, ...]] = None
+
+  @property
+  def fixture_name(self) -> str:
+    return task_ids_lib.FIXTURE_PREFIX + self.name
+
+
+def _fixture_train_size(task: seqio.Task) -> float:
+  return float(task.source.num_input_examples('train'))
+
+
+def register_spec(spec: TaskSpec) -> None:
+  """Registers `spec.name` (TFDS) and `fixture_<name>` (fixture data)."""
+  tail = [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim]
+  common = dict(preprocessors=list(spec.preprocessors) + tail,
+                postprocess_fn=spec.postprocess_fn,
+                metric_fns=spec.metric_fns)
+  add_task(spec.name,
+           source=sources.PreparedTfdsDataSource(spec.tfds_name, spec.splits),
+           output_features=features.DEFAULT_OUTPUT_FEATURES, **common)
+  add_task(spec.fixture_name,
+           source=sources.FixtureDataSource(spec.fixture, spec.schema,
+                                            spec.fixture_splits),
+           output_features=features.FIXTURE_OUTPUT_FEATURES, **common)
+
+
+def proportional_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
+  return [(s.name, float(s.rate)) for s in specs]
+
+
+def fixture_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
+  """Each fixture's own training-set size (read when the mixture is first
+  used); 0 for evaluation-only tasks."""
+  return [(s.fixture_name, _fixture_train_size if s.rate else 0.)
+          for s in specs]

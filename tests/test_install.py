@@ -37,6 +37,8 @@ def test_wheel_layout(tmp_path):
   names = set(zipfile.ZipFile(wheel).namelist())
   assert 'hyperprompt_jax/tasks/__init__.py' in names
   assert 'hyperprompt_jax/gin/models/t5_1_1_base.gin' in names
+  assert 'hyperprompt_jax/gin/tasks/glue.gin' in names
+  assert 'hyperprompt_jax/tasks/fixtures/glue_mnli/validation_matched.jsonl' in names
   assert 'hyperprompt_jax/paths.py' in names
   tops = {n.split('/')[0] for n in names}
   assert tops == {'hyperprompt_jax', f'hyperprompt_jax-{hyperprompt_jax.__version__}.dist-info'}

@@ -249,11 +249,10 @@ def _examples(name, split, n=None):
 @pytest.mark.parametrize('benchmark', ['glue', 'glue_super_glue'])
 def test_every_example_carries_its_task_id(benchmark):
   gin.bind_parameter('run_task_list.benchmark', benchmark)
-  for task in glue.GLUE:
-    name = f'fixture_{task.name}'
-    split = 'train' if task.train_examples else 'validation'
-    ids = {int(ex['task_ids']) for ex in _examples(name, split)}
-    assert ids == {GLUE_IDS[task.config]}, name
+  for spec in glue.GLUE:
+    split = 'train' if spec.rate else 'validation'
+    ids = {int(ex['task_ids']) for ex in _examples(spec.fixture_name, split)}
+    assert ids == {GLUE_IDS[spec.fixture[len('glue_'):]]}, spec.name
 
 
 @pytest.fixture
@@ -382,8 +381,8 @@ def test_shipped_fixtures_equal_the_generator():
 
 def test_fixtures_have_balanced_classes_and_tfds_schema():
   for task in glue.GLUE:
-    name = f'fixture_{task.name}'
-    split = 'train' if task.train_examples else 'validation'
+    name = task.fixture_name
+    split = 'train' if task.rate else 'validation'
     exs = _examples(name, split)
     assert 100 <= len(exs) <= 1000
     raw = seqio.get_mixture_or_task(name).source.get_dataset(split)
