@@ -1,7 +1,7 @@
 """seqio tasks and mixtures of the project (installed as `hyperprompt_jax.tasks`).
 
-Importing this package registers T5's GLUE tasks, their proportional mixture
-and the offline `fixture_*` tasks; every example carries `task_ids` (int32
+Importing this package registers T5's GLUE and SuperGLUE tasks, their
+proportional mixtures (and the joint one) and the offline `fixture_*` tasks; every example carries `task_ids` (int32
 scalar), a stable id from `task_ids.run_task_list`. Feed them to a model
 through `TaskIdsEncDecFeatureConverter`; add your own tasks with `add_task`.
 """
@@ -9,6 +9,7 @@ through `TaskIdsEncDecFeatureConverter`; add your own tasks with `add_task`.
 from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import metrics
 from hyperprompt_jax.tasks import scores
+from hyperprompt_jax.tasks import super_glue
 from hyperprompt_jax.tasks import task_ids
 from hyperprompt_jax.tasks.feature_converter import TaskIdsEncDecFeatureConverter
 from hyperprompt_jax.tasks.features import DEFAULT_OUTPUT_FEATURES
@@ -22,3 +23,4 @@ from hyperprompt_jax.tasks.task_ids import run_task_list
 from hyperprompt_jax.tasks.task_ids import task_id
 
 glue.register_all()
+super_glue.register_all()

@@ -1,6 +1,6 @@
 """Learnable offline fixtures: examples made by rules from a seeded generator.
 
-Each GLUE task gets a few hundred short examples in its TFDS feature schema,
+Each GLUE and SuperGLUE task (and DPR) gets a few hundred short examples in its TFDS feature schema,
 labelled by a rule a small model can learn (sentiment from word lists,
 entailment from templates, similarity from word overlap, ...), with balanced
 classes, so a tiny model trained for minutes beats the majority class clearly
@@ -22,6 +22,9 @@ TRAIN, VALIDATION = 400, 100
 
 NOUNS = ('cat', 'dog', 'bird', 'horse', 'child', 'farmer', 'teacher', 'pilot',
          'doctor', 'singer', 'baker', 'sailor')
+# Short names for the tasks with long inputs (MultiRC, ReCoRD), so every
+# fixture input fits 128 bytes.
+ANIMALS = ('cat', 'dog', 'bird', 'cow', 'fox', 'owl', 'bee', 'pig')
 # MNLI's mismatched split draws its nouns from another "genre".
 OTHER_NOUNS = ('robot', 'wizard', 'knight', 'dragon', 'queen', 'pirate')
 ADJECTIVE_PAIRS = (('big', 'small'), ('hot', 'cold'), ('happy', 'sad'),
@@ -102,14 +105,13 @@ def stsb(rng, _):
 
 
 def qqp(rng, label):
-  """duplicate (1): the same verb and object asked another way."""
+  """duplicate (1): the same verb and object asked another way; not (0):
+  another verb and object."""
   verb, obj = rng.choice(VERBS)[:-1], rng.choice(OBJECTS)
   q1 = f'how do i {verb} {obj} ?'
   if label == 0:
-    if rng.random() < 0.5:
-      verb = _other(rng, [v[:-1] for v in VERBS], verb)
-    else:
-      obj = _other(rng, OBJECTS, obj)
+    verb = _other(rng, [v[:-1] for v in VERBS], verb)
+    obj = _other(rng, OBJECTS, obj)
   q2 = f'what is the best way to {verb} {obj} ?'
   return {'question1': q1, 'question2': q2}
 
@@ -145,6 +147,141 @@ def rte(rng, label):
           'sentence2': f"the {a['noun']} {a['verb']} in the {place} ."}
 
 
+def boolq(rng, label):
+  """True (1): the question asks the passage's adjective; False (0): its
+  antonym."""
+  c = _clause(rng)
+  pair = next(p for p in ADJECTIVE_PAIRS if c['adj'] in p)
+  adj = c['adj'] if label else pair[1 - pair.index(c['adj'])]
+  return {'passage': _say(c) + f" it is {rng.choice(NEUTRAL_ADJECTIVES)} .",
+          'question': f"is the {c['noun']} {adj} ?"}
+
+
+def cb(rng, label):
+  """MNLI's rule with CB's label order: entailment (0), contradiction (1),
+  neutral (2)."""
+  return mnli(rng, {0: 0, 1: 2, 2: 1}[label])
+
+
+CAUSES_EFFECTS = (
+    ('hungry', 'it skipped lunch', 'it ate bread'),
+    ('tired', 'it worked all day', 'it went to bed'),
+    ('cold', 'it lost its coat', 'it lit a fire'),
+    ('wet', 'it walked in the rain', 'it dried off'),
+    ('happy', 'it won a prize', 'it sang a song'),
+    ('sick', 'it ate bad fish', 'it saw a doctor'),
+)
+
+
+def copa(rng, label):
+  """choice1 (0) / choice2 (1): the cause (or effect) of the premise's
+  state; the other choice belongs to another state."""
+  state, cause, effect = rng.choice(CAUSES_EFFECTS)
+  other = rng.choice([t for t in CAUSES_EFFECTS if t[0] != state])
+  question = rng.choice(('cause', 'effect'))
+  right, wrong = ((cause, other[1]) if question == 'cause'
+                  else (effect, other[2]))
+  choices = (right, wrong) if label == 0 else (wrong, right)
+  return {'premise': f'the {rng.choice(NOUNS)} was {state} .',
+          'question': question, 'choice1': choices[0] + ' .',
+          'choice2': choices[1] + ' .'}
+
+
+def multirc(rng, num_paragraphs):
+  """Paragraphs placing two animals; per question 'where is the X ?' three
+  answers, True (1) when the place is X's. HTML line breaks and bold tags
+  as in MultiRC."""
+  out = []
+  for p in range(num_paragraphs):
+    n1, n2 = rng.sample(ANIMALS, 2)
+    p1, p2 = rng.sample(PLACES, 2)
+    paragraph = f'<b>the {n1}</b> is in the {p1} .<br>the {n2} is in the {p2} .'
+    for q, (noun, place) in enumerate(((n1, p1), (n2, p2))):
+      answers = [place] + rng.sample([x for x in PLACES if x != place], 2)
+      rng.shuffle(answers)
+      for a, answer in enumerate(answers):
+        out.append({'paragraph': paragraph,
+                    'question': f'where is the {noun} ?',
+                    'answer': answer, 'label': int(answer == place),
+                    'idx': {'paragraph': p, 'question': 2 * p + q,
+                            'answer': a}})
+  return out
+
+
+def record(rng, n):
+  """The query repeats a highlight's adjective; the answer is the entity
+  the highlight describes (ReCoRD's '@placeholder' cloze)."""
+  out = []
+  for i in range(n):
+    n1, n2 = rng.sample(ANIMALS, 2)
+    adj1, adj2 = rng.sample(NEUTRAL_ADJECTIVES, 2)
+    passage = (f'{n1} met {n2} .\n@highlight\n{n1} was {adj1}'
+               f'\n@highlight\n{n2} was {adj2}')
+    target, adj = (n1, adj1) if rng.random() < 0.5 else (n2, adj2)
+    out.append({'passage': passage, 'query': f'@placeholder was {adj} .',
+                'entities': [n1, n2], 'answers': [target],
+                'idx': {'passage': i, 'query': i}})
+  return out
+
+
+def super_glue_rte(rng, label):
+  """RTE's rule on SuperGLUE's premise / hypothesis features."""
+  ex = rte(rng, label)
+  return {'premise': ex['sentence1'], 'hypothesis': ex['sentence2']}
+
+
+SENSES = {'bank': (('river', 'shore'), ('money', 'loan')),
+          'bat': (('cave', 'wings'), ('ball', 'game')),
+          'spring': (('water', 'well'), ('season', 'flowers')),
+          'bark': (('tree', 'wood'), ('dog', 'noise')),
+          'pitch': (('song', 'tune'), ('field', 'match'))}
+
+
+def wic(rng, label):
+  """True (1): the word's two context words come from the same sense."""
+  word = rng.choice(sorted(SENSES))
+  sense = rng.randrange(2)
+  ctx1 = rng.choice(SENSES[word][sense])
+  ctx2 = rng.choice(SENSES[word][sense if label else 1 - sense])
+  s1 = f'the {word} of the {ctx1} was {rng.choice(NEUTRAL_ADJECTIVES)} .'
+  s2 = f'i saw the {word} by the {ctx2} .'
+  return {'word': word, 'sentence1': s1, 'sentence2': s2,
+          'start1': 4, 'end1': 4 + len(word),
+          'start2': 10, 'end2': 10 + len(word)}
+
+
+# The pronoun refers to the object when the adjective praises (the helper
+# was kind) and to the subject when it thanks (the thanker was grateful).
+OBJECT_ADJECTIVES = ('kind', 'generous', 'patient')
+SUBJECT_ADJECTIVES = ('grateful', 'relieved', 'thankful')
+
+
+def _pronoun_sentence(rng):
+  n1, n2 = rng.sample(NOUNS, 2)
+  to_object = rng.random() < 0.5
+  adj = rng.choice(OBJECT_ADJECTIVES if to_object else SUBJECT_ADJECTIVES)
+  text = f'the {n1} thanked the {n2} because he was {adj} .'
+  return text, (n1, n2), 1 if to_object else 0
+
+
+def wsc(rng, label):
+  """The candidate (span1) is the referent of 'he' (True, 1) or the other
+  noun (False, 0); the adjective decides."""
+  text, nouns, referent = _pronoun_sentence(rng)
+  candidate = referent if label else 1 - referent
+  return {'text': text, 'span1_text': nouns[candidate],
+          'span1_index': 1 if candidate == 0 else 4,
+          'span2_text': 'he', 'span2_index': 6}
+
+
+def dpr(rng, label):
+  """DPR: candidates (subject, object); label = the referent of 'he'."""
+  while True:
+    text, nouns, referent = _pronoun_sentence(rng)
+    if referent == label:
+      return {'sentence': text, 'pronoun': 'he', 'candidates': list(nouns)}
+
+
 # fixture folder -> (rule, number of classes; 0 for the regression)
 RULES: dict[str, tuple[Callable, int]] = {
     'glue_cola': (cola, 2),
@@ -155,7 +292,16 @@ RULES: dict[str, tuple[Callable, int]] = {
     'glue_mnli': (mnli, 3),
     'glue_qnli': (qnli, 2),
     'glue_rte': (rte, 2),
+    'super_glue_boolq': (boolq, 2),
+    'super_glue_cb': (cb, 3),
+    'super_glue_copa': (copa, 2),
+    'super_glue_rte': (super_glue_rte, 2),
+    'super_glue_wic': (wic, 2),
+    'super_glue_wsc': (wsc, 2),
+    'dpr': (dpr, 2),
 }
+# MultiRC (6 answers per paragraph) and ReCoRD make whole splits: see
+# `generate`.
 
 
 def _split(rng, rule, num_classes, n, **kwargs) -> list[dict]:
@@ -165,7 +311,8 @@ def _split(rng, rule, num_classes, n, **kwargs) -> list[dict]:
     ex = rule(rng, label, **kwargs)
     if num_classes:
       ex['label'] = label
-    ex['idx'] = idx
+    if rule is not dpr:  # TFDS's DPR has no idx.
+      ex['idx'] = idx
     out.append(ex)
   rng.shuffle(out)
   return out
@@ -183,9 +330,16 @@ def generate() -> dict[str, dict[str, list[dict]]]:
           'validation_mismatched': _split(rng, rule, k, VALIDATION,
                                           nouns=OTHER_NOUNS),
       }
+    elif name == 'dpr':  # DPR has no validation split.
+      data[name] = {'train': _split(rng, rule, k, TRAIN),
+                    'test': _split(rng, rule, k, VALIDATION)}
     else:
       data[name] = {'train': _split(rng, rule, k, TRAIN),
                     'validation': _split(rng, rule, k, VALIDATION)}
+  data['super_glue_multirc'] = {'train': multirc(rng, TRAIN // 6),
+                                'validation': multirc(rng, VALIDATION // 6)}
+  data['super_glue_record'] = {'train': record(rng, TRAIN),
+                               'validation': record(rng, VALIDATION)}
   return data
 
 

@@ -47,7 +47,6 @@ ALIASES = {
     'glue_mnli_mismatched': 'glue_mnli',
     'dpr_simple': 'super_glue_wsc',
     'super_glue_wsc_simple_train': 'super_glue_wsc',
-    'super_glue_wsc_simple_eval': 'super_glue_wsc',
 }
 
 # Offline fixture tasks are named `fixture_<task>` and carry <task>'s id.

@@ -25,6 +25,7 @@ from hyperprompt_jax.tasks import metrics
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks import task_ids
+import seqio_helpers
 
 LENGTHS = {'inputs': 128, 'targets': 16}
 GLUE_IDS = {'cola': 0, 'sst2': 1, 'mrpc': 2, 'stsb': 3, 'qqp': 4, 'mnli': 5,
@@ -36,14 +37,6 @@ def _clean_gin():
   gin.clear_config()
   yield
   gin.clear_config()
-
-
-def _text(task_name: str, raw: dict) -> dict:
-  """Runs the task's first (text) preprocessor on one raw TFDS example."""
-  task = seqio.get_mixture_or_task(task_name)
-  ds = tf.data.Dataset.from_tensors(raw)
-  ex = next(iter(task.preprocessors[0](ds).as_numpy_iterator()))
-  return {k: v.decode() if isinstance(v, bytes) else v for k, v in ex.items()}
 
 
 # ------------------------------------------------------------ T5's strings --
@@ -100,7 +93,7 @@ def test_t5_text_format(task, raw, inputs, targets):
   raw = {k: np.int64(v) if k == 'label' and isinstance(v, int) else v
          for k, v in raw.items()}
   raw['idx'] = np.int32(raw['idx'])
-  ex = _text(task, raw)
+  (ex,) = seqio_helpers.text_examples(task, raw)
   assert ex['inputs'] == inputs
   assert ex['targets'] == targets
   assert ex['idx'] == raw['idx']
@@ -219,7 +212,7 @@ def test_task_list_order_and_aliases():
       'super_glue_multirc', 'super_glue_record', 'super_glue_rte',
       'super_glue_wic', 'super_glue_wsc')
   for alias in ('dpr_simple', 'super_glue_wsc_simple_train',
-                'super_glue_wsc_simple_eval'):
+                'fixture_dpr_simple'):
     assert task_ids.task_id(alias, joint) == 15
   assert task_ids.task_id('super_glue_boolq',
                           task_ids.run_task_list('super_glue')) == 0
@@ -240,10 +233,8 @@ def test_num_tasks_smaller_than_task_list_fails():
     task_ids.check_num_tasks(8, task_ids.run_task_list('glue_super_glue'))
 
 
-def _examples(name, split, n=None):
-  ds = seqio.get_mixture_or_task(name).get_dataset(
-      LENGTHS, split=split, shuffle=False)
-  return list(ds.take(n or -1).as_numpy_iterator())
+def _examples(name, split):
+  return seqio_helpers.examples(name, split, LENGTHS)
 
 
 @pytest.mark.parametrize('benchmark', ['glue', 'glue_super_glue'])
