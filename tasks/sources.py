@@ -95,7 +95,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-class FixtureDataSource(seqio.FunctionDataSource):
+class FixtureDataSource(seqio.DataSource):
   """Examples from `tasks/fixtures/<dataset>/<split>.jsonl`.
 
   Args:
@@ -113,7 +113,14 @@ class FixtureDataSource(seqio.FunctionDataSource):
     self._signature = _tensor_spec(dict(schema))
     self._files = {s: os.path.join(self._dir, f'{stem}.jsonl')
                    for s, stem in splits.items()}
-    super().__init__(dataset_fn=self._read, splits=tuple(self._files))
+    super().__init__(splits=tuple(self._files))
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return True  # Examples are read in memory; any shard count works.
+
+  def list_shards(self, split: str) -> list[str]:
+    return [self._files[split]]
 
   def _examples(self, split: str) -> list[dict[str, Any]]:
     path = self._files[split]
@@ -126,9 +133,16 @@ class FixtureDataSource(seqio.FunctionDataSource):
   def num_input_examples(self, split: str) -> int:
     return len(self._examples(split))
 
-  def _read(self, split: str, shuffle_files: bool,
-            seed: Optional[int] = None) -> tf.data.Dataset:
-    del shuffle_files, seed  # One file per split; the Task shuffles examples.
+  def get_dataset(self, split: str = 'train', shuffle: bool = True,
+                  seed: Optional[int] = None,
+                  shard_info: Optional[seqio.ShardInfo] = None, *,
+                  sequence_length=None, use_cached=False, num_epochs=1
+                  ) -> tf.data.Dataset:
+    """The split's examples in file order; the Task shuffles them."""
+    del shuffle, seed, sequence_length, use_cached, num_epochs
     examples = self._examples(split)
-    return tf.data.Dataset.from_generator(
+    ds = tf.data.Dataset.from_generator(
         lambda: iter(examples), output_signature=self._signature)
+    if shard_info:
+      ds = ds.shard(shard_info.num_shards, shard_info.index)
+    return ds

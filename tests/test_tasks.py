@@ -389,6 +389,16 @@ def test_fixtures_have_balanced_classes_and_tfds_schema():
     assert majority <= 1 / len(task.label_names) + 0.02, name
 
 
+def test_fixture_source_shards_for_multi_host_input():
+  source = seqio.get_mixture_or_task('fixture_glue_cola').source
+  shards = [list(source.get_dataset(
+      'train', shard_info=seqio.ShardInfo(index=i, num_shards=3))
+                 .as_numpy_iterator()) for i in range(3)]
+  assert [len(s) for s in shards] == [134, 133, 133]
+  idx = sorted(int(ex['idx']) for s in shards for ex in s)
+  assert idx == list(range(400))  # disjoint and complete
+
+
 # ------------------------------------------------------------ TFDS source --
 
 def test_missing_tfds_dataset_fails_fast_with_the_fix(tmp_path):
@@ -471,3 +481,31 @@ def test_seqio_data_dir_override_wins(prepared_rte, tmp_path):
     assert src.num_input_examples('validation') == 1
   finally:
     seqio.set_tfds_data_dir_override(None)
+
+
+# -------------------------------------------------------------------- gin --
+
+@pytest.mark.parametrize('name,mixture,num_tasks,vocab', [
+    ('glue', 'glue_proportional', 8, 'spm'),
+    ('super_glue', 'super_glue_proportional', 8, 'spm'),
+    ('glue_super_glue', 'glue_super_glue_proportional', 16, 'spm'),
+    ('fixture_glue', 'fixture_glue_proportional', 8, 'bytes'),
+    ('fixture_super_glue', 'fixture_super_glue_proportional', 8, 'bytes'),
+    ('fixture_glue_super_glue', 'fixture_glue_super_glue_proportional', 16,
+     'bytes'),
+])
+def test_task_gin_files(name, mixture, num_tasks, vocab):
+  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  gin_utils.parse_gin(['models/t5_1_1_tiny.gin',
+                       'variants/hyperprompt_share.gin', f'tasks/{name}.gin'],
+                      [], [])
+  assert gin.query_parameter('%MIXTURE_OR_TASK_NAME') == mixture
+  assert gin.query_parameter('%NUM_TASKS') == num_tasks
+  task_list = task_ids.run_task_list()
+  assert len(task_list) == num_tasks
+  task_ids.check_num_tasks(num_tasks)
+  provider = seqio.get_mixture_or_task(mixture)
+  for task in provider.tasks:  # every task of the mixture has an id
+    assert 0 <= task_ids.task_id(task.name) < num_tasks
+  vocabulary = provider.output_features['targets'].vocabulary
+  assert isinstance(vocabulary, seqio.ByteVocabulary) == (vocab == 'bytes')
