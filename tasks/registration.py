@@ -16,8 +16,9 @@ and so are a user's:
         metric_fns=[tasks.metrics.accuracy],
         mixtures={'glue_proportional': 10_000})
 
-`my_nli` gets the next task id (after GLUE, SuperGLUE and earlier user
-tasks, so no existing id moves), its examples carry it, and it joins
+`my_nli` gets the next task id in every run's task list (after the
+benchmark's tasks and earlier user tasks, so no existing id moves), its
+examples carry it, and it joins
 `glue_proportional` (re-registered with the extra task) at rate 10 000. A
 task that should share another task's id and score (a second training set
 for it) passes `alias_of='glue_rte'`.
@@ -32,8 +33,7 @@ import tensorflow as tf
 from hyperprompt_jax.tasks import features
 from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
-
-TASK_IDS = 'task_ids'
+from hyperprompt_jax.tasks.feature_converter import TASK_IDS
 Rate = Union[float, Callable[[seqio.Task], float]]
 
 
@@ -89,9 +89,6 @@ def add_task(
   Returns:
     The registered Task.
   """
-  canonical = task_ids_lib.canonical_task(name)
-  if alias_of is not None or canonical not in task_ids_lib.known_tasks():
-    task_ids_lib.append_task(name, alias_of=alias_of)
   task = seqio.TaskRegistry.add(
       name,
       source=source,
@@ -100,6 +97,15 @@ def add_task(
       postprocess_fn=postprocess_fn,
       metric_fns=list(metric_fns),
       **task_kwargs)
+  # Give the id once the Task is registered, and undo the registration if
+  # the id is refused: a failed call leaves neither behind.
+  canonical = task_ids_lib.canonical_task(name)
+  if alias_of is not None or canonical not in task_ids_lib.known_tasks():
+    try:
+      task_ids_lib.append_task(name, alias_of=alias_of)
+    except ValueError:
+      seqio.TaskRegistry.remove(name)
+      raise
   for mixture, rate in (mixtures or {}).items():
     add_to_mixture(mixture, name, rate)
   return task

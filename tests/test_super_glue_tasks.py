@@ -294,7 +294,6 @@ def test_fixtures_are_balanced_and_fit_128_bytes():
     labels = collections.Counter(ex['targets_pretokenized'] for ex in exs)
     if spec.label_names:
       assert sorted(labels) == sorted(n.encode() for n in spec.label_names)
-      if spec.name != 'super_glue_multirc':  # 1 true answer in 3
-        assert max(labels.values()) / len(exs) <= (
-            1 / len(spec.label_names) + 0.02), spec.name
+      assert max(labels.values()) / len(exs) <= (
+          1 / len(spec.label_names) + 0.02), spec.name
   assert task_ids.task_id('fixture_super_glue_record') == 12

@@ -509,3 +509,15 @@ def test_task_gin_files(name, mixture, num_tasks, vocab):
     assert 0 <= task_ids.task_id(task.name) < num_tasks
   vocabulary = provider.output_features['targets'].vocabulary
   assert isinstance(vocabulary, seqio.ByteVocabulary) == (vocab == 'bytes')
+
+
+def test_refused_task_leaves_nothing_registered():
+  source = seqio.FunctionDataSource(
+      lambda split, shuffle_files, seed=None: tf.data.Dataset.range(1),
+      splits=('train',))
+  with pytest.raises(ValueError, match='not a known task'):
+    tasks.add_task('my_bad_alias', source=source, preprocessors=[],
+                   output_features=tasks.FIXTURE_OUTPUT_FEATURES,
+                   alias_of='glue_nonexistent')
+  assert 'my_bad_alias' not in seqio.TaskRegistry.names()
+  assert 'my_bad_alias' not in task_ids.ALIASES
