@@ -80,14 +80,24 @@ class PreparedTfdsDataSource(seqio.TfdsDataSource):
     return self._loaders[data_dir]
 
 
-def _tensor_spec(kind: Any):
-  """Schema entry -> tf.TensorSpec; a dict is a nested feature, a list
-  `[dtype]` a variable-length sequence."""
-  if isinstance(kind, dict):
-    return {k: _tensor_spec(v) for k, v in kind.items()}
-  if isinstance(kind, list):
-    return tf.TensorSpec([None], tf.as_dtype(kind[0]))
-  return tf.TensorSpec([], tf.as_dtype(kind))
+def _columns(examples: list, schema: Mapping[str, Any]) -> dict:
+  """Examples -> a dict of column tensors for `from_tensor_slices`.
+
+  A schema entry is a dtype name, a nested dict (a TFDS FeaturesDict) or
+  `[dtype]`, a variable-length sequence (a ragged column whose slices are
+  dense 1-D tensors).
+  """
+  out = {}
+  for key, kind in schema.items():
+    values = [ex[key] for ex in examples]
+    if isinstance(kind, dict):
+      out[key] = _columns(values, kind)
+    elif isinstance(kind, list):
+      out[key] = tf.ragged.constant(values, dtype=tf.as_dtype(kind[0]),
+                                    ragged_rank=1)
+    else:
+      out[key] = tf.constant(values, dtype=tf.as_dtype(kind))
+  return out
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
@@ -110,7 +120,7 @@ class FixtureDataSource(seqio.DataSource):
   def __init__(self, dataset: str, schema: Mapping[str, Any],
                splits: Mapping[str, str]):
     self._dir = os.path.join(FIXTURES_DIR, dataset)
-    self._signature = _tensor_spec(dict(schema))
+    self._schema = dict(schema)
     self._files = {s: os.path.join(self._dir, f'{stem}.jsonl')
                    for s, stem in splits.items()}
     super().__init__(splits=tuple(self._files))
@@ -138,11 +148,14 @@ class FixtureDataSource(seqio.DataSource):
                   shard_info: Optional[seqio.ShardInfo] = None, *,
                   sequence_length=None, use_cached=False, num_epochs=1
                   ) -> tf.data.Dataset:
-    """The split's examples in file order; the Task shuffles them."""
+    """The split's examples in file order; the Task shuffles them.
+
+    Built from tensors (not a Python generator) so that the runner can
+    checkpoint the input pipeline's position.
+    """
     del shuffle, seed, sequence_length, use_cached, num_epochs
-    examples = self._examples(split)
-    ds = tf.data.Dataset.from_generator(
-        lambda: iter(examples), output_signature=self._signature)
+    ds = tf.data.Dataset.from_tensor_slices(
+        _columns(self._examples(split), self._schema))
     if shard_info:
       ds = ds.shard(shard_info.num_shards, shard_info.index)
     return ds
