@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     'importlib_resources==7.1.0',
     'gin-config==0.5.0',
     'clu==0.0.12',
+    'tensorboard==2.21.0',  # clu's metric writers write TensorBoard summaries
     'sentencepiece==0.2.3',
     'scikit-learn==1.9.1',
     'scipy==1.17.1',

@@ -265,14 +265,17 @@ class HyperPromptGenerator(nn.Module):
   def _task_projector(self, x, in_dim, hidden_dim, out_dim):
     """h_t: Dense(2t' -> e), ReLU, Dense(e -> t) [, layer norm]."""
     cfg = self.config
-    for name, (fan_in, width) in (('hidden', (in_dim, hidden_dim)),
-                                  ('output', (hidden_dim, out_dim))):
+    # Logical axes: t' and t are `task_embed`, the hidden width e is
+    # `task_hidden` (an array may not name one axis twice).
+    for name, (fan_in, width), axes in (
+        ('hidden', (in_dim, hidden_dim), ('task_embed', 'task_hidden')),
+        ('output', (hidden_dim, out_dim), ('task_hidden', 'task_embed'))):
       kernel = self._param(f'task_projector_{name}', _fan_in(fan_in),
-                           (fan_in, width), ('task_embed', 'task_embed'))
+                           (fan_in, width), axes)
       x = x @ kernel
       if cfg.use_bias:
         x = x + self._param(f'task_projector_{name}_bias',
-                            nn.initializers.zeros, (width,), ('task_embed',))
+                            nn.initializers.zeros, (width,), axes[1:])
       if name == 'hidden':
         x = jax.nn.relu(x)
     if cfg.use_layer_norm:

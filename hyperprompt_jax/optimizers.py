@@ -24,21 +24,30 @@ TASK_CONDITIONED = 'task_conditioned'
 FROZEN = 'frozen'
 
 
-def parameter_labels(params: Any, train_only_task_conditioned: bool) -> Any:
+# The shared token embedding (t5x's name); HyperGrid froze it.
+EMBEDDING_SCOPE = 'token_embedder'
+
+
+def parameter_labels(params: Any, train_only_task_conditioned: bool,
+                     freeze_embeddings: bool = False) -> Any:
   """The tree of `params` with each leaf replaced by its group label."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(params))
   labels = {}
   for path, _ in flat.items():
     if param_groups.is_task_conditioned(path):
       labels[path] = TASK_CONDITIONED
+    elif train_only_task_conditioned or (freeze_embeddings and
+                                         EMBEDDING_SCOPE in path):
+      labels[path] = FROZEN
     else:
-      labels[path] = FROZEN if train_only_task_conditioned else BACKBONE
+      labels[path] = BACKBONE
   return traverse_util.unflatten_dict(labels)
 
 
 def make_optimizer(
     learning_rate: float = 1e-3,
     train_only_task_conditioned: bool = False,
+    freeze_embeddings: bool = False,
     learning_rate_multipliers: Optional[Mapping[str, float]] = None,
     decay_rate: float = 0.8,
     clipping_threshold: Optional[float] = 1.0,
@@ -51,6 +60,8 @@ def make_optimizer(
     learning_rate: the constant rate (papers: 1e-3).
     train_only_task_conditioned: freeze the backbone; only parameters under a
       task-conditioning scope (`param_groups`) are updated.
+    freeze_embeddings: keep the token embedding fixed (the HyperGrid paper's
+      fine-tuning).
     learning_rate_multipliers: `{'backbone': x, 'task_conditioned': y}`
       scaling the rate per group (missing groups: 1.0).
     decay_rate: Adafactor's second-moment decay exponent (T5: 0.8).
@@ -86,5 +97,6 @@ def make_optimizer(
           TASK_CONDITIONED: adafactor(TASK_CONDITIONED),
           FROZEN: optax.set_to_zero(),
       },
-      lambda params: parameter_labels(params, train_only_task_conditioned),
+      lambda params: parameter_labels(params, train_only_task_conditioned,
+                                      freeze_embeddings),
   )

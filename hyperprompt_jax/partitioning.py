@@ -42,6 +42,7 @@ TASK_CONDITIONING_RULES: AxisRules = (
     ('hyper_layers', None),
     ('hyper_bottleneck', None),
     ('task_embed', None),
+    ('task_hidden', None),
     ('grid_rows', None),
     ('grid_cols', None),
 )

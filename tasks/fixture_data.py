@@ -174,18 +174,18 @@ CAUSES_EFFECTS = (
 )
 
 
+ABSURD = ('flew to the moon', 'turned to glass', 'ate a cloud',
+          'grew wheels', 'spoke to rocks', 'became a song')
+
+
 def copa(rng, label):
-  """choice1 (0) / choice2 (1): the premise's subject with the cause (or
-  effect) of its state; the other choice is another subject with another
-  state's."""
+  """choice1 (0) / choice2 (1): the cause (or effect) of the premise's
+  state; the other choice is absurd."""
   state, cause, effect = rng.choice(CAUSES_EFFECTS)
-  other = rng.choice([t for t in CAUSES_EFFECTS if t[0] != state])
-  noun, other_noun = rng.sample(NOUNS, 2)
+  noun = rng.choice(NOUNS)
   question = rng.choice(('cause', 'effect'))
-  right, wrong = ((cause, other[1]) if question == 'cause'
-                  else (effect, other[2]))
-  right = f'the {noun} {right} .'
-  wrong = f'the {other_noun} {wrong} .'
+  right = f"it {cause if question == 'cause' else effect} ."
+  wrong = f'it {rng.choice(ABSURD)} .'
   choices = (right, wrong) if label == 0 else (wrong, right)
   return {'premise': f'the {noun} was {state} .', 'question': question,
           'choice1': choices[0], 'choice2': choices[1]}

@@ -1,0 +1,68 @@
+"""The training input pipeline: seqio batches carrying `task_ids`, per host.
+
+Each host reads its own shard of the mixture (`seqio.ShardInfo`) and batches
+`batch_size / process_count` examples; the runner assembles the global batch
+with `jax.make_array_from_process_local_data`. The tf.data iterator is
+checkpointable (`tf.train.Checkpoint`), so a resumed run continues where the
+data left off instead of replaying it (t5x's `save_dataset`).
+"""
+
+from typing import Mapping, Optional
+
+import jax
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import tasks
+
+
+def get_mixture_or_task(name: str) -> seqio.DatasetProviderBase:
+  """The registered seqio Task or Mixture, or a ValueError naming the fix."""
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    raise ValueError(
+        f'Unknown MIXTURE_OR_TASK_NAME {name!r}: {e} Import the module that '
+        'registers it (the project registers its tasks in '
+        'hyperprompt_jax.tasks), or pick one of the gin/tasks/*.gin files.'
+    ) from None
+
+
+def train_dataset(mixture_or_task_name: str,
+                  task_feature_lengths: Mapping[str, int],
+                  batch_size: int, seed: Optional[int] = 0,
+                  split: str = 'train', pack: bool = False,
+                  use_cached: bool = False) -> tf.data.Dataset:
+  """This host's infinite, shuffled, batched training data.
+
+  Returns:
+    A tf.data.Dataset of dicts with `encoder_input_tokens`,
+    `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`
+    (int32 [local_batch, length]) and `task_ids` (int32 [local_batch]).
+  """
+  provider = get_mixture_or_task(mixture_or_task_name)
+  if split not in provider.splits:
+    raise ValueError(f'{mixture_or_task_name!r} has no {split!r} split; it '
+                     f'has {list(provider.splits)}.')
+  hosts = jax.process_count()
+  if batch_size % hosts:
+    raise ValueError(f'BATCH_SIZE={batch_size} does not divide over {hosts} '
+                     'hosts.')
+  converter = tasks.TaskIdsEncDecFeatureConverter(pack=pack)
+  return seqio.get_dataset(
+      mixture_or_task_name,
+      task_feature_lengths=dict(task_feature_lengths),
+      dataset_split=split,
+      shuffle=True,
+      num_epochs=None,
+      shard_info=seqio.ShardInfo(index=jax.process_index(),
+                                 num_shards=hosts),
+      seed=seed,
+      use_cached=use_cached,
+      batch_size=batch_size // hosts,
+      feature_converter=converter)
+
+
+def as_numpy(batch) -> dict[str, np.ndarray]:
+  return {k: v.numpy() for k, v in batch.items()}

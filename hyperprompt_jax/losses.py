@@ -1,0 +1,43 @@
+"""Training loss: token cross-entropy with t5x's z-loss, and token accuracy.
+
+t5x (`t5x/losses.py`) adds `z_loss * log(Z)^2` per token, Z the softmax
+normaliser, to keep the logits' scale from drifting in bfloat16. The sum
+over real target tokens is divided by their number (t5x's
+`NUM_REAL_TARGET_TOKENS` normalisation).
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
+                              weights: jax.Array, z_loss: float = 1e-4
+                              ) -> dict[str, jax.Array]:
+  """Per-batch loss terms.
+
+  Args:
+    logits: [batch, length, vocab], any float dtype (computed in float32).
+    targets: [batch, length] int token ids.
+    weights: [batch, length], 1 for real target tokens, 0 for padding.
+    z_loss: coefficient of log(Z)^2.
+
+  Returns:
+    {'loss': (cross-entropy + z-loss) / tokens, 'cross_entropy': ... /
+    tokens, 'z_loss': ... / tokens, 'accuracy': argmax hits / tokens,
+    'tokens': the number of real target tokens}, all scalars.
+  """
+  logits = logits.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  cross_entropy = (log_z - target_logit) * weights
+  z_term = z_loss * jnp.square(log_z) * weights
+  tokens = jnp.maximum(weights.sum(), 1.0)
+  hits = (jnp.argmax(logits, -1) == targets) * weights
+  return {
+      'loss': (cross_entropy.sum() + z_term.sum()) / tokens,
+      'cross_entropy': cross_entropy.sum() / tokens,
+      'z_loss': z_term.sum() / tokens,
+      'accuracy': hits.sum() / tokens,
+      'tokens': weights.sum(),
+  }

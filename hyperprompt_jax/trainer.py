@@ -1,0 +1,204 @@
+"""The train state and the sharded train step of the built-in runner.
+
+The state is a dict `{'step', 'params', 'opt_state'}` (an orbax-friendly
+PyTree). Parameters are placed by their logical axes (`partitioning`), the
+optimizer state by the compiler from them, and the batch along 'data'; the
+step is one `jax.jit` with those in / out shardings, donating the old state.
+"""
+
+from typing import Any, Callable, Mapping, Optional
+
+from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import losses
+from hyperprompt_jax import network
+from hyperprompt_jax import param_groups
+from hyperprompt_jax import partitioning
+
+State = dict[str, Any]
+BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
+              'decoder_target_tokens', 'decoder_loss_weights', 'task_ids')
+
+
+def dummy_batch(task_feature_lengths: Mapping[str, int]) -> dict:
+  """A one-example batch of the training shapes, for `init`."""
+  enc = np.ones((1, task_feature_lengths['inputs']), np.int32)
+  dec = np.ones((1, task_feature_lengths['targets']), np.int32)
+  return {'encoder_input_tokens': enc, 'decoder_input_tokens': dec,
+          'decoder_target_tokens': dec, 'decoder_loss_weights': dec,
+          'task_ids': np.zeros((1,), np.int32)}
+
+
+def _init_variables(model: network.Transformer, batch: dict, rng):
+  return model.init(rng, batch['encoder_input_tokens'],
+                    batch['decoder_input_tokens'],
+                    batch['decoder_target_tokens'], enable_dropout=False,
+                    task_ids=batch['task_ids'])
+
+
+class Trainer:
+  """Builds, restores and steps the sharded train state.
+
+  Args:
+    model: the network.
+    optimizer: an optax transformation (`optimizers.make_optimizer`).
+    mesh: the ('data', 'model') device mesh.
+    task_feature_lengths: {'inputs': L_in, 'targets': L_out}.
+    z_loss: the z-loss coefficient.
+    seed: parameter initialisation and dropout (`fold_in(seed, step)`).
+    rules: logical axis rules (default: t5x's standard + the project's).
+  """
+
+  def __init__(self, model: network.Transformer,
+               optimizer: optax.GradientTransformation,
+               mesh: jax.sharding.Mesh,
+               task_feature_lengths: Mapping[str, int], z_loss: float = 1e-4,
+               seed: int = 0, rules: Optional[partitioning.AxisRules] = None):
+    self.model = model
+    self.optimizer = optimizer
+    self.mesh = mesh
+    self.rules = rules or partitioning.logical_axis_rules()
+    self.z_loss = z_loss
+    self.seed = seed
+    self.batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec('data'))
+    batch = dummy_batch(task_feature_lengths)
+    abstract = jax.eval_shape(
+        lambda: _init_variables(model, batch, jax.random.PRNGKey(0)))
+    self.abstract_params = abstract['params']
+    self.param_shardings = partitioning.parameter_shardings(
+        abstract['params_axes'], mesh, self.rules)
+    self._batch = batch
+    self._step_fn = None
+    self.state_shardings = None
+
+  # -- building the state ----------------------------------------------------
+
+  def fresh_params(self) -> Any:
+    """Freshly initialised parameters, placed by their logical axes."""
+    init = jax.jit(
+        lambda rng: _init_variables(self.model, self._batch, rng)['params'],
+        out_shardings=self.param_shardings)
+    with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
+      return init(jax.random.PRNGKey(self.seed))
+
+  def params_from_t5x(self, path: str) -> tuple[Any, list[str]]:
+    """A pretrained t5x checkpoint's backbone, fresh task-conditioned
+    parameters (those the checkpoint lacks).
+
+    Raises:
+      ValueError: a shape mismatch (naming the parameter), or a missing
+        backbone parameter (the checkpoint is of another architecture).
+    """
+    loaded, missing = checkpoints.restore_params(
+        path, self.abstract_params, allow_missing=True)
+    backbone_missing = [k for k in missing
+                        if not param_groups.is_task_conditioned(k)]
+    if backbone_missing:
+      raise ValueError(
+          f'INITIAL_CHECKPOINT_PATH {path} lacks backbone parameters '
+          f'{backbone_missing[:5]}{" ..." if len(backbone_missing) > 5 else ""}'
+          ': it is not a checkpoint of this model\'s backbone (check the '
+          'model gin file).')
+    fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
+    flat_loaded = traverse_util.flatten_dict(loaded, sep='/')
+    shardings = traverse_util.flatten_dict(self.param_shardings, sep='/')
+    params = {}
+    for k, v in fresh.items():
+      value = flat_loaded.get(k)
+      params[k] = v if value is None else jax.device_put(
+          np.asarray(value, v.dtype), shardings[k])
+    return traverse_util.unflatten_dict(params, sep='/'), missing
+
+  def _shardings(self) -> State:
+    """Where the state lives: parameters by their logical axes, the optimizer
+    state where the compiler puts `optimizer.init`'s outputs, the step
+    replicated. Found by compiling, without allocating anything."""
+    if self.state_shardings is None:
+      params = jax.tree.map(
+          lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+          self.abstract_params, self.param_shardings)
+      opt = jax.jit(self.optimizer.init).lower(params).compile()
+      self.state_shardings = {
+          'step': jax.sharding.NamedSharding(self.mesh,
+                                             jax.sharding.PartitionSpec()),
+          'params': self.param_shardings,
+          'opt_state': opt.output_shardings,
+      }
+    return self.state_shardings
+
+  def new_state(self, params: Any) -> State:
+    """Step 0 and fresh optimizer state around `params`."""
+    shardings = self._shardings()
+    opt_state = jax.jit(self.optimizer.init,
+                        out_shardings=shardings['opt_state'])(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), shardings['step'])
+    return {'step': step, 'params': params, 'opt_state': opt_state}
+
+  def abstract_state(self) -> State:
+    """Shapes, dtypes and shardings of the state (for restoring)."""
+    abstract = {'step': jax.ShapeDtypeStruct((), jnp.int32),
+                'params': self.abstract_params,
+                'opt_state': jax.eval_shape(self.optimizer.init,
+                                            self.abstract_params)}
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract, self._shardings())
+
+  # -- stepping ----------------------------------------------------------------
+
+  def global_batch(self, local: Mapping[str, np.ndarray]) -> dict:
+    """This host's numpy batch -> global arrays sharded along 'data'."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding,
+                                                      local[k])
+            for k in BATCH_KEYS}
+
+  def _loss(self, params, batch, rng):
+    with nn_partitioning.axis_rules(self.rules):
+      logits = self.model.apply(
+          {'params': params}, batch['encoder_input_tokens'],
+          batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+          enable_dropout=True, task_ids=batch['task_ids'],
+          rngs={'dropout': rng})
+    terms = losses.cross_entropy_with_z_loss(
+        logits, batch['decoder_target_tokens'],
+        batch['decoder_loss_weights'], self.z_loss)
+    return terms['loss'], terms
+
+  def _step(self, state: State, batch: dict) -> tuple[State, dict]:
+    rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
+    (loss, terms), grads = jax.value_and_grad(self._loss, has_aux=True)(
+        state['params'], batch, rng)
+    updates, opt_state = self.optimizer.update(grads, state['opt_state'],
+                                               state['params'])
+    new = {'step': state['step'] + 1,
+           'params': optax.apply_updates(state['params'], updates),
+           'opt_state': opt_state}
+    # A non-finite loss leaves the state as it was; the runner stops.
+    finite = jnp.isfinite(loss)
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+    terms['finite'] = finite
+    terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
+    return new, terms
+
+  def step(self, state: State, batch: dict) -> tuple[State, dict]:
+    """One optimizer step on a global batch (`global_batch`)."""
+    if self._step_fn is None:
+      shardings = self._shardings()
+      self._step_fn = jax.jit(
+          self._step,
+          in_shardings=(shardings, self.batch_sharding),
+          out_shardings=(shardings, None),
+          donate_argnums=(0,))
+    with jax.set_mesh(self.mesh):
+      return self._step_fn(state, batch)
+
+  def loss_fn(self) -> Callable:
+    """`(params, global_batch, rng) -> (loss, terms)`, for tests."""
+    return self._loss
