@@ -125,12 +125,16 @@ class Trainer:
           lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
           self.abstract_params, self.param_shardings)
       opt = jax.jit(self.optimizer.init).lower(params).compile()
-      self.state_shardings = {
-          'step': jax.sharding.NamedSharding(self.mesh,
-                                             jax.sharding.PartitionSpec()),
-          'params': self.param_shardings,
-          'opt_state': opt.output_shardings,
-      }
+      replicated = jax.sharding.NamedSharding(self.mesh,
+                                              jax.sharding.PartitionSpec())
+      # Outputs not derived from a parameter (step counters) come back on
+      # one device; replicate them over the mesh instead.
+      opt_shardings = jax.tree.map(
+          lambda s: s if isinstance(s, jax.sharding.NamedSharding)
+          else replicated, opt.output_shardings)
+      self.state_shardings = {'step': replicated,
+                              'params': self.param_shardings,
+                              'opt_state': opt_shardings}
     return self.state_shardings
 
   def new_state(self, params: Any) -> State:
@@ -180,8 +184,9 @@ class Trainer:
     new = {'step': state['step'] + 1,
            'params': optax.apply_updates(state['params'], updates),
            'opt_state': opt_state}
-    # A non-finite loss leaves the state as it was; the runner stops.
-    finite = jnp.isfinite(loss)
+    # A non-finite loss or update leaves the state as it was (so no NaN ever
+    # reaches a checkpoint); the runner stops at its next check.
+    finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
     terms['finite'] = finite
     terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()

@@ -1,0 +1,273 @@
+"""The built-in runner: exact resume after SIGKILL, restoring real t5x
+checkpoints, sharding, and clear errors on bad input."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import gin
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from flax import traverse_util
+
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import train as train_lib
+from hyperprompt_jax import trainer as trainer_lib
+
+import conftest
+
+LENGTHS = {'inputs': 128, 'targets': 16}
+# A quick run of the quickstart: tiny model, small batch, frequent saves.
+QUICK = ['--gin_file=runs/quickstart.gin', '--gin.BATCH_SIZE=4',
+         '--gin.LOG_PERIOD=4', '--gin.SAVE_PERIOD=4',
+         '--gin.KEEP_CHECKPOINTS=None']
+
+
+def _train_cmd(model_dir, steps, *extra):
+  return [sys.executable, '-m', 'hyperprompt_jax.train', *QUICK,
+          f'--gin.MODEL_DIR="{model_dir}"', f'--gin.TRAIN_STEPS={steps}',
+          *extra]
+
+
+def _saved_params(model_dir, step) -> dict:
+  path = pathlib.Path(model_dir) / f'checkpoint_{step}' / 'state'
+  state = ocp.StandardCheckpointer().restore(path)
+  return {k: np.asarray(v) for k, v in
+          traverse_util.flatten_dict(state['params'], sep='/').items()}
+
+
+def _env():
+  return dict(os.environ, JAX_PLATFORMS='cpu')
+
+
+def test_sigkilled_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+  steps = 24
+  straight = tmp_path / 'straight'
+  subprocess.run(_train_cmd(straight, steps), check=True, env=_env(),
+                 capture_output=True, timeout=600)
+
+  killed = tmp_path / 'killed'
+  proc = subprocess.Popen(_train_cmd(killed, steps), env=_env(),
+                          stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  # orbax renames a checkpoint into place when it is complete.
+  while not (killed / 'checkpoint_8').exists():
+    assert proc.poll() is None, 'the run ended before it could be killed'
+    assert time.time() < deadline
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  saved = sorted(p.name for p in killed.glob('checkpoint_*'))
+  assert f'checkpoint_{steps}' not in saved, 'killed too late to test resume'
+
+  out = subprocess.run(_train_cmd(killed, steps), check=True, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+  assert 'Resumed from' in out.stdout
+  want, got = _saved_params(straight, steps), _saved_params(killed, steps)
+  assert want.keys() == got.keys()
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+# --------------------------------------------------------- t5x checkpoints --
+
+def _global_tiny_config(**overrides):
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=16, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+      layer_task_embed_dim=8))
+  cfg.update(overrides)
+  return network.T5Config(**cfg)
+
+
+def _trainer(config, mesh=None):
+  mesh = mesh or partitioning.create_mesh()
+  return trainer_lib.Trainer(network.Transformer(config),
+                             optimizers.make_optimizer(), mesh, LENGTHS)
+
+
+@pytest.mark.parametrize('layout,npz', [
+    ('orbax/checkpoint_100', 'orbax_checkpoint_100.params.npz'),
+    ('legacy/checkpoint_50', 'legacy_checkpoint_50.params.npz')])
+def test_t5x_checkpoint_restores_into_hyperprompt_global(layout, npz):
+  trainer = _trainer(_global_tiny_config())
+  params, fresh = trainer.params_from_t5x(str(conftest.T5X_TINY / layout))
+  flat = traverse_util.flatten_dict(params, sep='/')
+  expected = np.load(conftest.T5X_TINY / npz)
+  assert set(expected.files) == {k for k in flat if 'hyperprompt' not in k}
+  for k in expected.files:  # the backbone is the checkpoint's
+    np.testing.assert_array_equal(np.asarray(flat[k]), expected[k], err_msg=k)
+  assert fresh and all('hyperprompt' in k for k in fresh)
+  init = traverse_util.flatten_dict(trainer.fresh_params(), sep='/')
+  for k in fresh:  # new parameters freshly initialised
+    np.testing.assert_array_equal(np.asarray(flat[k]), np.asarray(init[k]))
+  state = trainer.new_state(params)
+  assert int(state['step']) == 0
+
+
+def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
+  model = network.Transformer(_global_tiny_config())
+  gin.clear_config()
+  gin.bind_parameter('hyperprompt_jax.tasks.task_ids.run_task_list.benchmark',
+                     'glue_super_glue')
+  try:
+    result = train_lib.train(
+        model, model_dir=str(tmp_path), train_steps=2, batch_size=2,
+        mixture_or_task_name='fixture_glue_super_glue_proportional',
+        task_feature_lengths=LENGTHS, save_period=2, log_period=1,
+        initial_checkpoint_path=str(conftest.T5X_TINY /
+                                    'orbax/checkpoint_100'),
+        optimizer=optimizers.make_optimizer())
+  finally:
+    gin.clear_config()
+  assert result['step'] == 2  # 2 fine-tuning steps from 0, not from 100
+  assert sorted(p.name for p in tmp_path.glob('checkpoint_*')) == [
+      'checkpoint_2']
+
+
+def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
+  trainer = _trainer(_global_tiny_config(mlp_dim=48))
+  with pytest.raises(ValueError, match=r'mlp/wi_0/kernel: checkpoint'):
+    trainer.params_from_t5x(str(conftest.T5X_TINY / 'legacy/checkpoint_50'))
+
+
+# ----------------------------------------------------------------- sharding --
+
+SHARDED = textwrap.dedent('''
+    import jax, numpy as np
+    from hyperprompt_jax import hyperprompt, network, optimizers, partitioning
+    from hyperprompt_jax import trainer as trainer_lib
+    assert jax.device_count() == 8
+    cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
+                           mlp_dim=64, num_encoder_layers=2,
+                           num_decoder_layers=2, dropout_rate=0.1, num_tasks=8,
+                           hyperprompt=hyperprompt.HyperPromptConfig(
+                               variant='global', encoder_prompt_length=4,
+                               decoder_prompt_length=2, hypernet_reduction=8,
+                               task_embed_dim=8, task_hidden_dim=16,
+                               layer_task_embed_dim=8))
+    lengths = {'inputs': 12, 'targets': 4}
+    rng = np.random.default_rng(0)
+    tgt = rng.integers(1, 384, (8, 4), dtype=np.int32)
+    batch = {'encoder_input_tokens': rng.integers(1, 384, (8, 12),
+                                                  dtype=np.int32),
+             'decoder_target_tokens': tgt,
+             'decoder_input_tokens': np.concatenate(
+                 [np.zeros((8, 1), np.int32), tgt[:, :-1]], 1),
+             'decoder_loss_weights': np.ones((8, 4), np.int32),
+             'task_ids': rng.integers(0, 8, (8,), dtype=np.int32)}
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    meshes = {
+        'sharded': partitioning.create_mesh(data=2, model=4),
+        'single': jax.make_mesh((1, 1), ('data', 'model'), axis_types=auto,
+                                devices=jax.devices()[:1]),
+    }
+    out = {}
+    for name, mesh in meshes.items():
+      trainer = trainer_lib.Trainer(network.Transformer(cfg),
+                                    optimizers.make_optimizer(), mesh, lengths)
+      state = trainer.new_state(trainer.fresh_params())
+      state, terms = trainer.step(state, trainer.global_batch(batch))
+      out[name] = (float(terms['loss']), jax.device_get(state['params']))
+      if name == 'sharded':  # really split over 'model', batch over 'data'
+        kernel = state['params']['encoder']['layers_0']['mlp']['wi_0'][
+            'kernel']
+        assert kernel.sharding.spec == jax.sharding.PartitionSpec(
+            None, 'model'), kernel.sharding
+        assert kernel.addressable_shards[0].data.shape == (32, 16)
+    np.testing.assert_allclose(out['sharded'][0], out['single'][0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(out['sharded'][1]),
+                    jax.tree.leaves(out['single'][1])):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    print('LOSS', out['sharded'][0], out['single'][0])
+''')
+
+
+def test_sharded_train_step_matches_a_single_device():
+  env = dict(_env(), XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  result = subprocess.run([sys.executable, '-c', SHARDED], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert 'LOSS' in result.stdout, result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- bad input --
+
+def _train_kwargs(tmp_path, **overrides):
+  kwargs = dict(
+      model_dir=str(tmp_path / 'run'), train_steps=4, batch_size=2,
+      mixture_or_task_name='fixture_glue_proportional',
+      task_feature_lengths=LENGTHS, save_period=2, log_period=1,
+      optimizer=optimizers.make_optimizer())
+  kwargs.update(overrides)
+  return kwargs
+
+
+def _tiny_glue_model():
+  return network.Transformer(_global_tiny_config(num_tasks=8))
+
+
+def test_unknown_mixture_is_a_clear_error(tmp_path):
+  with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_prop"):
+    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+        tmp_path, mixture_or_task_name='glue_proportionall'))
+  assert not list((tmp_path / 'run').glob('checkpoint_*'))
+
+
+def test_unwritable_model_dir_is_a_clear_error(tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('x')
+  with pytest.raises(ValueError, match='MODEL_DIR .* is not writable'):
+    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+        tmp_path, model_dir=str(blocker / 'run')))
+
+
+def test_packing_a_task_conditioned_run_is_refused(tmp_path):
+  with pytest.raises(ValueError, match=r'DatasetConfig\.pack = False'):
+    train_lib.train(_tiny_glue_model(), **_train_kwargs(tmp_path, pack=True))
+
+
+def test_num_tasks_smaller_than_the_task_list_is_refused(tmp_path):
+  model = network.Transformer(_global_tiny_config(num_tasks=4))
+  with pytest.raises(ValueError, match='NUM_TASKS=4'):
+    train_lib.train(model, **_train_kwargs(tmp_path))
+
+
+def _nan_from(step: int) -> optax.GradientTransformation:
+  """Updates become NaN from optimizer step `step` on (0-based)."""
+  def init(params):
+    del params
+    return {'count': jax.numpy.zeros((), jax.numpy.int32)}
+
+  def update(updates, state, params=None):
+    del params
+    bad = state['count'] >= step
+    updates = jax.tree.map(
+        lambda u: jax.numpy.where(bad, jax.numpy.nan, u), updates)
+    return updates, {'count': state['count'] + 1}
+
+  return optax.GradientTransformation(init, update)
+
+
+def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+  optimizer = optax.chain(optimizers.make_optimizer(), _nan_from(5))
+  with pytest.raises(train_lib.NonFiniteLossError,
+                     match='Last good checkpoint: checkpoint_4'):
+    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+        tmp_path, train_steps=10, optimizer=optimizer))
+  run = tmp_path / 'run'
+  assert sorted(p.name for p in run.glob('checkpoint_*')) == [
+      'checkpoint_2', 'checkpoint_4']
+  for k, v in _saved_params(run, 4).items():
+    assert np.isfinite(v).all(), k
