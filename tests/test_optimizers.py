@@ -66,6 +66,15 @@ def test_freeze_switch_updates_only_task_conditioned(setup):
       traverse_util.flatten_dict(params, sep='/'))
 
 
+def test_freeze_embeddings_keeps_only_the_token_embedding(setup):
+  params, grads = setup
+  after = _step(optimizers.make_optimizer(freeze_embeddings=True), params,
+                grads)
+  everything = set(traverse_util.flatten_dict(params, sep='/'))
+  assert 'token_embedder/embedding' in everything
+  assert _changed(params, after) == everything - {'token_embedder/embedding'}
+
+
 def test_frozen_backbone_has_no_optimizer_state(setup):
   params, _ = setup
   state = optimizers.make_optimizer(train_only_task_conditioned=True).init(

@@ -2,9 +2,21 @@
 simulated CPU devices and compute what the unsharded model computes."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
+
+import flax
+from flax.linen import partitioning as nn_partitioning
+import gin
+import jax
+import numpy as np
+
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import network
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import paths
 
 SCRIPT = textwrap.dedent('''
     import dataclasses
@@ -59,3 +71,31 @@ def test_tiny_model_shards_on_a_2x4_mesh():
   result = subprocess.run([sys.executable, '-c', SCRIPT], env=env,
                           capture_output=True, text=True, timeout=600)
   assert 'SHARDED_OK' in result.stdout, result.stderr[-3000:]
+
+
+def test_every_variant_has_valid_logical_axes():
+  """Each parameter of each shipped variant maps onto the mesh: no axis name
+  repeated within an array, every name covered by the rules."""
+  variants = sorted(p.name for p in
+                    (pathlib.Path(paths.gin_dir()) / 'variants').glob('*.gin'))
+  assert 'hyperprompt_global.gin' in variants and 'output_gating.gin' in variants
+  rules = partitioning.logical_axis_rules()
+  known = {name for name, _ in rules}
+  mesh = partitioning.create_mesh()
+  enc, dec = np.ones((1, 8), np.int32), np.ones((1, 4), np.int32)
+  for variant in variants:
+    gin.clear_config()
+    small_grid = ['GRID_ROWS=8', 'GRID_COLS=16'] if 'grid' in variant else []
+    gin_utils.parse_gin(['models/t5_1_1_tiny.gin', f'variants/{variant}'],
+                        small_grid, [])
+    model = gin.get_configurable(network.Transformer)()
+    abstract = jax.eval_shape(lambda m=model: m.init(
+        jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False,
+        task_ids=np.zeros((1,), np.int32)))
+    names = flax.core.unfreeze(
+        nn_partitioning.get_axis_names(abstract['params_axes']))
+    for axes in jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, tuple)):
+      assert len(set(axes)) == len(axes), (variant, axes)
+      assert set(axes) <= known, (variant, set(axes) - known)
+    partitioning.parameter_shardings(abstract['params_axes'], mesh, rules)
+  gin.clear_config()

@@ -271,3 +271,36 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
       'checkpoint_2', 'checkpoint_4']
   for k, v in _saved_params(run, 4).items():
     assert np.isfinite(v).all(), k
+
+
+# ---------------------------------------------------------------- run files --
+
+@pytest.mark.parametrize('run,num_tasks,placement,steps', [
+    ('quickstart', 16, 'both', 2000),
+    ('hyperprompt_glue', 8, 'both', 300_000),
+    ('hyperprompt_super_glue', 8, 'decoder', 300_000),
+    ('hypergrid_glue_super_glue', 16, None, 100_000)])
+def test_run_gin_files(run, num_tasks, placement, steps):
+  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin([f'runs/{run}.gin'], ["MODEL_DIR='/tmp/x'"], [])
+    config = gin.get_configurable(network.Transformer)().config
+    assert config.num_tasks == num_tasks == len(task_ids.run_task_list())
+    if placement:
+      assert config.hyperprompt.placement == placement
+      assert config.hyperprompt.variant == 'global'
+    else:
+      assert config.hypergrid.variant == 'lg'
+      assert gin.query_parameter('%FREEZE_EMBEDDINGS') is True
+    assert gin.query_parameter('%TRAIN_STEPS') == steps
+    if run != 'quickstart':
+      assert gin.query_parameter('%BATCH_SIZE') == 128
+      assert gin.query_parameter('%SAVE_PERIOD') == 2000
+      assert gin.query_parameter('%INITIAL_CHECKPOINT_PATH').startswith(
+          'gs://t5-data/pretrained_models/t5x/')
+      assert gin.query_parameter('%TASK_FEATURE_LENGTHS') == {
+          'inputs': 512, 'targets': 32}
+  finally:
+    gin.clear_config()
