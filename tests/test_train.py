@@ -138,9 +138,12 @@ def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
 
 
 def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
-  trainer = _trainer(_global_tiny_config(mlp_dim=48))
+  model = network.Transformer(_global_tiny_config(mlp_dim=48, num_tasks=8))
   with pytest.raises(ValueError, match=r'mlp/wi_0/kernel: checkpoint'):
-    trainer.params_from_t5x(str(conftest.T5X_TINY / 'legacy/checkpoint_50'))
+    train_lib.train(model, **_train_kwargs(
+        tmp_path, initial_checkpoint_path=str(
+            conftest.T5X_TINY / 'legacy/checkpoint_50')))
+  assert not list((tmp_path / 'run').glob('checkpoint_*'))  # nothing written
 
 
 # ----------------------------------------------------------------- sharding --
