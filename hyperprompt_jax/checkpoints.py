@@ -5,7 +5,10 @@ for the default layout; flax msgpack + tensorstore for the legacy one), so no
 t5x install is needed to start from a public t5x checkpoint.
 
 - orbax layout: `checkpoint_<step>/state/` is an orbax PyTree whose root is
-  `{target: params, state: {step, param_states}}`.
+  `{target: params, state: {step, param_states}}`. The built-in runner's
+  checkpoints (`checkpoint_manager`) share the folder names, with the root
+  `{step, params, opt_state}`; both are read here, so one evaluator reads
+  both runners' output.
 - legacy layout (`use_orbax=False`): `checkpoint_<step>/checkpoint` is a msgpack
   file `{version, optimizer: {target, state}}` whose large leaves are
   tensorstore specs pointing at sibling directories.
@@ -52,9 +55,15 @@ def _restore_orbax_target(path: str) -> PyTree:
   state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
   state_dir = state_dir / 'state'
   metadata = ocp.PyTreeCheckpointHandler().metadata(state_dir).tree
+  # t5x keeps the parameters under 'target', the built-in runner 'params'.
+  key = next((k for k in ('target', 'params') if k in metadata), None)
+  if key is None:
+    raise ValueError(f'{state_dir} holds no parameters (neither t5x\'s '
+                     f'"target" nor the built-in runner\'s "params"; it has '
+                     f'{sorted(metadata)}).')
   checkpointer = ocp.PyTreeCheckpointer()
   # Read the parameters only (not the optimizer state), as numpy on the host.
-  target_meta = {'target': metadata['target']}
+  target_meta = {key: metadata[key]}
   restore_args = _map_leaves(
       lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target_meta
   )
@@ -64,7 +73,7 @@ def _restore_orbax_target(path: str) -> PyTree:
           item=target_meta, restore_args=restore_args, partial_restore=True
       ),
   )
-  return restored['target']
+  return restored[key]
 
 
 def _is_tensorstore_spec(x: Any) -> bool:
@@ -115,7 +124,8 @@ def load_t5x_params(path: str) -> dict[str, np.ndarray]:
   """Reads the parameters of a t5x checkpoint as a flat '/'-keyed dict.
 
   Args:
-    path: a t5x `checkpoint_<step>` directory, orbax or legacy layout.
+    path: a t5x `checkpoint_<step>` directory, orbax or legacy layout, or a
+      built-in runner's `checkpoint_<step>`.
 
   Returns:
     `{'encoder/layers_0/attention/query/kernel': np.ndarray, ...}`.

@@ -45,6 +45,18 @@ def run(main: Callable[[], int]) -> None:
     sys.exit(2)
 
 
+def log_to_stdout(logger: logging.Logger) -> None:
+  """A tool's progress lines on stdout, apart from the libraries' (absl)
+  logging."""
+  if not logger.handlers:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter('%(asctime)s %(message)s',
+                                           '%H:%M:%S'))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def rewrite_gin_shorthand(argv: Sequence[str]) -> list[str]:
   """Rewrites `--gin.X=Y` / `--gin.X Y` into `--gin_bindings=X=Y`."""
   out, i = [], 0

@@ -29,6 +29,20 @@ def gin_dir() -> str:
   )
 
 
+def check_writable_dir(path: str, macro: str) -> None:
+  """Fails early, before any work, if the directory `macro` names cannot be
+  created or written."""
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, '.write_test')
+    with open(probe, 'w') as f:
+      f.write('ok')
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f'{macro} {path!r} is not writable ({e}); pass '
+                     f'--gin.{macro}="\'/a/writable/dir\'".') from None
+
+
 def main(argv: list[str]) -> int:
   if argv[1:] != ['gin']:
     print('usage: python -m hyperprompt_jax.paths gin', file=sys.stderr)

@@ -33,38 +33,15 @@ from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
+from hyperprompt_jax import paths
 from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.train')
 
 
-def _log_to_stdout() -> None:
-  """Progress lines on stdout, apart from the libraries' (absl) logging."""
-  if not log.handlers:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter('%(asctime)s %(message)s',
-                                           '%H:%M:%S'))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 class NonFiniteLossError(RuntimeError):
   """The loss became NaN or Inf; the last good checkpoint is kept."""
-
-
-def check_model_dir(model_dir: str) -> None:
-  """Fails early, before anything is written, if MODEL_DIR is unusable."""
-  try:
-    os.makedirs(model_dir, exist_ok=True)
-    probe = os.path.join(model_dir, '.write_test')
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
-  except OSError as e:
-    raise ValueError(f'MODEL_DIR {model_dir!r} is not writable ({e}); pass '
-                     '--gin.MODEL_DIR="\'/a/writable/dir\'".') from None
 
 
 def _eta(seconds: float) -> str:
@@ -119,7 +96,7 @@ def train(
     final parameters (host numpy).
   """
   model = model or gin.get_configurable(network.Transformer)()
-  check_model_dir(model_dir)
+  paths.check_writable_dir(model_dir, 'MODEL_DIR')
   task_ids.check_num_tasks(model.config.num_tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
@@ -213,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='call jax.distributed.initialize() (multi-host '
                       'GPU; TPU pods detect their hosts themselves)')
   args = parser.parse_args(argv)
-  _log_to_stdout()
+  gin_utils.log_to_stdout(log)
   if args.multiprocess or os.environ.get('JAX_COORDINATOR_ADDRESS'):
     jax.distributed.initialize()
   gin_utils.parse_gin_flags(args)

@@ -35,7 +35,7 @@ def dummy_batch(task_feature_lengths: Mapping[str, int]) -> dict:
           'task_ids': np.zeros((1,), np.int32)}
 
 
-def _init_variables(model: network.Transformer, batch: dict, rng):
+def init_variables(model: network.Transformer, batch: dict, rng):
   return model.init(rng, batch['encoder_input_tokens'],
                     batch['decoder_input_tokens'],
                     batch['decoder_target_tokens'], enable_dropout=False,
@@ -70,7 +70,7 @@ class Trainer:
         mesh, jax.sharding.PartitionSpec('data'))
     batch = dummy_batch(task_feature_lengths)
     abstract = jax.eval_shape(
-        lambda: _init_variables(model, batch, jax.random.PRNGKey(0)))
+        lambda: init_variables(model, batch, jax.random.PRNGKey(0)))
     self.abstract_params = abstract['params']
     self.param_shardings = partitioning.parameter_shardings(
         abstract['params_axes'], mesh, self.rules)
@@ -83,7 +83,7 @@ class Trainer:
   def fresh_params(self) -> Any:
     """Freshly initialised parameters, placed by their logical axes."""
     init = jax.jit(
-        lambda rng: _init_variables(self.model, self._batch, rng)['params'],
+        lambda rng: init_variables(self.model, self._batch, rng)['params'],
         out_shardings=self.param_shardings)
     with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       return init(jax.random.PRNGKey(self.seed))

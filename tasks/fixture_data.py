@@ -80,14 +80,12 @@ def sst2(rng, label):
 
 
 def mrpc(rng, label):
-  """equivalent (1): the same clause reordered; not_equivalent (0): a
-  clause with another noun and place."""
+  """equivalent (1): the same clause reordered; not_equivalent (0): the
+  reordered clause negated."""
   c = _clause(rng)
   s1 = _say(c)
-  if label == 0:
-    c = dict(c, noun=_other(rng, NOUNS, c['noun']),
-             place=_other(rng, PLACES, c['place']))
-  s2 = f"in the {c['place']} , the {c['adj']} {c['noun']} {c['verb']} ."
+  subject = 'no' if label == 0 else 'the'
+  s2 = f"in the {c['place']} , {subject} {c['adj']} {c['noun']} {c['verb']} ."
   return {'sentence1': s1, 'sentence2': s2}
 
 
@@ -105,14 +103,14 @@ def stsb(rng, _):
 
 
 def qqp(rng, label):
-  """duplicate (1): the same verb and object asked another way; not (0):
-  another verb and object."""
+  """duplicate (1): the same verb and object asked another way; not (0): a
+  question about why, not how."""
   verb, obj = rng.choice(VERBS)[:-1], rng.choice(OBJECTS)
   q1 = f'how do i {verb} {obj} ?'
   if label == 0:
-    verb = _other(rng, [v[:-1] for v in VERBS], verb)
-    obj = _other(rng, OBJECTS, obj)
-  q2 = f'what is the best way to {verb} {obj} ?'
+    q2 = f'why do people {verb} {obj} ?'
+  else:
+    q2 = f'what is the best way to {verb} {obj} ?'
   return {'question1': q1, 'question2': q2}
 
 
@@ -127,27 +125,24 @@ def mnli(rng, label, nouns=NOUNS):
 
 
 def qnli(rng, label):
-  """entailment (0): the sentence answers the question (same noun and verb);
-  not_entailment (1): it is about another noun doing another thing."""
+  """entailment (0): the sentence says what the question's noun does;
+  not_entailment (1): it says nobody knows."""
   noun, verb, obj = rng.choice(NOUNS), rng.choice(VERBS), rng.choice(OBJECTS)
   question = f'what does the {noun} {verb[:-1]} ?'
-  if label == 1:
-    noun, verb = _other(rng, NOUNS, noun), _other(rng, VERBS, verb)
-  return {'question': question, 'sentence': f'the {noun} {verb} {obj} .'}
+  sentence = (f'the {noun} {verb} {obj} .' if label == 0
+              else f'nobody knows what the {noun} {verb} .')
+  return {'question': question, 'sentence': sentence}
 
 
 def rte(rng, label):
   """entailment (0): the hypothesis repeats one conjunct; not_entailment
-  (1): another noun, absent from the premise, in another place."""
+  (1): it denies it."""
   a, b = _clause(rng), _clause(rng)
   s1 = (f"the {a['noun']} {a['verb']} in the {a['place']} and the "
         f"{b['noun']} {b['verb']} .")
-  noun, place = a['noun'], a['place']
-  if label == 1:
-    noun = _other(rng, [n for n in NOUNS if n != b['noun']], noun)
-    place = _other(rng, PLACES, place)
+  verb = a['verb'] if label == 0 else f"does not {a['verb'][:-1]}"
   return {'sentence1': s1,
-          'sentence2': f"the {noun} {a['verb']} in the {place} ."}
+          'sentence2': f"the {a['noun']} {verb} in the {a['place']} ."}
 
 
 def boolq(rng, label):
@@ -193,14 +188,14 @@ def copa(rng, label):
 
 def multirc(rng, num_paragraphs):
   """Paragraphs placing an animal; per question 'where is the X ?' two
-  answers, True (1) for the paragraph's place. HTML line breaks and bold tags
-  as in MultiRC."""
+  answers, True (1) for the paragraph's place, False (0) for a thing that is
+  no place. HTML line breaks and bold tags as in MultiRC."""
   out = []
   for p in range(num_paragraphs):
     noun, place = rng.choice(ANIMALS), rng.choice(PLACES)
     paragraph = (f'<b>the {noun}</b> is in the {place} .<br>it is '
                  f'{rng.choice(NEUTRAL_ADJECTIVES)} .')
-    answers = [place, _other(rng, PLACES, place)]
+    answers = [place, rng.choice(OBJECTS)]
     rng.shuffle(answers)
     for a, answer in enumerate(answers):
       out.append({'paragraph': paragraph,
@@ -239,12 +234,11 @@ SENSES = {'bank': (('river', 'shore'), ('money', 'loan')),
 
 
 def wic(rng, label):
-  """True (1): the word has the same context word in both sentences (the
-  same sense); False (0): a context word of its other sense."""
+  """The first sentence uses the word's first sense; True (1): the second
+  sentence's context word is of the same sense, False (0): of the other."""
   word = rng.choice(sorted(SENSES))
-  sense = rng.randrange(2)
-  ctx1 = rng.choice(SENSES[word][sense])
-  ctx2 = ctx1 if label else rng.choice(SENSES[word][1 - sense])
+  ctx1 = rng.choice(SENSES[word][0])
+  ctx2 = rng.choice(SENSES[word][0 if label else 1])
   s1 = f'the {word} of the {ctx1} was {rng.choice(NEUTRAL_ADJECTIVES)} .'
   s2 = f'i saw the {word} by the {ctx2} .'
   return {'word': word, 'sentence1': s1, 'sentence2': s2,

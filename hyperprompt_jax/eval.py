@@ -1,0 +1,273 @@
+r"""Evaluating checkpoints: `python -m hyperprompt_jax.eval`.
+
+seqio evaluation of every task of a mixture (its own metrics, T5's
+postprocessors) for one `checkpoint_<step>` or a directory of them, written
+by either runner (the built-in one or t5x, orbax or legacy layout):
+
+  python -m hyperprompt_jax.eval --gin_file=runs/quickstart_eval.gin \
+    --gin.CHECKPOINT_PATH="'/tmp/hyperprompt_quickstart'"
+
+Macros (t5x's names): CHECKPOINT_PATH, EVAL_OUTPUT_DIR, MIXTURE_OR_TASK_NAME,
+TASK_FEATURE_LENGTHS, plus EVAL_BATCH_SIZE, EVAL_SPLIT, MAJORITY_BASELINE.
+Writes, in EVAL_OUTPUT_DIR, seqio's `inference_eval/<task>-metrics.jsonl`
+(the files t5x writes), `summary.json`, `best_per_task.json` and
+`task_scores.png` (`eval_summary`), and prints the per-task table with the
+GLUE / SuperGLUE averages and, over several checkpoints, each task's best
+step (the papers' convention).
+
+t5x users who evaluated on TPU get the same summary from t5x's output:
+
+  python -m hyperprompt_jax.eval --metrics_dir=gs://.../inference_eval \
+    --output_dir=/tmp/summary
+"""
+
+import argparse
+import collections
+import importlib
+import logging
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+import gin
+import jax
+import scipy.stats
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import decoding
+from hyperprompt_jax import eval_summary
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import network
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import paths
+from hyperprompt_jax import trainer as trainer_lib
+from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.tasks import scores
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.eval')
+_CHECKPOINT = re.compile(r'^checkpoint_(\d+)$')
+METRICS_SUBDIR = 'inference_eval'  # where t5x's evaluator logs, too
+
+
+def find_checkpoints(path: str) -> list[tuple[int, str]]:
+  """`[(step, dir)]` for one `checkpoint_<step>` or a directory of them,
+  by step. Incomplete (temporary) orbax saves are not listed."""
+  path = path.rstrip('/')
+  if not tf.io.gfile.isdir(path):
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} does not exist: give a checkpoint_<step> '
+        'folder or the MODEL_DIR holding them.')
+  match = _CHECKPOINT.match(os.path.basename(path))
+  if match:
+    return [(int(match[1]), path)]
+  found = sorted(
+      (int(m[1]), os.path.join(path, name))
+      for name in tf.io.gfile.listdir(path)
+      if (m := _CHECKPOINT.match(name.rstrip('/')))
+      and tf.io.gfile.isdir(os.path.join(path, name)))
+  if not found:
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} holds no checkpoint_<step> folders; '
+        'train first, or point at a MODEL_DIR that has some.')
+  return found
+
+
+def eval_tasks(mixture_or_task_name: str, split: str) -> list[seqio.Task]:
+  """The tasks of the mixture that have `split` and metrics."""
+  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
+  tasks = seqio.evaluation.get_valid_eval_tasks(
+      seqio.get_subtasks(provider), split)
+  if not tasks:
+    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
+                     'split and metrics to evaluate.')
+  return list(tasks)
+
+
+def _targets(task: seqio.Task, dataset: tf.data.Dataset) -> list[Any]:
+  """The postprocessed targets of an evaluation dataset (as seqio scores)."""
+  out = []
+  for example in dataset.as_numpy_iterator():
+    text = example['targets_pretokenized']
+    text = text.decode('utf-8') if isinstance(text, bytes) else text
+    out.append(task.postprocess_fn(text, example=example, is_target=True))
+  return out
+
+
+def _majority_values(targets: Sequence[Any]) -> list[Any]:
+  """The most frequent target value(s) (all of them on ties); for structured
+  targets (MultiRC / ReCoRD dicts) the most frequent `value` / answer."""
+  def values(t):
+    if isinstance(t, Mapping):
+      t = t['value']
+    return t if isinstance(t, (list, tuple)) else [t]
+  counts = collections.Counter(
+      v.decode() if isinstance(v, bytes) else v
+      for t in targets for v in values(t))
+  top = max(counts.values())
+  tied = [v for v, c in counts.items() if c == top]
+  return ([{'value': v} for v in tied] if isinstance(targets[0], Mapping)
+          else tied)
+
+
+def majority_score(task: seqio.Task, targets: Sequence[Any]) -> float:
+  """The task score of predicting the evaluation split's most frequent
+  target for every example (the majority-class baseline; on a tie, the
+  class that scores higher)."""
+  best = -math.inf
+  for prediction in _majority_values(targets):
+    metrics = {}
+    with warnings.catch_warnings():
+      # A constant prediction has no correlation (STS-B): NaN, scored 0.
+      warnings.simplefilter('ignore', scipy.stats.ConstantInputWarning)
+      for fn in task.predict_metric_fns:
+        metrics.update(fn(list(targets), [prediction] * len(targets)))
+    best = max(best, scores.task_score(
+        {k: v if math.isfinite(v) else 0.0 for k, v in metrics.items()}))
+  return best
+
+
+@gin.configurable(denylist=['model'])
+def evaluate(
+    model: Optional[network.Transformer] = None,
+    *,
+    checkpoint_path: str = gin.REQUIRED,
+    eval_output_dir: str = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    batch_size: int = 64,
+    split: str = 'validation',
+    majority_baseline: bool = False,
+    use_cached_tasks: bool = False,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
+    write_n_results: Optional[int] = None,
+) -> dict[str, Any]:
+  """Evaluates the checkpoint(s) at `checkpoint_path` on every task.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    checkpoint_path: a `checkpoint_<step>` folder or a folder of them.
+    eval_output_dir: metrics, summaries and the plot go here.
+    mixture_or_task_name: a registered seqio Task / Mixture.
+    task_feature_lengths: {'inputs': L_in, 'targets': L_out}; the targets'
+      length is the most tokens decoded.
+    batch_size: examples per decode call.
+    split: the split to evaluate.
+    majority_baseline: also score the majority-class baseline per task.
+    use_cached_tasks: read seqio's offline cache.
+    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+    write_n_results: predictions per task kept in seqio's inference files
+      (None: all).
+
+  Returns:
+    The summary (`eval_summary.summarize`).
+  """
+  model = model or gin.get_configurable(network.Transformer)()
+  checkpoints_found = find_checkpoints(checkpoint_path)
+  paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR')
+  task_ids.check_num_tasks(model.config.num_tasks)
+  tasks = eval_tasks(mixture_or_task_name, split)
+  mesh = partitioning.create_mesh(mesh_data, mesh_model)
+  log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
+           len(checkpoints_found), checkpoint_path, len(tasks), split)
+
+  metrics_dir = os.path.join(eval_output_dir, METRICS_SUBDIR)
+  tf.io.gfile.makedirs(metrics_dir)
+  evaluator = seqio.Evaluator(
+      mixture_or_task_name,
+      feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
+          pack=False),
+      eval_split=split,
+      use_cached=use_cached_tasks,
+      sequence_length=dict(task_feature_lengths),
+      logger_cls=[_json_logger_cls(write_n_results)],
+      log_dir=metrics_dir,
+      async_compute_metrics=False)
+  majority = None
+  if majority_baseline:
+    majority = {}
+    for task in evaluator.eval_tasks:
+      targets = _targets(task, evaluator.cached_task_datasets[task.name])
+      majority[task.name] = majority_score(task, targets)
+    # Scored like the model: tasks sharing an id are averaged.
+    majority = scores.task_scores({t: {'score': s}
+                                   for t, s in majority.items()})
+
+  batch = trainer_lib.dummy_batch(task_feature_lengths)
+  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
+      model, batch, jax.random.PRNGKey(0)))
+  predictor = decoding.Predictor(model, abstract['params_axes'], mesh,
+                                 batch_size, task_feature_lengths['targets'])
+  results = {}
+  for step, path in checkpoints_found:
+    tick = time.time()
+    params, _ = checkpoints.restore_params(path, abstract['params'])
+    predictor.set_params(params)
+    metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
+                                    predict_fn=predictor.predict_fn)
+    results[step] = metrics.result()
+    log.info('checkpoint_%d evaluated in %.1fs.', step, time.time() - tick)
+  evaluator.close()
+
+  summary = eval_summary.summarize(results, majority)
+  written = eval_summary.write(summary, eval_output_dir)
+  print(eval_summary.table(summary))
+  log.info('Wrote %s', ', '.join(written.values()))
+  return summary
+
+
+def _json_logger_cls(write_n_results: Optional[int]):
+  """seqio's JSONLogger (the files t5x writes), keeping `write_n_results`
+  predictions per task."""
+
+  class JSONLogger(seqio.JSONLogger):
+
+    def __init__(self, output_dir):
+      super().__init__(output_dir, write_n_results=write_n_results)
+
+  return JSONLogger
+
+
+def summarize_metrics_dir(metrics_dir: str, output_dir: str) -> dict:
+  """The summary of t5x's evaluation output (`--metrics_dir`)."""
+  paths.check_writable_dir(output_dir, '--output_dir')
+  summary = eval_summary.summarize(eval_summary.read_metrics_dir(metrics_dir))
+  written = eval_summary.write(summary, output_dir)
+  print(eval_summary.table(summary))
+  log.info('Wrote %s', ', '.join(written.values()))
+  return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = gin_utils.rewrite_gin_shorthand(sys.argv[1:] if argv is None
+                                         else argv)
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.eval', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  gin_utils.add_gin_flags(parser)
+  parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
+                      'output (<task>-metrics.jsonl files) instead of '
+                      'evaluating; no gin needed')
+  parser.add_argument('--output_dir', help='where --metrics_dir writes the '
+                      'summary (default: the metrics directory)')
+  args = parser.parse_args(argv)
+  gin_utils.log_to_stdout(log)
+  if args.metrics_dir:
+    summarize_metrics_dir(args.metrics_dir,
+                          args.output_dir or args.metrics_dir)
+    return 0
+  gin_utils.parse_gin_flags(args)
+  importlib.import_module('hyperprompt_jax.eval').evaluate()
+  return 0
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)

@@ -1,0 +1,163 @@
+r"""Predictions per task: `python -m hyperprompt_jax.infer`.
+
+Greedy decoding (`decoding`) of every task of a mixture (or one task) with
+one checkpoint of either runner, written as JSON lines per task:
+
+  python -m hyperprompt_jax.infer --gin_file=runs/quickstart_infer.gin \
+    --gin.CHECKPOINT_PATH="'/tmp/hyperprompt_quickstart/checkpoint_2000'"
+
+  <INFER_OUTPUT_DIR>/<task>-<step>.jsonl, one line per example:
+    {"inputs": text, "targets": text, "prediction": decoded text,
+     "prediction_value": the task's postprocessor on the prediction,
+     "target_value": ... on the target, "task_id": id}
+
+Macros: CHECKPOINT_PATH (one `checkpoint_<step>`), INFER_OUTPUT_DIR,
+MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, INFER_SPLIT ('validation'),
+INFER_BATCH_SIZE (64), INFER_NUM_EXAMPLES (None: all). Beam search is t5x's
+(`t5x.infer` with this project's gin files); the built-in runner decodes
+greedily, as t5x's evaluation does.
+"""
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+from typing import Mapping, Optional, Sequence
+
+import gin
+import jax
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import decoding
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import network
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import paths
+from hyperprompt_jax import trainer as trainer_lib
+from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.infer')
+
+
+def _text(value) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def _step_of(checkpoint_path: str) -> int:
+  match = re.match(r'^checkpoint_(\d+)$',
+                   os.path.basename(checkpoint_path.rstrip('/')))
+  if not match:
+    raise ValueError(f'CHECKPOINT_PATH {checkpoint_path!r} is not a '
+                     'checkpoint_<step> folder; infer reads one checkpoint.')
+  if not tf.io.gfile.isdir(checkpoint_path):
+    raise FileNotFoundError(f'CHECKPOINT_PATH {checkpoint_path!r} does not '
+                            'exist.')
+  return int(match[1])
+
+
+def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
+                     task_feature_lengths: Mapping[str, int], split: str,
+                     num_examples: Optional[int] = None) -> list[dict]:
+  """Decodes `task`'s `split`; one record per example (module docstring)."""
+  lengths = dict(task_feature_lengths)
+  examples = task.get_dataset(lengths, split=split, shuffle=False,
+                              num_epochs=1)
+  if num_examples is not None:
+    examples = examples.take(num_examples)
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=False)
+  # The model features and the raw examples come from the same deterministic
+  # pipeline, in the same order; raw examples are read one by one (their
+  # fields have ragged lengths).
+  raw_examples = examples.as_numpy_iterator()
+  batches = converter(examples, lengths).batch(predictor.batch_size)
+  vocabulary = task.output_features['targets'].vocabulary
+  records = []
+  for features in batches.as_numpy_iterator():
+    for output in predictor.predict(features):
+      example = next(raw_examples)
+      prediction = vocabulary.decode(output.tolist())
+      target = _text(example['targets_pretokenized'])
+      records.append({
+          'inputs': _text(example['inputs_pretokenized']),
+          'targets': target,
+          'prediction': prediction,
+          'prediction_value': task.postprocess_fn(
+              prediction, example=example, is_target=False),
+          'target_value': task.postprocess_fn(
+              target, example=example, is_target=True),
+          'task_id': int(example['task_ids']),
+      })
+  return records
+
+
+@gin.configurable(denylist=['model'])
+def infer(
+    model: Optional[network.Transformer] = None,
+    *,
+    checkpoint_path: str = gin.REQUIRED,
+    output_dir: str = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    split: str = 'validation',
+    batch_size: int = 64,
+    num_examples: Optional[int] = None,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
+) -> dict[str, str]:
+  """Writes each task's predictions; returns {task: file}."""
+  model = model or gin.get_configurable(network.Transformer)()
+  step = _step_of(checkpoint_path)
+  paths.check_writable_dir(output_dir, 'INFER_OUTPUT_DIR')
+  task_ids.check_num_tasks(model.config.num_tasks)
+  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
+  tasks = [t for t in seqio.get_subtasks(provider) if split in t.splits]
+  if not tasks:
+    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
+                     'split.')
+  batch = trainer_lib.dummy_batch(task_feature_lengths)
+  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
+      model, batch, jax.random.PRNGKey(0)))
+  predictor = decoding.Predictor(
+      model, abstract['params_axes'],
+      partitioning.create_mesh(mesh_data, mesh_model), batch_size,
+      task_feature_lengths['targets'])
+  predictor.set_params(
+      checkpoints.restore_params(checkpoint_path, abstract['params'])[0])
+  written = {}
+  for task in tasks:
+    records = task_predictions(task, predictor, task_feature_lengths, split,
+                               num_examples)
+    path = os.path.join(output_dir, f'{task.name}-{step}.jsonl')
+    with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+      for record in records:
+        f.write(json.dumps(record, cls=seqio.loggers.TensorAndNumpyEncoder)
+                + '\n')
+    tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+    written[task.name] = path
+    log.info('%s: %d predictions -> %s', task.name, len(records), path)
+  return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = gin_utils.rewrite_gin_shorthand(sys.argv[1:] if argv is None
+                                         else argv)
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.infer', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  gin_utils.add_gin_flags(parser)
+  args = parser.parse_args(argv)
+  gin_utils.log_to_stdout(log)
+  gin_utils.parse_gin_flags(args)
+  importlib.import_module('hyperprompt_jax.infer').infer()
+  return 0
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)

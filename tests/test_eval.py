@@ -1,0 +1,285 @@
+"""Evaluation over checkpoint directories, summaries, t5x's metrics files,
+inference, and bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import scipy.stats
+import seqio
+import sklearn.metrics
+
+from hyperprompt_jax import eval as eval_lib
+from hyperprompt_jax import eval_summary
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import infer as infer_lib
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import tasks
+from hyperprompt_jax import train as train_lib
+from hyperprompt_jax.tasks import postprocessors
+
+import conftest
+
+LENGTHS = {'inputs': 128, 'targets': 16}
+MIXTURE = 'test_eval_fixture_mix'
+EVAL_TASKS = ('fixture_glue_rte', 'fixture_glue_stsb',
+              'fixture_glue_mnli_matched', 'fixture_glue_mnli_mismatched')
+TRAIN_MIXTURE = 'test_eval_fixture_train'
+if MIXTURE not in seqio.MixtureRegistry.names():
+  tasks.add_mixture(MIXTURE, [(t, 1.0) for t in EVAL_TASKS])
+  tasks.add_mixture(TRAIN_MIXTURE, [('fixture_glue_rte', 1.0),
+                                    ('fixture_glue_mnli', 1.0),
+                                    ('fixture_glue_stsb', 1.0)])
+
+
+def _model():
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+      layer_task_embed_dim=8))
+  return network.Transformer(network.T5Config(**cfg))
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+  """checkpoint_100 and checkpoint_200 of a tiny run on RTE, MNLI and STS-B
+  (built-in runner): long enough to produce labels, not to be right."""
+  model_dir = tmp_path_factory.mktemp('eval') / 'run'
+  train_lib.train(
+      _model(), model_dir=str(model_dir), train_steps=200, batch_size=16,
+      mixture_or_task_name=TRAIN_MIXTURE, task_feature_lengths=LENGTHS,
+      save_period=100, log_period=100,
+      optimizer=optimizers.make_optimizer(learning_rate=1e-2))
+  return model_dir
+
+
+@pytest.fixture(scope='module')
+def evaluated(run_dir):
+  out = run_dir.parent / 'eval_out'
+  summary = eval_lib.evaluate(
+      _model(), checkpoint_path=str(run_dir), eval_output_dir=str(out),
+      mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS,
+      batch_size=32, majority_baseline=True)
+  return summary, out
+
+
+def test_evaluation_of_a_checkpoint_directory(evaluated, run_dir, capsys):
+  summary, out = evaluated
+  assert sorted(summary['steps'], key=int) == ['100', '200']
+  step = summary['steps']['200']
+  assert sorted(step['metrics']) == sorted(EVAL_TASKS)
+  assert set(step['metrics']['fixture_glue_stsb']) == {
+      'pearson_corrcoef', 'spearman_corrcoef'}
+  # MNLI matched / mismatched are one task; fixtures score as their task.
+  assert sorted(step['task_scores']) == ['glue_mnli', 'glue_rte', 'glue_stsb']
+  np.testing.assert_allclose(
+      step['task_scores']['glue_mnli'],
+      (step['metrics']['fixture_glue_mnli_matched']['accuracy']
+       + step['metrics']['fixture_glue_mnli_mismatched']['accuracy']) / 2)
+  stsb = step['metrics']['fixture_glue_stsb']
+  np.testing.assert_allclose(step['task_scores']['glue_stsb'],
+                             (stsb['pearson_corrcoef']
+                              + stsb['spearman_corrcoef']) / 2)
+  assert step['averages'] == {}  # not every GLUE task was evaluated
+  # The files: seqio's metrics (as t5x writes them), summary, best, plot.
+  for task in EVAL_TASKS:
+    lines = (out / 'inference_eval' / f'{task}-metrics.jsonl').read_text()
+    assert [json.loads(l)['step'] for l in lines.splitlines()] == [100, 200]
+  assert json.loads((out / 'summary.json').read_text()) == summary
+  best = json.loads((out / 'best_per_task.json').read_text())
+  assert set(best) == {'tasks', 'averages', 'best_checkpoint'}
+  assert set(best['tasks']) == {'glue_mnli', 'glue_rte', 'glue_stsb'}
+  assert (out / 'task_scores.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  # Majority class of each evaluation split, scored by the task's metrics.
+  assert summary['majority']['glue_rte'] == pytest.approx(50.0)
+  assert summary['majority']['glue_stsb'] == 0.0  # constant: no correlation
+  assert summary['majority']['glue_mnli'] == pytest.approx(
+      (34.0 + 34.0) / 2)
+
+
+def test_metrics_equal_an_independent_computation_from_predictions(
+    evaluated, run_dir, tmp_path):
+  summary, _ = evaluated
+  written = infer_lib.infer(
+      _model(), checkpoint_path=str(run_dir / 'checkpoint_200'),
+      output_dir=str(tmp_path), mixture_or_task_name=MIXTURE,
+      task_feature_lengths=LENGTHS, batch_size=32)
+  records = {task: [json.loads(l) for l in open(path)]
+             for task, path in written.items()}
+  got = summary['steps']['200']['metrics']
+  for task in ('fixture_glue_rte', 'fixture_glue_mnli_matched'):
+    targets = [r['target_value'] for r in records[task]]
+    preds = [r['prediction_value'] for r in records[task]]
+    assert got[task]['accuracy'] == pytest.approx(
+        100 * sklearn.metrics.accuracy_score(targets, preds))
+  stsb = records['fixture_glue_stsb']
+  targets = [r['target_value'] for r in stsb]
+  preds = [r['prediction_value'] for r in stsb]
+  if np.std(preds) > 0:
+    want = 100 * scipy.stats.pearsonr(targets, preds)[0]
+  else:  # a constant prediction has no correlation: scored 0
+    want = 0.0
+  assert got['fixture_glue_stsb']['pearson_corrcoef'] == pytest.approx(
+      want, abs=1e-6)
+
+
+def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
+  written = infer_lib.infer(
+      _model(), checkpoint_path=str(run_dir / 'checkpoint_100'),
+      output_dir=str(tmp_path), mixture_or_task_name='fixture_glue_rte',
+      task_feature_lengths=LENGTHS, batch_size=16, num_examples=20)
+  assert list(written) == ['fixture_glue_rte']
+  assert os.path.basename(written['fixture_glue_rte']) == (
+      'fixture_glue_rte-100.jsonl')
+  records = [json.loads(l) for l in open(written['fixture_glue_rte'])]
+  assert len(records) == 20
+  raw = [json.loads(l) for l in open(os.path.join(
+      os.path.dirname(tasks.__file__), 'fixtures', 'glue_rte',
+      'validation.jsonl'))][:20]
+  labels = ('entailment', 'not_entailment')
+  for record, example in zip(records, raw):
+    assert record['targets'] == labels[example['label']]
+    assert record['inputs'] == (f"rte sentence1: {example['sentence1']} "
+                                f"sentence2: {example['sentence2']}")
+    assert record['task_id'] == 7  # RTE is GLUE's 8th task
+    assert record['target_value'] == example['label']
+    assert record['prediction_value'] == (
+        postprocessors.string_label_to_class_id(record['prediction'], labels))
+
+
+# ------------------------------------------------------- summaries by hand --
+
+GLUE_METRICS = {
+    'glue_cola': {'matthews_corrcoef': 40.0},
+    'glue_sst2': {'accuracy': 90.0},
+    'glue_mrpc': {'f1': 88.0, 'accuracy': 84.0},
+    'glue_stsb': {'pearson_corrcoef': 86.0, 'spearman_corrcoef': 84.0},
+    'glue_qqp': {'f1': 70.0, 'accuracy': 80.0},
+    'glue_mnli_matched': {'accuracy': 82.0},
+    'glue_mnli_mismatched': {'accuracy': 80.0},
+    'glue_qnli': {'accuracy': 88.0},
+    'glue_rte': {'accuracy': 70.0},
+}
+
+
+def _constructed_results():
+  # Step 4 is better on CoLA, MNLI and RTE, worse on the rest (by 2).
+  later = {t: {k: v + (4.0 if t in ('glue_cola', 'glue_mnli_matched',
+                                    'glue_mnli_mismatched', 'glue_rte')
+                       else -2.0) for k, v in m.items()}
+           for t, m in GLUE_METRICS.items()}
+  return {2: GLUE_METRICS, 4: later}
+
+
+def test_best_step_per_task_on_a_constructed_case():
+  summary = eval_summary.summarize(_constructed_results())
+  # Hand computed: (40 + 90 + 86 + 85 + 75 + 81 + 88 + 70) / 8.
+  assert summary['steps']['2']['averages'] == {'glue': pytest.approx(76.875)}
+  assert summary['steps']['2']['task_scores']['glue_mnli'] == 81.0
+  best = eval_summary.best_per_task(summary)
+  assert {t: b['step'] for t, b in best['tasks'].items()} == {
+      'glue_cola': 4, 'glue_sst2': 2, 'glue_mrpc': 2, 'glue_stsb': 2,
+      'glue_qqp': 2, 'glue_mnli': 4, 'glue_qnli': 2, 'glue_rte': 4}
+  assert best['tasks']['glue_cola']['score'] == 44.0
+  # Best per task: 3 tasks +4 over step 2's scores.
+  assert best['averages'] == {'glue': pytest.approx(76.875 + 12 / 8)}
+  # The best single checkpoint: step 4 averages 76.875 + (12 - 10) / 8.
+  assert best['best_checkpoint']['step'] == 4
+  assert best['best_checkpoint']['averages']['glue'] == pytest.approx(77.125)
+  table = eval_summary.table(summary)
+  assert 'glue average' in table and '77.12' in table and '78.38' in table
+
+
+def _write_t5x_metrics(directory, results):
+  """seqio JSONLogger's layout, as t5x's evaluator writes it."""
+  os.makedirs(directory, exist_ok=True)
+  for task in sorted({t for r in results.values() for t in r}):
+    with open(os.path.join(directory, f'{task}-metrics.jsonl'), 'w') as f:
+      for step in sorted(results):
+        if task in results[step]:
+          f.write(json.dumps({'step': step, **results[step][task]}) + '\n')
+    # Inference files sit beside them and are not metrics.
+    with open(os.path.join(directory, f'{task}-000002.jsonl'), 'w') as f:
+      f.write(json.dumps({'input': {}, 'prediction': 'x'}) + '\n')
+
+
+def test_t5x_metrics_files_give_the_same_summary(tmp_path):
+  results = _constructed_results()
+  _write_t5x_metrics(tmp_path / 'inference_eval', results)
+  read = eval_summary.read_metrics_dir(str(tmp_path / 'inference_eval'))
+  assert eval_summary.summarize(read) == eval_summary.summarize(results)
+  out = tmp_path / 'summary'
+  assert eval_lib.main([f'--metrics_dir={tmp_path / "inference_eval"}',
+                        f'--output_dir={out}']) == 0
+  assert json.loads((out / 'summary.json').read_text()) == (
+      eval_summary.summarize(results))
+
+
+def test_t5x_metrics_of_a_direct_evaluation_give_its_summary(evaluated,
+                                                            tmp_path):
+  summary, _ = evaluated
+  results = {int(s): v['metrics'] for s, v in summary['steps'].items()}
+  _write_t5x_metrics(tmp_path, results)
+  read = eval_summary.summarize(eval_summary.read_metrics_dir(str(tmp_path)))
+  assert read['steps'] == summary['steps']
+
+
+def test_majority_scores_by_hand():
+  mrpc = seqio.get_mixture_or_task('fixture_glue_mrpc')
+  # Majority 1: accuracy 2/3, F1 of class 1 = 2*(2/3)/(1 + 2/3) = 0.8.
+  assert eval_lib.majority_score(mrpc, [1, 1, 0]) == pytest.approx(
+      (100 * 2 / 3 + 80) / 2)
+  cola = seqio.get_mixture_or_task('fixture_glue_cola')
+  assert eval_lib.majority_score(cola, [1, 0, 1, 1]) == 0.0
+  multirc = seqio.get_mixture_or_task('fixture_super_glue_multirc')
+  targets = [{'group': 0, 'value': 1}, {'group': 0, 'value': 0},
+             {'group': 1, 'value': 0}, {'group': 1, 'value': 0}]
+  # Predict 0 everywhere: exact match on question 1 only (50), F1a 0.
+  assert eval_lib.majority_score(multirc, targets) == pytest.approx(25.0)
+
+
+# ---------------------------------------------------------------- bad input --
+
+def _evaluate(tmp_path, **overrides):
+  kwargs = dict(checkpoint_path=str(tmp_path), eval_output_dir=str(
+      tmp_path / 'out'), mixture_or_task_name=MIXTURE,
+                task_feature_lengths=LENGTHS)
+  kwargs.update(overrides)
+  return eval_lib.evaluate(_model(), **kwargs)
+
+
+def test_empty_checkpoint_directory_is_a_clear_error(tmp_path):
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match='holds no checkpoint_<step>'):
+    _evaluate(tmp_path, checkpoint_path=str(tmp_path / 'empty'))
+  with pytest.raises(FileNotFoundError, match='does not exist'):
+    _evaluate(tmp_path, checkpoint_path=str(tmp_path / 'nowhere'))
+
+
+def test_unknown_task_is_a_clear_error(run_dir, tmp_path):
+  with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_rt'"):
+    _evaluate(tmp_path, checkpoint_path=str(run_dir),
+              mixture_or_task_name='glue_rt')
+
+
+def test_unwritable_output_dir_is_a_clear_error(run_dir, tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('x')
+  with pytest.raises(ValueError, match='EVAL_OUTPUT_DIR .* is not writable'):
+    _evaluate(tmp_path, checkpoint_path=str(run_dir),
+              eval_output_dir=str(blocker / 'out'))
+  with pytest.raises(ValueError, match='INFER_OUTPUT_DIR .* is not writable'):
+    infer_lib.infer(_model(), checkpoint_path=str(run_dir / 'checkpoint_100'),
+                    output_dir=str(blocker / 'out'),
+                    mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS)
+
+
+def test_metrics_dir_without_metrics_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match='holds no <task>-metrics.jsonl'):
+    eval_summary.read_metrics_dir(str(tmp_path))
+  with pytest.raises(FileNotFoundError, match='No metrics directory'):
+    eval_summary.read_metrics_dir(str(tmp_path / 'nowhere'))
+
