@@ -283,3 +283,33 @@ def test_metrics_dir_without_metrics_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match='No metrics directory'):
     eval_summary.read_metrics_dir(str(tmp_path / 'nowhere'))
 
+
+
+# ---------------------------------------------------------------- run files --
+
+def _parsed_model(files, macros=()):
+  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(files, [], [])
+    config = gin.get_configurable(network.Transformer)().config
+    return config, {m: gin.query_parameter(f'%{m}') for m in macros}
+  finally:
+    gin.clear_config()
+
+
+def test_quickstart_eval_and_infer_files_build_the_trained_model():
+  trained, _ = _parsed_model(['runs/quickstart.gin'])
+  evaluated, macros = _parsed_model(
+      ['runs/quickstart_eval.gin'],
+      ['CHECKPOINT_PATH', 'MIXTURE_OR_TASK_NAME', 'MAJORITY_BASELINE'])
+  assert evaluated == trained
+  assert macros['CHECKPOINT_PATH'] == '/tmp/hyperprompt_quickstart'
+  assert macros['MIXTURE_OR_TASK_NAME'] == (
+      'fixture_glue_super_glue_proportional')
+  assert macros['MAJORITY_BASELINE'] is True
+  inferred, macros = _parsed_model(['runs/quickstart_infer.gin'],
+                                   ['CHECKPOINT_PATH'])
+  assert inferred == trained
+  assert macros['CHECKPOINT_PATH'].endswith('/checkpoint_1500')
