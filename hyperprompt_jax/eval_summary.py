@@ -113,11 +113,16 @@ def read_metrics_dir(metrics_dir: str) -> dict[int, dict[str, dict]]:
   """Reads seqio `JSONLogger` files (`<task>-metrics.jsonl`) into
   `{step: {task: {metric: value}}}`.
 
-  A later line for the same step replaces an earlier one (a re-evaluation).
-  Non-numeric values (text metrics) are skipped.
+  `metrics_dir` is the folder holding them, or the EVAL_OUTPUT_DIR / MODEL_DIR
+  above its `inference_eval/`. A later line for the same step replaces an
+  earlier one (a re-evaluation). Non-numeric values (text metrics) are
+  skipped.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  nested = os.path.join(metrics_dir, 'inference_eval')
+  if tf.io.gfile.isdir(nested):
+    metrics_dir = nested
   if not tf.io.gfile.isdir(metrics_dir):
     raise FileNotFoundError(
         f'No metrics directory at {metrics_dir!r}: give the folder holding '

@@ -211,6 +211,8 @@ def test_t5x_metrics_files_give_the_same_summary(tmp_path):
   _write_t5x_metrics(tmp_path / 'inference_eval', results)
   read = eval_summary.read_metrics_dir(str(tmp_path / 'inference_eval'))
   assert eval_summary.summarize(read) == eval_summary.summarize(results)
+  # t5x's EVAL_OUTPUT_DIR (the parent of inference_eval/) works as well.
+  assert eval_summary.read_metrics_dir(str(tmp_path)) == read
   out = tmp_path / 'summary'
   assert eval_lib.main([f'--metrics_dir={tmp_path / "inference_eval"}',
                         f'--output_dir={out}']) == 0
