@@ -21,6 +21,7 @@ import numpy as np
 
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
+from hyperprompt_jax import trainer as trainer_lib
 
 PyTree = Any
 EOS_ID = 1  # T5's (and seqio's ByteVocabulary's) end-of-sequence id.
@@ -88,9 +89,8 @@ class Predictor:
 
   Args:
     model: the network.
-    params: host parameters (numpy or jax arrays), placed on the mesh by
-      their logical axes.
-    params_axes: the logical axes of `params` (from `model.init`).
+    params_axes: the logical axes of its parameters (from `model.init`);
+      `set_params` places each checkpoint's parameters on the mesh by them.
     mesh: the ('data', 'model') device mesh.
     batch_size: examples per decode call; divisible by the data shards.
     max_decode_length: the most target tokens to produce.
@@ -152,3 +152,17 @@ class Predictor:
       tokens = self.predict(features)
       results.extend((int(i), t.tolist()) for i, t in zip(index, tokens))
     return results
+
+
+def make_predictor(model: network.Transformer,
+                   task_feature_lengths: Mapping[str, int],
+                   mesh: jax.sharding.Mesh, batch_size: int
+                   ) -> tuple[Predictor, PyTree]:
+  """A `Predictor` decoding up to the targets' length, and the model's
+  abstract parameters (the shapes a checkpoint must match)."""
+  batch = trainer_lib.dummy_batch(task_feature_lengths)
+  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
+      model, batch, jax.random.PRNGKey(0)))
+  predictor = Predictor(model, abstract['params_axes'], mesh, batch_size,
+                        task_feature_lengths['targets'])
+  return predictor, abstract['params']

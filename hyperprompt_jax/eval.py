@@ -34,7 +34,6 @@ import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import gin
-import jax
 import scipy.stats
 import seqio
 import tensorflow as tf
@@ -47,7 +46,6 @@ from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
-from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
@@ -201,15 +199,12 @@ def evaluate(
     majority = scores.task_scores({t: {'score': s}
                                    for t, s in majority.items()})
 
-  batch = trainer_lib.dummy_batch(task_feature_lengths)
-  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
-      model, batch, jax.random.PRNGKey(0)))
-  predictor = decoding.Predictor(model, abstract['params_axes'], mesh,
-                                 batch_size, task_feature_lengths['targets'])
+  predictor, abstract_params = decoding.make_predictor(
+      model, task_feature_lengths, mesh, batch_size)
   results = {}
   for step, path in checkpoints_found:
     tick = time.time()
-    params, _ = checkpoints.restore_params(path, abstract['params'])
+    params, _ = checkpoints.restore_params(path, abstract_params)
     predictor.set_params(params)
     metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
                                     predict_fn=predictor.predict_fn)

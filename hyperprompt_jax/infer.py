@@ -28,7 +28,6 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 import gin
-import jax
 import seqio
 import tensorflow as tf
 
@@ -39,7 +38,6 @@ from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
-from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
 
@@ -121,15 +119,11 @@ def infer(
   if not tasks:
     raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
                      'split.')
-  batch = trainer_lib.dummy_batch(task_feature_lengths)
-  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
-      model, batch, jax.random.PRNGKey(0)))
-  predictor = decoding.Predictor(
-      model, abstract['params_axes'],
-      partitioning.create_mesh(mesh_data, mesh_model), batch_size,
-      task_feature_lengths['targets'])
+  predictor, abstract_params = decoding.make_predictor(
+      model, task_feature_lengths,
+      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
   predictor.set_params(
-      checkpoints.restore_params(checkpoint_path, abstract['params'])[0])
+      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
   written = {}
   for task in tasks:
     records = task_predictions(task, predictor, task_feature_lengths, split,
