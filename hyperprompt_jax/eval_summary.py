@@ -191,12 +191,17 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
   tasks = sorted({t for s in steps for t in summary['steps'][s]['task_scores']})
   benchmarks = sorted({b for s in steps for b in summary['steps'][s]['averages']})
   fig, ax = plt.subplots(figsize=(10, 6))
-  for task in tasks:
+  # 20 distinct colours for up to 20 tasks (the default cycle repeats at 10).
+  colours = plt.get_cmap('tab20').colors
+  for i, task in enumerate(tasks):
     y = [summary['steps'][s]['task_scores'].get(task, math.nan) for s in steps]
-    ax.plot(x, y, marker='o', markersize=3, linewidth=1, label=task)
-  for name in benchmarks:
+    ax.plot(x, y, marker='o', markersize=3, linewidth=1, label=task,
+            color=colours[i % len(colours)],
+            linestyle='-' if i < len(colours) else ':')
+  for name, colour in zip(benchmarks, ('black', 'dimgray', 'darkred')):
     y = [summary['steps'][s]['averages'].get(name, math.nan) for s in steps]
-    ax.plot(x, y, linestyle='--', linewidth=2.5, label=f'{name} average')
+    ax.plot(x, y, linestyle='--', linewidth=2.5, color=colour,
+            label=f'{name} average')
   ax.set_xlabel('step')
   ax.set_ylabel('task score')
   ax.grid(alpha=0.3)
