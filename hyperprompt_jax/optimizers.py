@@ -30,7 +30,9 @@ EMBEDDING_SCOPE = 'token_embedder'
 
 def parameter_labels(params: Any, train_only_task_conditioned: bool,
                      freeze_embeddings: bool = False) -> Any:
-  """The tree of `params` with each leaf replaced by its group label."""
+  """The tree of `params` with each leaf replaced by its group label, in the
+  same container type (t5x passes `FrozenDict`s; optax needs the label tree
+  to match the parameter tree exactly)."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(params))
   labels = {}
   for path, _ in flat.items():
@@ -41,7 +43,10 @@ def parameter_labels(params: Any, train_only_task_conditioned: bool,
       labels[path] = FROZEN
     else:
       labels[path] = BACKBONE
-  return traverse_util.unflatten_dict(labels)
+  labels = traverse_util.unflatten_dict(labels)
+  if isinstance(params, flax.core.FrozenDict):
+    return flax.core.freeze(labels)
+  return labels
 
 
 def make_optimizer(

@@ -1,0 +1,371 @@
+"""The t5x adapter: an `EncoderDecoderModel` that carries `task_ids`.
+
+t5x's `models.EncoderDecoderModel` calls the network without task ids; this
+subclass passes each batch's `task_ids` (int32 `[batch]`, added by
+`hyperprompt_jax.tasks.TaskIdsEncDecFeatureConverter`, its
+`FEATURE_CONVERTER_CLS`) to every network call:
+
+- `get_initial_variables`: task id 0 per example (shapes only);
+- `loss_fn`, `eval_fn`, `score_batch`: through `_compute_logits`;
+- `predict_batch_with_aux`: the encoder; `_compute_kv_cache`, which creates
+  the decoding cache with the real task ids, so HyperPrompt's decoder prompts
+  are generated once there and kept in the cache (`cached_prefix_key` /
+  `cached_prefix_value`, `[batch, l, heads, head_dim]`, expanded by beam
+  search like every batch-major cache leaf); and `_compute_logits_from_slice`,
+  which gets the beam-expanded ids at every step (HyperGrid's decoder
+  recomputes its gate from `encoded` and the task at each step).
+
+The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
+`hyperprompt_jax.optimizers.make_optimizer` (gin/t5x/model.gin), so both
+runners optimise identically. t5x's partitioner has no rule for the state of
+optax's Adafactor (`FactoredState`); importing this module registers one.
+
+This is the only module of the package that imports t5x, and no other module
+imports it (the gin/t5x files do), so the package works without t5x.
+"""
+
+import functools
+from typing import Any, Mapping, MutableMapping, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from optax._src import factorized
+import seqio
+from t5x import decoding
+from t5x import models
+from t5x import optimizers
+
+from hyperprompt_jax import network
+from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.tasks import task_ids as task_ids_lib
+
+PyTree = Any
+TASK_IDS = feature_converter.TASK_IDS
+
+
+class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
+  """t5x's encoder-decoder model with per-example task ids.
+
+  Takes `EncoderDecoderModel`'s arguments; `module` is a
+  `hyperprompt_jax.network.Transformer`. Batches carry `task_ids` (int32
+  `[batch]`) beside t5x's features; a task-conditioned network refuses a
+  batch without them.
+
+  Raises:
+    ValueError: at construction, when the network's `num_tasks` (gin:
+      NUM_TASKS) is smaller than the run's task list.
+  """
+
+  FEATURE_CONVERTER_CLS = feature_converter.TaskIdsEncDecFeatureConverter
+
+  def __init__(
+      self,
+      module: network.Transformer,
+      input_vocabulary: seqio.Vocabulary,
+      output_vocabulary: seqio.Vocabulary,
+      optimizer_def: optimizers.OptimizerDefType,
+      decode_fn: models.DecodeFnCallable = decoding.beam_search,
+      feature_converter_cls: Optional[Any] = None,
+      label_smoothing: float = 0.0,
+      z_loss: float = 0.0,
+      loss_normalizing_factor: Optional[Any] = None,
+      default_decoder_params: Optional[models.DecoderParams] = None,
+  ):
+    # t5x builds the model after parsing gin, so the run's task list is
+    # known: an id space smaller than it would clamp ids silently in jit.
+    task_ids_lib.check_num_tasks(module.config.num_tasks)
+    super().__init__(
+        module, input_vocabulary, output_vocabulary, optimizer_def,
+        decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+        default_decoder_params=default_decoder_params)
+
+  def _task_ids(self, batch: Mapping[str, jax.Array]) -> Optional[jax.Array]:
+    """The batch's `[batch]` task ids (None for a network that ignores them).
+
+    Raises:
+      ValueError: a task-conditioned network and no `task_ids` in the batch.
+    """
+    ids = batch.get(TASK_IDS)
+    if ids is None and network.is_task_conditioned(self.module.config):
+      raise ValueError(
+          f"The batch has no '{TASK_IDS}' (features: {sorted(batch)}), and "
+          'the network is task-conditioned. Feed it tasks registered with '
+          'hyperprompt_jax.tasks through the feature converter '
+          f'{self.FEATURE_CONVERTER_CLS.__name__} (do not set '
+          'feature_converter_cls to another converter).')
+    return ids
+
+  def get_initial_variables(
+      self,
+      rng: jax.Array,
+      input_shapes: Mapping[str, Any],
+      input_types: Optional[Mapping[str, Any]] = None,
+  ) -> PyTree:
+    """Initial variables from the input shapes (`[batch, length]` tokens).
+
+    Task id 0 for every example: initialisation needs only the shapes.
+    t5x's own shape for `task_ids` is ignored (its evaluator reports `[]`
+    features with a length of 0).
+    """
+    input_types = input_types or {}
+
+    def ones(name):
+      if name not in input_shapes:
+        return None
+      return jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
+
+    encoder_shape = input_shapes['encoder_input_tokens']
+    variables = self.module.init(
+        rng,
+        ones('encoder_input_tokens'),
+        ones('decoder_input_tokens'),
+        ones('decoder_input_tokens'),
+        encoder_segment_ids=ones('encoder_segment_ids'),
+        decoder_segment_ids=ones('decoder_segment_ids'),
+        encoder_positions=ones('encoder_positions'),
+        decoder_positions=ones('decoder_positions'),
+        decode=False,
+        enable_dropout=False,
+        task_ids=jnp.zeros((encoder_shape[0],), jnp.int32),
+    )
+    return flax.core.freeze(variables)  # as t5x's
+
+  def _compute_logits(
+      self,
+      params: PyTree,
+      batch: Mapping[str, jax.Array],
+      dropout_rng: Optional[jax.Array] = None,
+      mutable: Any = False,
+      other_variables: Optional[PyTree] = None,
+  ):
+    """Teacher-forced logits `[batch, target_length, vocab]` (and the mutable
+    collections when `mutable`), as t5x's, with the batch's task ids."""
+    rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {'params': params, **(other_variables or {})},
+        batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'],
+        batch['decoder_target_tokens'],
+        encoder_segment_ids=batch.get('encoder_segment_ids'),
+        decoder_segment_ids=batch.get('decoder_segment_ids'),
+        encoder_positions=batch.get('encoder_positions'),
+        decoder_positions=batch.get('decoder_positions'),
+        decode=False,
+        enable_dropout=rngs is not None,
+        rngs=rngs,
+        mutable=mutable,
+        task_ids=self._task_ids(batch),
+    )
+
+  def _compute_logits_from_slice(
+      self,
+      decoding_state: decoding.DecodingState,
+      params: PyTree,
+      encoded_inputs: jax.Array,
+      raw_inputs: jax.Array,
+      max_decode_length: int,
+      task_ids: Optional[jax.Array] = None,
+  ) -> tuple[jax.Array, PyTree]:
+    """One decode step: `[batch * beams, 1]` tokens -> `[batch * beams,
+    vocab]` logits and the updated cache.
+
+    Args:
+      decoding_state: t5x's state (`cur_token`, `cache`).
+      params: the parameters.
+      encoded_inputs: `[batch * beams, input_length, embed]`.
+      raw_inputs: `[batch * beams, input_length]` tokens (padding mask).
+      max_decode_length: the cache length.
+      task_ids: `[batch * beams]`, beam-expanded like `encoded_inputs`.
+    """
+    token = decoding_state.cur_token
+    logits, new_vars = self.module.apply(
+        {'params': params, 'cache': decoding_state.cache},
+        encoded_inputs,
+        raw_inputs,
+        token,
+        token,
+        enable_dropout=False,
+        decode=True,
+        max_decode_length=max_decode_length,
+        task_ids=task_ids,
+        mutable=['cache'],
+        method=self.module.decode,
+    )
+    return jnp.squeeze(logits, axis=1), new_vars['cache']
+
+  def _compute_kv_cache(
+      self,
+      params: PyTree,
+      encoded_inputs: jax.Array,
+      encoder_input_tokens: jax.Array,
+      decoder_input_tokens: jax.Array,
+      prefill_decoder_prompt: bool = False,
+      task_ids: Optional[jax.Array] = None,
+  ) -> tuple[PyTree, None]:
+    """The empty decoding cache, created with the real task ids.
+
+    One `decode` call over the full target shape creates the cache (t5x's
+    convention); HyperPrompt generates the decoder's prompts in it and stores
+    them as `cached_prefix_key` / `cached_prefix_value`. Unlike t5x's, the
+    call goes through `decode` with `encoded_inputs`: re-running the encoder
+    on placeholder tokens, as t5x does, would need task ids for its prompts
+    too and is wasted work.
+
+    Args:
+      params: the parameters.
+      encoded_inputs: `[batch, input_length, embed]`.
+      encoder_input_tokens: `[batch, input_length]` (padding mask).
+      decoder_input_tokens: `[batch, max_decode_length]`: only its shape.
+      prefill_decoder_prompt: unsupported (the network's `decode` has no
+        `prefill`, so t5x never asks for it).
+      task_ids: `[batch]`.
+
+    Returns:
+      `(cache, None)`: t5x's `(cache, initial_index)` without prefill.
+    """
+    if prefill_decoder_prompt:
+      raise ValueError(
+          'Prefilling the decoder prompt is not supported by '
+          'hyperprompt_jax.network.Transformer.decode; call '
+          'predict_batch_with_aux with prompt_with_targets=False.')
+    shape = jnp.ones_like(decoder_input_tokens)
+    _, variables = self.module.apply(
+        {'params': params},
+        encoded_inputs,
+        encoder_input_tokens,
+        shape,
+        shape,
+        enable_dropout=False,
+        decode=True,
+        max_decode_length=decoder_input_tokens.shape[1],
+        task_ids=task_ids,
+        mutable=['cache'],
+        method=self.module.decode,
+    )
+    return variables['cache'], None
+
+  def predict_batch_with_aux(
+      self,
+      params: PyTree,
+      batch: Mapping[str, jax.Array],
+      rng: Optional[jax.Array] = None,
+      decoder_params: Optional[MutableMapping[str, Any]] = None,
+      return_all_decodes: Optional[bool] = None,
+      num_decodes: Optional[int] = None,
+      prompt_with_targets: bool = False,
+  ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
+    """Decodes a batch with the model's `decode_fn` (t5x: beam search).
+
+    Same arguments and results as `EncoderDecoderModel`'s (`num_decodes` is
+    the beam size); the task ids enter the encoder, the cache creation and,
+    beam-expanded (`[batch * num_decodes]`), every decode step. No prompt
+    prefill (t5x disables it for a `decode` without `prefill`).
+
+    Returns:
+      `(decodes, {'scores': scores})`: `[batch, max_decode_length]` and
+      `[batch]` for the best beam, or `[batch, num_decodes, ...]` with
+      `return_all_decodes` (beams in increasing score).
+    """
+    defaults = self._default_decoder_params
+    if return_all_decodes is None:
+      return_all_decodes = defaults.return_all_decodes
+    if num_decodes is None:
+      num_decodes = defaults.num_decodes
+    encoder_input_tokens = batch['encoder_input_tokens']
+    decoder_input_tokens = batch['decoder_input_tokens']
+    task_ids = self._task_ids(batch)
+    if prompt_with_targets:
+      # Force-decode the targets, EOS removed so that decoding goes on.
+      prompt = decoder_input_tokens * (
+          decoder_input_tokens != self.output_vocabulary.eos_id)
+    else:
+      prompt = jnp.zeros_like(decoder_input_tokens)
+
+    encoded = self.module.apply(
+        {'params': params}, encoder_input_tokens, enable_dropout=False,
+        task_ids=task_ids, method=self.module.encode)
+    cache, _ = self._compute_kv_cache(params, encoded, encoder_input_tokens,
+                                      prompt, task_ids=task_ids)
+    # Beam search runs on [batch * num_decodes] rows, each example repeated
+    # in place ([a, b] -> [a, a, b, b]); so do its per-step inputs.
+    expand = functools.partial(decoding.flat_batch_beam_expand,
+                               beam_size=num_decodes)
+    tokens_to_logits = functools.partial(
+        self._compute_logits_from_slice,
+        params=params,
+        encoded_inputs=expand(encoded),
+        raw_inputs=expand(encoder_input_tokens),
+        max_decode_length=decoder_input_tokens.shape[1],
+        task_ids=None if task_ids is None else expand(task_ids),
+    )
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get('decode_rng') is not None:
+        raise ValueError(
+            'Got an RNG both as `rng` and as decoder_params["decode_rng"]; '
+            'pass only one.')
+      decoder_params['decode_rng'] = rng
+    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
+    decodes, scores = self._decode_fn(
+        inputs=prompt,
+        cache=cache,
+        tokens_to_logits=tokens_to_logits,
+        num_decodes=num_decodes,
+        cache_offset=0,  # no scanned layers
+        **decoder_params,
+    )
+    if return_all_decodes:
+      return decodes, {'scores': scores}
+    return decodes[:, -1, :], {'scores': scores[:, -1]}
+
+
+# ------------------------------------------------- optimizer state axes --
+
+def _factored_state_axes(state: factorized.FactoredState,
+                         params_axes: PyTree) -> factorized.FactoredState:
+  """Logical axes of optax Adafactor's state, for t5x's partitioner.
+
+  An unfactored parameter's second moment `v` has the parameter's shape and
+  axes. The factored moments `v_row` / `v_col` are vectors, and `v` of a
+  factored parameter a `(1,)` placeholder: small, so replicated (None).
+  Parameters another group of `optax.multi_transform` owns are
+  `optax.MaskedNode`s and stay so.
+  """
+
+  def leaf_axes(axes, value, keep_axes):
+    if isinstance(value, optax.MaskedNode):
+      return value
+    if keep_axes and axes is not None and value.ndim == len(axes):
+      return axes
+    return None
+
+  def tree_axes(values, keep_axes=False):
+    return jax.tree.map(
+        functools.partial(leaf_axes, keep_axes=keep_axes), params_axes,
+        values)
+
+  return factorized.FactoredState(
+      count=None,
+      v_row=tree_axes(state.v_row),
+      v_col=tree_axes(state.v_col),
+      v=tree_axes(state.v, keep_axes=True))
+
+
+def register_optax_partition_rules() -> None:
+  """Teaches t5x's `OptaxStatePartitionRules` optax Adafactor's state.
+
+  t5x keeps its rules in a class-level table and has none for
+  `FactoredState` (it uses its own Adafactor); without one, partitioning an
+  `OptaxWrapper(make_optimizer())` state raises 'unregistered optax state
+  type FactoredState'. Idempotent.
+  """
+  # pylint: disable-next=protected-access
+  rules = optimizers.OptaxStatePartitionRules._RULES
+  rules.setdefault(factorized.FactoredState, _factored_state_axes)
+
+
+register_optax_partition_rules()

@@ -1,0 +1,456 @@
+"""The t5x integration (skipped when t5x is not installed).
+
+- `python -m t5x.train` trains the quickstart (gin/t5x/quickstart_train.gin)
+  from scratch, and `python -m t5x.eval` evaluates its checkpoints, whose
+  metrics `python -m hyperprompt_jax.eval --metrics_dir` summarises;
+- the adapter's loss, scores and decoding against independent references:
+  the project's losses, a numpy log-likelihood, `decoding.greedy_decode`;
+- fine-tuning from a real tiny t5x checkpoint through
+  `RestoreCheckpointConfig` (assignment map + fallback_to_scratch);
+- t5x's partitioner with the project's rules and optax Adafactor's state.
+"""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import flax
+from flax import traverse_util
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+t5x = pytest.importorskip('t5x')
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+import orbax.checkpoint as ocp
+import seqio
+from t5x import optimizers as t5x_optimizers
+from t5x import partitioning as t5x_partitioning
+from t5x import train_state as t5x_train_state
+
+from hyperprompt_jax import decoding
+from hyperprompt_jax import gin_utils
+from hyperprompt_jax import hypergrid
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import losses
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import param_groups
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import paths
+from hyperprompt_jax import t5x_model
+
+import conftest
+
+GIN_SEARCH_PATHS = f'--gin_search_paths={paths.gin_dir()}'
+# t5x's run files (t5x/configs/runs/*.gin) live beside the installed package.
+T5X_ROOT = os.path.dirname(os.path.dirname(t5x.__file__))
+NUM_TASKS = 16  # the fixture mixture's joint task list
+# Small and quick: a few steps of batch 4, no validation loss during training.
+QUICK = ['--gin.BATCH_SIZE=4',
+         '--gin.__main__.train.train_eval_dataset_cfg=None']
+# tests/testdata/t5x_tiny's dimensions (conftest.T5X_TINY_CONFIG).
+TINY_DIMS = ['--gin.network.T5Config.emb_dim=32',
+             '--gin.network.T5Config.num_heads=2',
+             '--gin.network.T5Config.head_dim=16',
+             '--gin.network.T5Config.mlp_dim=64']
+
+
+def _run(module: str, *args: str, timeout: int = 600) -> str:
+  """Runs `python -m module args`, failing with its output's tail."""
+  result = subprocess.run(
+      [sys.executable, '-m', module, *args],
+      env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+      text=True, timeout=timeout)
+  assert result.returncode == 0, (
+      f'python -m {module} failed:\n{result.stdout[-3000:]}\n'
+      f'{result.stderr[-6000:]}')
+  return result.stdout
+
+
+def _read_t5x_state(checkpoint: pathlib.Path) -> dict[str, np.ndarray]:
+  """Every array of a t5x orbax `checkpoint_<step>` (its `state/` tree:
+  `target/...` parameters, `state/step`, `state/param_states/...`), as a
+  flat '/'-keyed dict of numpy arrays."""
+  state_dir = checkpoint.resolve() / 'state'
+  metadata = ocp.PyTreeCheckpointHandler().metadata(state_dir).tree
+  restore_args = jax.tree.map(
+      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+  restored = ocp.PyTreeCheckpointer().restore(
+      state_dir, args=ocp.args.PyTreeRestore(item=metadata,
+                                             restore_args=restore_args))
+  return {k: np.asarray(v) for k, v in
+          traverse_util.flatten_dict(restored, sep='/').items()}
+
+
+def _steps(model_dir: pathlib.Path) -> list[int]:
+  return sorted(int(p.name.split('_')[1])
+                for p in model_dir.glob('checkpoint_*'))
+
+
+# ------------------------------------------------- train / eval with t5x --
+
+@pytest.fixture(scope='module')
+def quickstart_dir(tmp_path_factory) -> pathlib.Path:
+  """The t5x quickstart trained 2 steps, checkpoints at steps 0 and 2."""
+  model_dir = tmp_path_factory.mktemp('t5x_quickstart')
+  _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_train.gin',
+       f"--gin.MODEL_DIR='{model_dir}'", '--gin.TRAIN_STEPS=2',
+       '--gin.SAVE_PERIOD=2', *QUICK)
+  return model_dir
+
+
+def test_t5x_train_quickstart(quickstart_dir):
+  assert _steps(quickstart_dir) == [0, 2]
+  before = _read_t5x_state(quickstart_dir / 'checkpoint_0')
+  after = _read_t5x_state(quickstart_dir / 'checkpoint_2')
+  assert int(before['state/step']) == 0 and int(after['state/step']) == 2
+  params = [k for k in before if k.startswith('target/')]
+  conditioned = [k for k in params if param_groups.is_task_conditioned(k)]
+  assert conditioned, 'the quickstart is HyperPrompt-Global'
+  # Both the backbone and the hyper-prompt parameters were trained.
+  changed = {k for k in params if not np.array_equal(before[k], after[k])}
+  assert set(conditioned) & changed
+  assert 'target/encoder/layers_0/attention/query/kernel' in changed
+  # The optimizer state is make_optimizer's optax Adafactor, in groups.
+  assert any(k.startswith('state/param_states/inner_states/task_conditioned/')
+             for k in after)
+
+
+def test_t5x_eval_and_metrics_summary(quickstart_dir, tmp_path):
+  out = tmp_path / 'eval'
+  _run('t5x.eval', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_eval.gin',
+       f"--gin.CHECKPOINT_PATH='{quickstart_dir}'",
+       f"--gin.EVAL_OUTPUT_DIR='{out}'", '--gin.EVAL_BATCH_SIZE=8',
+       '--gin.seqio.Evaluator.num_examples=8')
+  metrics = out / 'inference_eval'
+  files = sorted(p.name for p in metrics.glob('*-metrics.jsonl'))
+  # The 17 evaluation tasks of the fixture mixture (MNLI has two).
+  assert len(files) == 17, files
+  rte = (metrics / 'fixture_glue_rte-metrics.jsonl').read_text()
+  lines = [json.loads(line) for line in rte.splitlines()]
+  assert [line['step'] for line in lines] == [0, 2]  # mode 'all'
+  assert 'accuracy' in lines[0]
+  # Every example reached the model with its task's id (RTE: 7 of 16).
+  inferences = (metrics / 'fixture_glue_rte-000002.jsonl').read_text()
+  assert {json.loads(line)['input']['task_ids']
+          for line in inferences.splitlines()} == {7}
+
+  summary_dir = tmp_path / 'summary'
+  stdout = _run('hyperprompt_jax.eval', f'--metrics_dir={out}',
+                f'--output_dir={summary_dir}')
+  assert 'glue_super_glue average' in stdout
+  summary = json.loads((summary_dir / 'summary.json').read_text())
+  assert sorted(summary['steps'], key=int) == ['0', '2']
+  assert len(summary['steps']['2']['task_scores']) == NUM_TASKS
+  assert (summary_dir / 'best_per_task.json').exists()
+
+
+def test_t5x_fine_tunes_from_a_t5x_checkpoint(tmp_path):
+  """Restore through RestoreCheckpointConfig's assignment map with
+  fallback_to_scratch: the backbone is the checkpoint's, the new parameters
+  are freshly initialised, the optimizer state is fresh, the step 0."""
+  model_dir = tmp_path / 'model'
+  initial = conftest.T5X_TINY / 'orbax' / 'checkpoint_100'
+  _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_train.gin',
+       f"--gin.MODEL_DIR='{model_dir}'",
+       f"--gin.INITIAL_CHECKPOINT_PATH='{initial.resolve()}'",
+       '--gin.TRAIN_STEPS=1', '--gin.SAVE_PERIOD=1', '--gin.RANDOM_SEED=0',
+       *TINY_DIMS, *QUICK)
+  # Fine-tuning counts from 0 (not from the checkpoint's step 100).
+  assert _steps(model_dir) == [0, 1]
+  state = _read_t5x_state(model_dir / 'checkpoint_0')
+  assert int(state['state/step']) == 0
+
+  expected = np.load(conftest.T5X_TINY / 'orbax_checkpoint_100.params.npz')
+  params = {k[len('target/'):]: v for k, v in state.items()
+            if k.startswith('target/')}
+  assert set(expected.files) == {k for k in params
+                                 if not param_groups.is_task_conditioned(k)}
+  for k in expected.files:  # the backbone really loaded
+    np.testing.assert_array_equal(params[k], expected[k], err_msg=k)
+
+  # The new parameters are a fresh initialisation: t5x's init rng for
+  # RANDOM_SEED = 0 is split(PRNGKey(0))[0] (t5x/train.py).
+  gin.clear_config()
+  gin_utils.parse_gin(['runs/quickstart_model.gin'],
+                      [b[len('--gin.'):] for b in TINY_DIMS])
+  try:
+    module = gin.get_configurable(network.Transformer)()
+  finally:
+    gin.clear_config()
+  init_rng = jax.random.split(jax.random.PRNGKey(0), 2)[0]
+  fresh = conftest.flat(module.init(
+      init_rng, np.ones((1, 8), np.int32), np.ones((1, 4), np.int32),
+      np.ones((1, 4), np.int32), enable_dropout=False,
+      task_ids=np.zeros((1,), np.int32))['params'])
+  new = [k for k in params if param_groups.is_task_conditioned(k)]
+  assert new and all('hyperprompt' in k for k in new)
+  for k in new:
+    np.testing.assert_allclose(params[k], fresh[k], rtol=1e-6, atol=0,
+                               err_msg=k)
+
+  # The optimizer state is make_optimizer's, fresh (the checkpoint's t5x
+  # Adafactor state under other names was not restored).
+  opt = {k: v for k, v in state.items() if k.startswith('state/param_states/')}
+  assert opt and all(k.startswith('state/param_states/inner_states/')
+                     for k in opt)
+  assert all(not v.any() for v in opt.values())
+
+
+# ---------------------------------------------- the adapter, in process --
+
+def _tiny_config(kind: str) -> network.T5Config:
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG), num_tasks=NUM_TASKS)
+  if kind == 'hyperprompt_global':
+    cfg['hyperprompt'] = hyperprompt.HyperPromptConfig(
+        variant='global', encoder_prompt_length=3, decoder_prompt_length=2,
+        hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+        layer_task_embed_dim=8)
+  else:
+    cfg['hypergrid'] = hypergrid.HyperGridConfig(variant='lg', grid_rows=4,
+                                                 grid_cols=8)
+  return network.T5Config(**cfg)
+
+
+def _t5x_model(kind: str, **kwargs) -> t5x_model.TaskIdsEncoderDecoderModel:
+  vocabulary = seqio.ByteVocabulary()
+  return t5x_model.TaskIdsEncoderDecoderModel(
+      module=network.Transformer(_tiny_config(kind)),
+      input_vocabulary=vocabulary, output_vocabulary=vocabulary,
+      optimizer_def=t5x_optimizers.OptaxWrapper(optimizers.make_optimizer()),
+      z_loss=1e-4, loss_normalizing_factor='NUM_REAL_TARGET_TOKENS',
+      **kwargs)
+
+
+def _batch(rng: np.random.Generator, decode_length: int = 6) -> dict:
+  enc = conftest.random_tokens(rng, (4, 10), pad_from=[10, 7, 4, 9])
+  targets = conftest.random_tokens(rng, (4, decode_length),
+                                   pad_from=[6, 3, 5, 2])
+  for row, end in enumerate([5, 2, 4, 1]):
+    targets[row, end] = 1  # EOS
+  return {'encoder_input_tokens': enc,
+          'decoder_input_tokens': conftest.decoder_inputs(targets),
+          'decoder_target_tokens': targets,
+          'decoder_loss_weights': (targets > 0).astype(np.int32),
+          'task_ids': np.array([0, 9, 3, 9], np.int32)}
+
+
+def _until_eos(tokens: np.ndarray) -> np.ndarray:
+  """`[rows, length]` weights: 1 up to and including each row's first EOS
+  (every position when there is none)."""
+  eos = tokens == 1
+  after = np.cumsum(eos, -1) - eos > 0  # strictly after the first EOS
+  return (~after).astype(np.float64)
+
+
+def _log_likelihood(module, params, enc, task_ids, targets, weights):
+  """Independent reference: the network's teacher-forced forward (no target
+  padding mask, so a decoded 0 counts like any token) and a numpy
+  log-softmax, summed over the weighted positions of each row."""
+  logits = np.asarray(module.apply(
+      {'params': params}, enc, conftest.decoder_inputs(targets),
+      np.ones_like(targets), enable_dropout=False, task_ids=task_ids),
+                      np.float64)
+  top = logits.max(-1, keepdims=True)
+  log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  token = np.take_along_axis(logits, targets[..., None], -1)[..., 0] - log_z
+  return (token * weights).sum(-1)
+
+
+@pytest.fixture(scope='module', params=['hyperprompt_global', 'hypergrid_lg'])
+def model_and_params(request):
+  model = _t5x_model(request.param)
+  shapes = {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6),
+            'task_ids': (4,)}
+  params = model.get_initial_variables(jax.random.PRNGKey(1), shapes)['params']
+  return model, flax.core.unfreeze(params)
+
+
+def test_loss_fn_equals_the_project_loss(model_and_params):
+  model, params = model_and_params
+  batch = _batch(np.random.default_rng(0))
+  loss, metrics = jax.jit(model.loss_fn)(params, batch, None)
+  logits = model.module.apply(
+      {'params': params}, batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+      enable_dropout=False, task_ids=batch['task_ids'])
+  want = losses.cross_entropy_with_z_loss(
+      logits, batch['decoder_target_tokens'], batch['decoder_loss_weights'],
+      z_loss=1e-4)
+  np.testing.assert_allclose(loss, want['loss'], rtol=1e-5)
+  np.testing.assert_allclose(metrics['accuracy'].compute(),
+                             100 * want['accuracy'], rtol=1e-5)
+  # The task ids are used: other ids, another loss.
+  other = dict(batch, task_ids=np.array([5, 1, 12, 2], np.int32))
+  assert abs(float(model.loss_fn(params, other, None)[0]) - float(loss)) > 1e-6
+
+
+def test_score_batch_is_the_log_likelihood(model_and_params):
+  model, params = model_and_params
+  batch = _batch(np.random.default_rng(1))
+  got = jax.jit(model.score_batch)(params, batch)
+  want = _log_likelihood(model.module, params, batch['encoder_input_tokens'],
+                         batch['task_ids'], batch['decoder_target_tokens'],
+                         batch['decoder_loss_weights'])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_missing_task_ids_name_the_feature_converter(model_and_params):
+  model, params = model_and_params
+  batch = _batch(np.random.default_rng(1))
+  del batch['task_ids']
+  with pytest.raises(ValueError, match='TaskIdsEncDecFeatureConverter'):
+    model.loss_fn(params, batch, None)
+
+
+def test_beam_search_of_width_1_equals_greedy_decoding(model_and_params):
+  """t5x's beam search with num_decodes=1 against the project's greedy
+  decoding on the same parameters. Beam search keeps an EOS hypothesis
+  whenever EOS is among the two best tokens, which greedy decoding never
+  revisits; so the end token is one that is never among the two best along
+  the greedy path, where both must then produce that path."""
+  model, params = model_and_params
+  batch = _batch(np.random.default_rng(2))
+  enc, ids = batch['encoder_input_tokens'], batch['task_ids']
+  length = batch['decoder_input_tokens'].shape[1]
+  path = np.asarray(decoding.greedy_decode(model.module, params, enc, ids,
+                                           length, eos_id=-1))
+  logits = np.asarray(model.module.apply(
+      {'params': params}, enc, conftest.decoder_inputs(path),
+      np.ones_like(path), enable_dropout=False, task_ids=ids))
+  top2 = set(np.argsort(logits, -1)[..., -2:].ravel().tolist())
+  eos = min(set(range(1, logits.shape[-1])) - top2)
+
+  greedy = np.asarray(decoding.greedy_decode(model.module, params, enc, ids,
+                                             length, eos_id=eos))
+  beam, _ = jax.jit(lambda p, b: model.predict_batch_with_aux(
+      p, b, num_decodes=1, decoder_params={'eos_id': eos}))(params, batch)
+  np.testing.assert_array_equal(greedy, path)
+  np.testing.assert_array_equal(np.asarray(beam), greedy)
+
+
+def test_every_beam_scores_its_log_likelihood(model_and_params):
+  """num_decodes=4: each returned beam's score is the teacher-forced
+  log-likelihood of that sequence for its example's task, so the cache
+  (HyperPrompt's prompts) and the per-step task ids (HyperGrid's decoder
+  gates) were expanded with the right rows."""
+  model, params = model_and_params
+  batch = _batch(np.random.default_rng(3))
+  # Rows 0 and 2: one input under two tasks.
+  batch['encoder_input_tokens'][2] = batch['encoder_input_tokens'][0]
+  decodes, aux = jax.jit(lambda p, b: model.predict_batch_with_aux(
+      p, b, num_decodes=4, return_all_decodes=True,
+      decoder_params={'alpha': 0.0}))(params, batch)
+  decodes, scores = np.asarray(decodes), np.asarray(aux['scores'])
+  assert decodes.shape == (4, 4, 6)
+  beams, scores = decodes.reshape(16, 6), scores.reshape(16)
+  # Slots beam search could not fill with a finished hypothesis carry a
+  # score of about -1e7 (t5x's NEG_INF); each example has a real one.
+  real = scores > -1e6
+  assert real.reshape(4, 4).any(axis=1).all(), scores
+  weights = _until_eos(beams)
+  assert not (beams * (1 - weights)).any()  # zeros after EOS
+  want = _log_likelihood(model.module, params,
+                         np.repeat(batch['encoder_input_tokens'], 4, 0),
+                         np.repeat(batch['task_ids'], 4), beams, weights)
+  np.testing.assert_allclose(scores[real], want[real], rtol=1e-4, atol=1e-4)
+  # The same input under another task decodes differently.
+  assert not np.allclose(scores[0:4], scores[8:12])
+
+
+def test_cache_holds_the_prompts_of_each_example_task():
+  """HyperPrompt's decoder prompts are generated when the cache is created,
+  for each row's own task: equal ids give equal prefix entries."""
+  model = _t5x_model('hyperprompt_global')
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
+  batch = _batch(np.random.default_rng(4))
+  encoded = model.module.apply(
+      {'params': params}, batch['encoder_input_tokens'], enable_dropout=False,
+      task_ids=batch['task_ids'], method=model.module.encode)
+  cache, index = model._compute_kv_cache(  # pylint: disable=protected-access
+      params, encoded, batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], task_ids=batch['task_ids'])
+  assert index is None
+  prefix = np.asarray(
+      cache['decoder']['layers_0']['self_attention']['cached_prefix_key'])
+  assert prefix.shape[:2] == (4, 2)  # [batch, decoder prompt length, ...]
+  np.testing.assert_array_equal(prefix[1], prefix[3])  # both task 9
+  assert not np.allclose(prefix[0], prefix[1])
+
+
+# ------------------------------------------- partitioning and optimizer --
+
+def test_partitioner_rules_cover_the_train_state_axes():
+  """t5x/model.gin gives t5x's partitioner the project's rules, and they
+  name every logical axis of the train state (parameters and the optax
+  Adafactor state), task-conditioning axes included; a name without a
+  rule would be replicated silently."""
+  saved = sys.modules['__main__']
+  sys.modules['__main__'] = importlib.import_module('t5x.train')
+  try:
+    gin_utils.parse_gin(['t5x/train.gin', 'models/t5_1_1_tiny.gin'], [],
+                        [T5X_ROOT])
+    rules = gin.get_configurable(t5x_partitioning.PjitPartitioner)(
+        )._logical_axis_rules  # pylint: disable=protected-access
+  finally:
+    sys.modules['__main__'] = saved
+    gin.clear_config()
+  assert tuple(rules) == tuple(partitioning.logical_axis_rules())
+  names = {name for name, _ in rules}
+
+  for kind in ('hyperprompt_global', 'hypergrid_lg'):
+    model = _t5x_model(kind)
+    shapes = {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)}
+    state = jax.eval_shape(
+        lambda: t5x_train_state.FlaxOptimTrainState.create(
+            model.optimizer_def,  # pylint: disable=cell-var-from-loop
+            model.get_initial_variables(jax.random.PRNGKey(0), shapes)))
+    axes = state.as_logical_axes()
+    used = set()
+    for spec in jax.tree.leaves(axes.state_dict(),
+                                is_leaf=lambda x: isinstance(
+                                    x, t5x_partitioning.PartitionSpec)):
+      if isinstance(spec, t5x_partitioning.PartitionSpec):
+        used.update(a for a in spec if a is not None)
+    assert used <= names, used - names
+    if kind == 'hyperprompt_global':
+      assert {'task_hidden', 'tasks', 'prompt_length'} <= used
+    partitioner = t5x_partitioning.PjitPartitioner(
+        num_partitions=1, logical_axis_rules=rules)
+    partitioner.get_mesh_axes(state)  # no unregistered optax state
+
+
+def test_adafactor_state_axes():
+  """Unfactored second moments follow their parameter's axes; factored ones
+  (and the placeholder `v` of a factored parameter) are replicated; a
+  parameter of another optimizer group is masked out of a group's state."""
+  spec = t5x_partitioning.PartitionSpec
+  params = flax.core.freeze({
+      'encoder': {'mlp': {'kernel': jnp.zeros((256, 128))},
+                  'norm': {'scale': jnp.zeros((64,))}},
+      'hyperprompt': {'prompts': jnp.zeros((8, 4, 64))}})
+  axes = flax.core.freeze({
+      'encoder': {'mlp': {'kernel': spec('embed', 'mlp')},
+                  'norm': {'scale': spec('embed')}},
+      'hyperprompt': {'prompts': spec('tasks', 'prompt_length', 'embed')}})
+  opt = t5x_optimizers.OptaxWrapper(optimizers.make_optimizer())
+  derived = opt.derive_logical_axes(opt.create(params), axes)
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(
+      derived.state_dict()['state']['param_states']), sep='/')
+  backbone = 'inner_states/backbone/inner_state/0'
+  conditioned = 'inner_states/task_conditioned/inner_state/0'
+  assert flat[f'{backbone}/v/encoder/mlp/kernel'] is None  # factored
+  assert flat[f'{backbone}/v_row/encoder/mlp/kernel'] is None
+  assert flat[f'{backbone}/v/encoder/norm/scale'] == spec('embed')
+  assert flat[f'{conditioned}/v/hyperprompt/prompts'] == spec(
+      'tasks', 'prompt_length', 'embed')
+  assert not any(k.startswith(backbone) and 'hyperprompt' in k for k in flat)
