@@ -15,9 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import adapters as adapters_lib
+from hyperprompt_jax import hyperformer as hyperformer_lib
 from hyperprompt_jax import hypergrid as hypergrid_lib
 from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
+from hyperprompt_jax import prompt_tuning as prompt_tuning_lib
 
 Array = jax.Array
 
@@ -48,6 +51,11 @@ class T5Config:
   # Task conditioning (None: the plain multi-task T5, "MTL").
   hyperprompt: Optional[hyperprompt_lib.HyperPromptConfig] = None
   hypergrid: Optional[hypergrid_lib.HyperGridConfig] = None
+  # The papers' baselines: Vanilla (Houlsby) adapters, HyperFormer++,
+  # multi-task Prompt-Tuning.
+  adapter: Optional[adapters_lib.AdapterConfig] = None
+  hyperformer: Optional[hyperformer_lib.HyperFormerConfig] = None
+  prompt_tuning: Optional[prompt_tuning_lib.PromptTuningConfig] = None
 
 
 def check_config(cfg: T5Config) -> None:
@@ -70,13 +78,27 @@ def check_config(cfg: T5Config) -> None:
   if cfg.hypergrid is not None:
     hypergrid_lib.check_hypergrid_config(cfg.hypergrid, cfg.emb_dim,
                                          cfg.mlp_dim)
+  if cfg.adapter is not None and cfg.hyperformer is not None:
+    raise ValueError(
+        'T5Config.adapter (Vanilla Adapter) and T5Config.hyperformer '
+        '(HyperFormer++) both adapt the same sublayers: include one of '
+        'variants/adapter.gin and variants/hyperformer_pp.gin, not both.')
+  if cfg.adapter is not None:
+    adapters_lib.check_adapter_config(cfg.adapter, cfg.emb_dim)
+  if cfg.hyperformer is not None:
+    hyperformer_lib.check_hyperformer_config(cfg.hyperformer, cfg.emb_dim)
+  if cfg.prompt_tuning is not None:
+    prompt_tuning_lib.check_prompt_tuning_config(cfg.prompt_tuning)
 
 
 def is_task_conditioned(cfg: T5Config) -> bool:
   """Whether any module of the network consumes `task_ids`."""
-  return any(hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack) > 0
-             or hypergrid_lib.is_active(cfg.hypergrid, stack)
-             for stack in ('encoder', 'decoder'))
+  return cfg.prompt_tuning is not None or any(
+      hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack) > 0
+      or hypergrid_lib.is_active(cfg.hypergrid, stack)
+      or adapters_lib.is_active(cfg.adapter, stack)
+      or adapters_lib.is_active(cfg.hyperformer, stack)
+      for stack in ('encoder', 'decoder'))
 
 
 def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
@@ -132,10 +154,11 @@ def _attention(cfg: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
   )
 
 
-def _ffn_sublayer(cfg: T5Config, x, deterministic, gates):
+def _ffn_sublayer(cfg: T5Config, x, deterministic, gates, adapters=None):
   """Pre-norm FFN with residual (call inside a layer's compact method):
   `pre_mlp_layer_norm` and `mlp` of the calling layer. `gates`: MlpBlock's
-  HyperGrid / Output Gating arguments."""
+  HyperGrid / Output Gating arguments; `adapters`: the layer's
+  `adapters.LayerAdapters` (applied to the FFN output before dropout)."""
   y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
   y = layers.MlpBlock(
       intermediate_dim=cfg.mlp_dim,
@@ -144,8 +167,14 @@ def _ffn_sublayer(cfg: T5Config, x, deterministic, gates):
       dtype=cfg.dtype,
       name='mlp',
   )(y, deterministic=deterministic, **gates)
+  y = _adapt(adapters, y, 'mlp')
   y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
   return y + x
+
+
+def _adapt(adapters, y, kind: str):
+  """The sublayer output `y` through the layer's `kind` adapter, if any."""
+  return y if adapters is None else adapters(y, kind)
 
 
 class EncoderLayer(nn.Module):
@@ -156,13 +185,14 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, encoder_mask=None, deterministic=False,
-               prompts=None, grid_conditioning=None):
+               prompts=None, grid_conditioning=None, adapters=None):
     """`[batch, length, embed]` -> `[batch, length, embed]`.
 
     `prompts`: optional `(keys, values, logit_bias)` of this layer, keys and
     values `[batch, l, heads, head_dim]` prepended in self-attention.
     `grid_conditioning`: HyperGrid's `(task_vectors [batch, embed] or None,
-    token_valid [batch, length])` of the stack.
+    token_valid [batch, length])` of the stack. `adapters`: the layer's
+    `adapters.LayerAdapters` (after the attention and the FFN sublayers).
     """
     cfg = self.config
     length = inputs.shape[-2]
@@ -179,8 +209,9 @@ class EncoderLayer(nn.Module):
       x, c = x if task_kwargs else (x, norm(inputs)[:, 0])
       gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
                                         cfg.mlp_dim)
+    x = _adapt(adapters, x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
-    return _ffn_sublayer(cfg, x + inputs, deterministic, gates)
+    return _ffn_sublayer(cfg, x + inputs, deterministic, gates, adapters)
 
 
 class DecoderLayer(nn.Module):
@@ -201,6 +232,7 @@ class DecoderLayer(nn.Module):
       max_decode_length=None,
       prompts=None,
       grid_conditioning=None,
+      adapters=None,
   ):
     """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
 
@@ -208,7 +240,9 @@ class DecoderLayer(nn.Module):
     EncoderLayer); while decoding only needed when the cache is created.
     `grid_conditioning`: HyperGrid's `(task_vectors or None, encoder token
     valid [batch, input_length])`; the gate is computed from `encoded` through
-    the cross-attention, never from target tokens.
+    the cross-attention, never from target tokens. `adapters`: the layer's
+    `adapters.LayerAdapters` (after the self-attention and the FFN sublayers,
+    none after the cross-attention).
     """
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else (
@@ -222,6 +256,7 @@ class DecoderLayer(nn.Module):
         x, x, decoder_mask, bias, deterministic=deterministic, decode=decode,
         **_prefix_kwargs(prompts),
     )
+    x = _adapt(adapters, x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
     cross_norm = layers.LayerNorm(
@@ -240,7 +275,7 @@ class DecoderLayer(nn.Module):
       gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
                                         cfg.mlp_dim)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    return _ffn_sublayer(cfg, y + x, deterministic, gates)
+    return _ffn_sublayer(cfg, y + x, deterministic, gates, adapters)
 
   def _cross_attention_prompts(self, prompts):
     """The layer's self-attention prompts, reused in cross-attention when
@@ -327,6 +362,30 @@ def _stack_prompts(module: nn.Module, stack: str, num_layers: int,
   return _StackPrompts(generated, task_ids)
 
 
+def _stack_adapters(module: nn.Module, stack: str, num_layers: int,
+                    task_ids):
+  """`layer -> adapters.LayerAdapters` for `stack`, or None without adapters.
+
+  Vanilla adapters are parameters; HyperFormer++ generates them here, once
+  per forward for all T tasks (`[layers, tasks, ...]`).
+  """
+  cfg = module.config
+  if adapters_lib.is_active(cfg.adapter, stack):
+    weights = adapters_lib.VanillaAdapters(
+        cfg.adapter, cfg.num_tasks, num_layers, cfg.emb_dim,
+        name='adapter')()
+    activation = cfg.adapter.activation
+  elif adapters_lib.is_active(cfg.hyperformer, stack):
+    weights = hyperformer_lib.HyperFormerGenerator(
+        cfg.hyperformer, cfg.num_tasks, num_layers, cfg.emb_dim,
+        name='hyperformer')()
+    activation = cfg.hyperformer.activation
+  else:
+    return lambda layer: None
+  return lambda layer: adapters_lib.LayerAdapters(weights, layer, task_ids,
+                                                  activation)
+
+
 def _relative_position_biases(cfg: T5Config) -> layers.RelativePositionBiases:
   return layers.RelativePositionBiases(
       num_buckets=32,
@@ -346,14 +405,24 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, encoder_input_tokens, encoder_mask=None,
                deterministic=False, task_ids=None):
-    """`[batch, length]` tokens -> `[batch, length, embed]`."""
+    """`[batch, length]` tokens -> `[batch, n + length, embed]` (n: the
+    Prompt-Tuning prompt length, else 0; `encoder_mask` covers n + length).
+    """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
     prompts = _stack_prompts(self, 'encoder', cfg.num_encoder_layers,
                              task_ids)
-    grid_conditioning = _grid_conditioning(self, 'encoder', task_ids,
-                                           encoder_input_tokens > 0)
+    adapters = _stack_adapters(self, 'encoder', cfg.num_encoder_layers,
+                               task_ids)
+    grid_conditioning = _grid_conditioning(
+        self, 'encoder', task_ids,
+        prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
+                                       encoder_input_tokens > 0))
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
+    if cfg.prompt_tuning is not None:
+      x = prompt_tuning_lib.TaskPrompts(
+          cfg.prompt_tuning, cfg.num_tasks, cfg.emb_dim,
+          name='prompt_tuning')(x, task_ids)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x.astype(cfg.dtype)
     for i in range(cfg.num_encoder_layers):
@@ -361,6 +430,7 @@ class Encoder(nn.Module):
           x, encoder_mask, deterministic,
           prompts=prompts and prompts.for_layer(i),
           grid_conditioning=grid_conditioning,
+          adapters=adapters(i),
       )
     x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
     return _dropout(cfg)(x, deterministic=deterministic)
@@ -388,8 +458,8 @@ class Decoder(nn.Module):
   ):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
-    `encoder_valid`: `[batch, input_length]` non-padding input tokens (for
-    HyperGrid's task query over `encoded`).
+    `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
+    (for HyperGrid's task query over `encoded`).
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
@@ -400,6 +470,8 @@ class Decoder(nn.Module):
                              task_ids, generate=not cache_ready)
     grid_conditioning = _grid_conditioning(self, 'decoder', task_ids,
                                            encoder_valid)
+    adapters = _stack_adapters(self, 'decoder', cfg.num_decoder_layers,
+                               task_ids)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -414,6 +486,7 @@ class Decoder(nn.Module):
           max_decode_length=max_decode_length,
           prompts=prompts and prompts.for_layer(i),
           grid_conditioning=grid_conditioning,
+          adapters=adapters(i),
       )
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -455,7 +528,8 @@ class Transformer(nn.Module):
       enable_dropout=True,
       task_ids=None,
   ):
-    """Encodes `[batch, length]` tokens to `[batch, length, embed]`.
+    """Encodes `[batch, length]` tokens to `[batch, length, embed]`
+    (`[batch, n + length, embed]` with Prompt-Tuning's n soft tokens first).
 
     Padding (token 0) is masked; with `encoder_segment_ids` (packed rows)
     tokens attend only within their segment.
@@ -468,7 +542,8 @@ class Transformer(nn.Module):
       )
     check_task_ids(task_ids, encoder_input_tokens.shape[0], cfg.num_tasks)
     _refuse_packing(cfg, encoder_segment_ids)
-    valid = encoder_input_tokens > 0
+    valid = prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
+                                           encoder_input_tokens > 0)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
       encoder_mask = layers.combine_masks(
@@ -511,7 +586,9 @@ class Transformer(nn.Module):
       )
     check_task_ids(task_ids, decoder_input_tokens.shape[0], cfg.num_tasks)
     _refuse_packing(cfg, decoder_segment_ids)
-    encoder_valid = encoder_input_tokens > 0
+    # `encoded` covers the Prompt-Tuning prompt too (always valid).
+    encoder_valid = prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
+                                                   encoder_input_tokens > 0)
     if decode:
       # Targets are not known while decoding: no decoder padding mask.
       decoder_mask = None

@@ -45,6 +45,8 @@ TASK_CONDITIONING_RULES: AxisRules = (
     ('task_hidden', None),
     ('grid_rows', None),
     ('grid_cols', None),
+    ('adapter_bottleneck', None),
+    ('adapter_kinds', None),
 )
 
 

@@ -96,36 +96,55 @@ def mlp(p, prefix, x, gated, gates=None):
   return h @ kernel('wo', 'wo', True)
 
 
+def _no_adapter(stack, layer, kind, h):
+  del stack, layer, kind
+  return h
+
+
 def encode(p, tokens, heads, num_layers, gated=True, prompts=None,
-           gate_fn=None):
+           gate_fn=None, adapter_fn=_no_adapter, soft_prompt=None):
   """One example `[length]` -> `[length, d]`. `prompts[i]`: layer i's (k, v).
 
   `gate_fn('encoder', i, normed_layer_input, valid)` -> layer i's FFN gates.
+  `adapter_fn('encoder', i, kind, h)` -> the sublayer output h adapted
+  (kind 'attention' or 'mlp'), before the residual. `soft_prompt [n, d]`:
+  embeddings prepended to the tokens' (always valid): the output is then
+  `[n + length, d]`.
   """
   tokens = np.asarray(tokens)
   x = p['token_embedder/embedding'][tokens].astype(np.float64)
   valid = tokens > 0
+  if soft_prompt is not None:
+    x = np.concatenate([soft_prompt, x], 0)
+    valid = np.concatenate([np.ones(len(soft_prompt), bool), valid])
   visible = valid[:, None] & valid[None, :]
-  bias = relpos_bias(p['encoder/relpos_bias/rel_embedding'], len(tokens),
-                     len(tokens), True)
+  bias = relpos_bias(p['encoder/relpos_bias/rel_embedding'], len(x),
+                     len(x), True)
   for i in range(num_layers):
     pre = f'encoder/layers_{i}'
     h = rms_norm(x, p[f'{pre}/pre_attention_layer_norm/scale'])
     gates = gate_fn('encoder', i, h, valid) if gate_fn else None
-    x = x + attention(p, f'{pre}/attention', h, h, visible, bias, heads,
-                      None if prompts is None else prompts[i])
+    x = x + adapter_fn('encoder', i, 'attention', attention(
+        p, f'{pre}/attention', h, h, visible, bias, heads,
+        None if prompts is None else prompts[i]))
     h = rms_norm(x, p[f'{pre}/pre_mlp_layer_norm/scale'])
-    x = x + mlp(p, f'{pre}/mlp', h, gated, gates)
+    x = x + adapter_fn('encoder', i, 'mlp', mlp(p, f'{pre}/mlp', h, gated,
+                                                gates))
   return rms_norm(x, p['encoder/encoder_norm/scale'])
 
 
 def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
            heads, num_layers, gated=True, tied=False, prompts=None,
-           cross_prompts=False, gate_fn=None):
+           cross_prompts=False, gate_fn=None, adapter_fn=_no_adapter,
+           soft_prompt_length=0):
   """One example -> logits `[target_length, vocab]` (teacher forcing).
 
   `cross_prompts`: also prepend layer i's prompts in cross-attention.
   `gate_fn('decoder', i, encoded, input_valid)` -> layer i's FFN gates.
+  `adapter_fn('decoder', i, kind, h)`: as `encode`'s (kinds 'attention' for
+  the self-attention, 'mlp'; none after the cross-attention).
+  `soft_prompt_length`: `encoded` starts with that many (valid) prompt
+  positions.
   """
   target_tokens = np.asarray(target_tokens)
   t = len(target_tokens)
@@ -134,21 +153,25 @@ def decode(p, encoded, input_tokens, decoder_input_tokens, target_tokens,
   tvalid = target_tokens > 0
   causal = np.tril(np.ones((t, t), bool))
   self_visible = causal & tvalid[:, None] & tvalid[None, :]
-  cross_visible = tvalid[:, None] & (np.asarray(input_tokens) > 0)[None, :]
+  input_valid = np.concatenate([np.ones(soft_prompt_length, bool),
+                                np.asarray(input_tokens) > 0])
+  cross_visible = tvalid[:, None] & input_valid[None, :]
   bias = relpos_bias(p['decoder/relpos_bias/rel_embedding'], t, t, False)
   for i in range(num_layers):
     pre = f'decoder/layers_{i}'
     h = rms_norm(y, p[f'{pre}/pre_self_attention_layer_norm/scale'])
-    y = y + attention(p, f'{pre}/self_attention', h, h, self_visible, bias,
-                      heads, None if prompts is None else prompts[i])
+    y = y + adapter_fn('decoder', i, 'attention', attention(
+        p, f'{pre}/self_attention', h, h, self_visible, bias, heads,
+        None if prompts is None else prompts[i]))
     h = rms_norm(y, p[f'{pre}/pre_cross_attention_layer_norm/scale'])
     y = y + attention(p, f'{pre}/encoder_decoder_attention', h, encoded,
                       cross_visible, None, heads,
                       prompts[i] if cross_prompts else None)
     h = rms_norm(y, p[f'{pre}/pre_mlp_layer_norm/scale'])
-    gates = (gate_fn('decoder', i, encoded, np.asarray(input_tokens) > 0)
+    gates = (gate_fn('decoder', i, encoded, input_valid)
              if gate_fn else None)
-    y = y + mlp(p, f'{pre}/mlp', h, gated, gates)
+    y = y + adapter_fn('decoder', i, 'mlp', mlp(p, f'{pre}/mlp', h, gated,
+                                                gates))
   y = rms_norm(y, p['decoder/decoder_norm/scale'])
   if tied:
     return y @ p['token_embedder/embedding'].T / math.sqrt(y.shape[-1])

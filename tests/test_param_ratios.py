@@ -59,3 +59,51 @@ def test_share_and_sep_counts():
   assert share['task_conditioned_parameters'] == prompts + 2 * m * 4 * d * b
   sep = _summary('t5_1_1_base', 'sep', 'both')
   assert sep['task_conditioned_parameters'] == prompts + 2 * t_ * m * 4 * d * b
+
+
+def _baseline_summary(variant, placement=None):
+  argv = ['--gin_file=models/t5_1_1_base.gin',
+          f'--gin_file=variants/{variant}.gin', '--json']
+  if placement:
+    argv.append(f"--gin.PLACEMENT='{placement}'")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert param_table.main(argv) == 0
+  return json.loads(out.getvalue())
+
+
+# The baselines' #Params at T5.1.1-base, T = 8 (Tables 3, 5, 9): GLUE runs
+# adapt both stacks, SuperGLUE runs the decoder.
+BASELINES = [
+    ('adapter', 'both', '1.06'),
+    ('adapter', 'decoder', '1.03'),
+    ('hyperformer_pp', 'both', '1.04'),
+    ('hyperformer_pp', 'decoder', '1.02'),
+    ('prompt_tuning', None, '1.0003'),
+]
+
+
+@pytest.mark.parametrize('variant, placement, printed', BASELINES)
+def test_baseline_ratio_rounds_to_the_papers_params(variant, placement,
+                                                    printed):
+  ratio = _baseline_summary(variant, placement)['ratio']
+  decimals = len(printed.split('.')[1])
+  assert f'{ratio:.{decimals}f}' == printed
+
+
+def test_baseline_counts():
+  """Hand counts at d = 768, 12 layers per stack, T = 8."""
+  d, m, t_ = 768, 12, 8
+  b = d // 32  # Vanilla: 2 adapters per block, down + bias, up + bias
+  vanilla = 2 * m * t_ * (d * b + b + b * d + d)
+  assert _baseline_summary('adapter')['task_conditioned_parameters'] == (
+      2 * vanilla)
+  b, te, e, t = d // 16, 512, 128, 64  # HyperFormer++, per stack:
+  generators = (t + 1) * (d * b + b * d + b + d + d + d)
+  projector = 3 * te * e + e + e * t + t + 2 * t
+  embeddings = (t_ + m + 2) * te
+  per_stack = generators + projector + embeddings
+  assert _baseline_summary('hyperformer_pp', 'decoder')[
+      'task_conditioned_parameters'] == per_stack
+  assert _baseline_summary('prompt_tuning')[
+      'task_conditioned_parameters'] == t_ * 12 * d

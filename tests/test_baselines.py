@@ -1,0 +1,266 @@
+"""The papers' baselines (Vanilla Adapter, HyperFormer++, multi-task
+Prompt-Tuning) against independent numpy re-derivations, cached decoding,
+the freeze switch and bad input."""
+
+import dataclasses
+import functools
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import numpy_baselines
+import numpy_t5
+from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
+from conftest import flat, random_tokens
+from hyperprompt_jax import adapters
+from hyperprompt_jax import hyperformer
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import prompt_tuning
+
+TASKS = 3
+D = T5X_TINY_CONFIG.emb_dim  # 32
+
+
+def _config(kind, placement='both', **kwargs):
+  if kind == 'adapter':
+    extra = dict(adapter=adapters.AdapterConfig(placement=placement,
+                                                reduction=8, **kwargs))
+  elif kind == 'hyperformer':
+    extra = dict(hyperformer=hyperformer.HyperFormerConfig(
+        placement=placement, reduction=8, task_embed_dim=5,
+        task_hidden_dim=7, projected_dim=6, **kwargs))
+  else:
+    extra = dict(prompt_tuning=prompt_tuning.PromptTuningConfig(
+        prompt_length=3, **kwargs))
+  return dataclasses.replace(T5X_TINY_CONFIG, num_tasks=TASKS, **extra)
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  enc = random_tokens(rng, (4, 7), pad_from=[7, 5, 3, 6])
+  tgt = random_tokens(rng, (4, 5), pad_from=[5, 4, 2, 5])
+  dec_in = np.where(tgt > 0, decoder_inputs(tgt), 0)
+  return enc, dec_in, tgt, np.array([2, 0, 1, 2], np.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _init(cfg):
+  """The model and its params, task-conditioned ones redrawn N(0, 0.3^2)
+  (their initialisation is near zero, which would hide mistakes)."""
+  model = network.Transformer(cfg)
+  enc, dec_in, tgt, task_ids = _batch()
+  params = jax.jit(lambda r: model.init(
+      r, enc, dec_in, tgt, enable_dropout=False, task_ids=task_ids))(
+          jax.random.PRNGKey(0))['params']
+  flat_params = traverse_util.flatten_dict(params, sep='/')
+  rng = np.random.default_rng(1)
+  for path, value in flat_params.items():
+    if any(s in path.split('/') for s in ('adapter', 'hyperformer')):
+      flat_params[path] = jnp.asarray(
+          rng.normal(0, 0.3, value.shape), value.dtype)
+  return model, traverse_util.unflatten_dict(flat_params, sep='/')
+
+
+def _logits(model, params, enc, dec_in, tgt, task_ids):
+  return np.asarray(jax.jit(lambda p, t: model.apply(
+      {'params': p}, enc, dec_in, tgt, enable_dropout=False, task_ids=t))(
+          params, task_ids))
+
+
+def _reference(cfg, p, enc, dec_in, tgt, task_ids):
+  stacks = {s for s in ('encoder', 'decoder')
+            if adapters.is_active(cfg.adapter or cfg.hyperformer, s)}
+  out = []
+  for e, d, t, task in zip(enc, dec_in, tgt, task_ids):
+    kwargs, soft_prompt = {}, None
+    if cfg.adapter:
+      kwargs['adapter_fn'] = numpy_baselines.vanilla_adapter_fn(p, task,
+                                                                stacks)
+    if cfg.hyperformer:
+      kwargs['adapter_fn'] = numpy_baselines.hyperformer_adapter_fn(
+          p, task, stacks, D, D // cfg.hyperformer.reduction)
+    if cfg.prompt_tuning:
+      soft_prompt = p['encoder/prompt_tuning/prompts'][task]
+    encoded = numpy_t5.encode(p, e, cfg.num_heads, cfg.num_encoder_layers,
+                              soft_prompt=soft_prompt, **kwargs)
+    out.append(numpy_t5.decode(
+        p, encoded, e, d, t, cfg.num_heads, cfg.num_decoder_layers,
+        soft_prompt_length=0 if soft_prompt is None else len(soft_prompt),
+        **kwargs))
+  return np.stack(out)
+
+
+CASES = [('adapter', 'both'), ('adapter', 'encoder'), ('adapter', 'decoder'),
+         ('hyperformer', 'both'), ('hyperformer', 'decoder'),
+         ('prompt_tuning', None)]
+
+
+@pytest.mark.parametrize('kind, placement', CASES)
+def test_baseline_matches_numpy_rederivation(kind, placement):
+  cfg = _config(kind, placement) if placement else _config(kind)
+  model, params = _init(cfg)
+  enc, dec_in, tgt, task_ids = _batch()
+  p = flat(params)
+  scope = {'adapter': 'adapter', 'hyperformer': 'hyperformer',
+           'prompt_tuning': 'prompt_tuning'}[kind]
+  has = {s: any(k.startswith(f'{s}/') and f'/{scope}/' in k for k in p)
+         for s in ('encoder', 'decoder')}
+  assert has == {'encoder': placement != 'decoder',
+                 'decoder': placement in ('both', 'decoder')}
+  assert network.is_task_conditioned(cfg)
+  got = _logits(model, params, enc, dec_in, tgt, task_ids)
+  want = _reference(cfg, p, enc, dec_in, tgt, task_ids)
+  valid = tgt > 0
+  np.testing.assert_allclose(got[valid], want[valid], rtol=3e-4, atol=3e-4)
+  # The task selects the adapters / prompts: other ids, other outputs.
+  other = _logits(model, params, enc, dec_in, tgt, (task_ids + 1) % TASKS)
+  assert not np.allclose(other[valid], want[valid], atol=1e-3)
+
+
+def _shapes(cfg):
+  enc, dec_in, tgt, task_ids = _batch()
+  params = jax.eval_shape(lambda: network.Transformer(cfg).init(
+      jax.random.PRNGKey(0), enc, dec_in, tgt, enable_dropout=False,
+      task_ids=task_ids))['params']
+  return {k: v.shape
+          for k, v in traverse_util.flatten_dict(params, sep='/').items()}
+
+
+def test_parameter_shapes():
+  m, b, t_ = 2, D // 8, TASKS
+  vanilla = {k: v for k, v in _shapes(_config('adapter')).items()
+             if k.startswith('decoder/adapter/')}
+  pre = 'decoder/adapter/'
+  assert vanilla == {
+      pre + f'{kind}_{name}': (m, t_) + shape
+      for kind in ('attention', 'mlp')
+      for name, shape in (('down', (D, b)), ('down_bias', (b,)),
+                          ('up', (b, D)), ('up_bias', (D,)))}
+  generated = {k: v for k, v in _shapes(_config('hyperformer')).items()
+               if k.startswith('encoder/hyperformer/')}
+  te, e, t = 5, 7, 6
+  pre = 'encoder/hyperformer/'
+  want = {'task_embeddings': (t_, te), 'layer_embeddings': (m, te),
+          'kind_embeddings': (2, te),
+          'task_projector_hidden': (3 * te, e),
+          'task_projector_hidden_bias': (e,),
+          'task_projector_output': (e, t), 'task_projector_output_bias': (t,),
+          'task_projector_norm_scale': (t,), 'task_projector_norm_bias': (t,)}
+  for name, size in (('down', D * b), ('up', b * D), ('down_bias', b),
+                     ('up_bias', D), ('norm_scale', D), ('norm_bias', D)):
+    want[f'{name}_generator'] = (t, size)
+    want[f'{name}_generator_bias'] = (size,)
+  assert generated == {pre + k: v for k, v in want.items()}
+  prompts = _shapes(_config('prompt_tuning'))
+  assert prompts['encoder/prompt_tuning/prompts'] == (t_, 3, D)
+
+
+def test_adapters_start_near_the_identity():
+  """Houlsby's initialisation: at step 0 the adapted network is close to
+  the plain one (small weights, zero biases)."""
+  cfg = _config('adapter')
+  model = network.Transformer(cfg)
+  mtl = network.Transformer(dataclasses.replace(cfg, adapter=None))
+  enc, dec_in, tgt, task_ids = _batch()
+  params = model.init(jax.random.PRNGKey(0), enc, dec_in, tgt,
+                      enable_dropout=False, task_ids=task_ids)['params']
+  backbone = {k: v for k, v in params.items()}
+  for stack in ('encoder', 'decoder'):
+    backbone[stack] = {k: v for k, v in params[stack].items()
+                       if k != 'adapter'}
+  got = _logits(model, params, enc, dec_in, tgt, task_ids)
+  plain = _logits(mtl, backbone, enc, dec_in, tgt, task_ids)
+  valid = tgt > 0
+  assert np.max(np.abs(got - plain)[valid]) < 0.05 * np.max(np.abs(plain))
+
+
+@pytest.mark.parametrize('kind, placement', [('adapter', 'decoder'),
+                                             ('hyperformer', 'both'),
+                                             ('prompt_tuning', None)])
+def test_cached_decoding_equals_teacher_forcing(kind, placement):
+  cfg = _config(kind, placement) if placement else _config(kind)
+  model, params = _init(cfg)
+  enc, _, _, task_ids = _batch()
+  tgt = random_tokens(np.random.default_rng(5), (4, 6))
+  dec_in = decoder_inputs(tgt)
+  full = model.apply({'params': params}, enc, dec_in, tgt,
+                     enable_dropout=False, task_ids=task_ids)
+  got, _ = decode_with_cache(model, params, enc, dec_in, task_ids)
+  np.testing.assert_allclose(got, full, rtol=2e-5, atol=2e-5)
+
+
+def test_prompt_tuning_prompts_are_always_visible():
+  """Padding the input does not hide the prompt: the encoding of the prompt
+  positions and of the real tokens is the same whatever the padding."""
+  cfg = _config('prompt_tuning')
+  model, params = _init(cfg)
+  tokens = random_tokens(np.random.default_rng(3), (1, 5))
+  task_ids = np.array([1], np.int32)
+  encode = lambda t: np.asarray(model.apply(
+      {'params': params}, t, enable_dropout=False, task_ids=task_ids,
+      method=model.encode))
+  short = encode(tokens)
+  padded = encode(np.pad(tokens, ((0, 0), (0, 4))))
+  assert short.shape == (1, 3 + 5, D) and padded.shape == (1, 3 + 9, D)
+  np.testing.assert_allclose(padded[:, :8], short, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['adapter', 'hyperformer', 'prompt_tuning'])
+def test_freeze_switch_trains_only_the_baseline(kind):
+  model, params = _init(_config(kind))
+  enc, dec_in, tgt, task_ids = _batch()
+
+  def loss(p):
+    return jnp.mean(model.apply({'params': p}, enc, dec_in, tgt,
+                                enable_dropout=False, task_ids=task_ids) ** 2)
+
+  optimizer = optimizers.make_optimizer(train_only_task_conditioned=True)
+
+  @jax.jit
+  def step(params):
+    updates, _ = optimizer.update(jax.grad(loss)(params),
+                                  optimizer.init(params), params)
+    return optax.apply_updates(params, updates)
+
+  new = traverse_util.flatten_dict(step(params), sep='/')
+  old = traverse_util.flatten_dict(params, sep='/')
+  changed = {k for k in old if not np.array_equal(old[k], new[k])}
+  scope = kind
+  assert changed == {k for k in old if scope in k.split('/')}
+  assert changed
+
+
+@pytest.mark.parametrize('kind', ['adapter', 'hyperformer', 'prompt_tuning'])
+def test_missing_task_ids_raise(kind):
+  model, params = _init(_config(kind))
+  enc, dec_in, tgt, _ = _batch()
+  with pytest.raises(ValueError, match='task_ids'):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False)
+
+
+@pytest.mark.parametrize('change, message', [
+    (dict(adapter=adapters.AdapterConfig(reduction=5)),
+     'ADAPTER_REDUCTION=5 must be a positive divisor of d_model=32'),
+    (dict(adapter=adapters.AdapterConfig(placement='middle')),
+     'PLACEMENT'),
+    (dict(hyperformer=hyperformer.HyperFormerConfig(reduction=0)),
+     'HYPERFORMER_REDUCTION=0'),
+    (dict(hyperformer=hyperformer.HyperFormerConfig(projected_dim=0)),
+     'projected_dim must be positive'),
+    (dict(adapter=adapters.AdapterConfig(),
+          hyperformer=hyperformer.HyperFormerConfig()),
+     'include one of'),
+    (dict(prompt_tuning=prompt_tuning.PromptTuningConfig(prompt_length=0)),
+     'PROMPT_TUNING_LENGTH'),
+    (dict(adapter=adapters.AdapterConfig(activation='nope')),
+     'Unknown MLP activation'),
+])
+def test_bad_configuration_raises(change, message):
+  cfg = dataclasses.replace(T5X_TINY_CONFIG, **change)
+  with pytest.raises(ValueError, match=message):
+    network.check_config(cfg)
