@@ -2,20 +2,28 @@ r"""Training-step time and peak memory of each variant relative to MTL T5.
 
     python -m hyperprompt_jax.benchmark [--gin_file=models/t5_1_1_small.gin]
         [--batch_sizes=4,8,16] [--input_length=512] [--target_length=32]
-        [--variants=share,sep,global,hypergrid_lg,...] [--placement=both]
+        [--variants=adapter,share,global,hypergrid_lg,...] [--placement=both]
         [--rounds=3] [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
+    python -m hyperprompt_jax.benchmark --table --batch_sizes=4 \
+        [--table_model=models/t5_1_1_base.gin] [--flops_batch_size=128]
 
 For every batch size, one jit-compiled training step (forward, backward,
 `make_optimizer`'s Adafactor update) is built for the MTL network and for each
-variant, at the papers' defaults: HyperPrompt with l_enc 16, l_dec 6, r 32,
-t' 64, e 128, t 64, T = 8; HyperGrid with a 32 x 128 grid on `wo`, task
-attention conditioning, T = 16. The steps are timed side by side in this one
-process, in interleaved rounds (MTL, share, ..., MTL, ...) so drift hits every
-model alike; the median per-step time gives the ratio variant / MTL. Peak
-memory is XLA's own estimate for the compiled step
-(`compiled.memory_analysis()`: temporaries + arguments + outputs - aliased).
-Hyper-prompts are computed once per step for all tasks, so their ratio
-should not grow with the batch size.
+variant, at the papers' defaults: the baselines as gin/variants (Vanilla
+Adapter r 32, HyperFormer++ r 16, t' 512, e 128, t 64, Prompt-Tuning 12
+tokens), T = 8; HyperPrompt with l_enc 16, l_dec 6, r 32, t' 64, e 128, t 64,
+T = 8; HyperGrid with a 32 x 128 grid on `wo`, task attention conditioning,
+T = 16. The steps are timed side by side in this one process, in interleaved
+rounds (MTL, share, ..., MTL, ...) so drift hits every model alike; the
+median per-step time gives the ratio variant / MTL. Peak memory is XLA's own
+estimate for the compiled step (`compiled.memory_analysis()`: temporaries +
+arguments + outputs - aliased). Hyper-prompts are computed once per step for
+all tasks, so their ratio should not grow with the batch size.
+
+`--table` prints one row per model: the parameter ratio and the forward FLOPs
+per example (XLA's cost analysis, `param_table.forward_flops`) of the
+`--table_model` network, beside the step-time ratio of the `--gin_file`
+network (T5.1.1-small by default) at the first batch size.
 """
 
 import argparse
@@ -31,17 +39,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hyperprompt_jax import adapters
 from hyperprompt_jax import gin_utils
+from hyperprompt_jax import hyperformer
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
+from hyperprompt_jax import param_table
+from hyperprompt_jax import prompt_tuning
 
 HYPERPROMPT_TASKS = 8    # one GLUE or SuperGLUE run
 HYPERGRID_TASKS = 16     # GLUE + SuperGLUE co-trained
 HYPERPROMPT_VARIANTS = ('share', 'sep', 'global')
 HYPERGRID_VARIANTS = ('hypergrid_l', 'hypergrid_l2', 'hypergrid_lg',
                       'hypergrid_gl', 'output_gating')
+BASELINE_VARIANTS = ('adapter', 'hyperformer_pp', 'prompt_tuning')
+VARIANTS = BASELINE_VARIANTS + HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS
 Z_LOSS = 1e-4
 
 
@@ -85,10 +99,22 @@ def random_batch(rng: np.random.Generator, batch: int, input_length: int,
 
 def variant_config(base: network.T5Config, variant: str,
                    placement: str) -> network.T5Config:
-  """The network of `variant` ('mtl', a HyperPrompt or HyperGrid name)."""
-  base = dataclasses.replace(base, hyperprompt=None, hypergrid=None)
+  """The network of `variant` ('mtl' or one of `VARIANTS`), at the papers'
+  defaults (the gin/variants files' values)."""
+  base = dataclasses.replace(base, hyperprompt=None, hypergrid=None,
+                             adapter=None, hyperformer=None,
+                             prompt_tuning=None, num_tasks=HYPERPROMPT_TASKS)
   if variant == 'mtl':
-    return dataclasses.replace(base, num_tasks=HYPERPROMPT_TASKS)
+    return base
+  if variant == 'adapter':
+    return dataclasses.replace(
+        base, adapter=adapters.AdapterConfig(placement=placement))
+  if variant == 'hyperformer_pp':
+    return dataclasses.replace(
+        base, hyperformer=hyperformer.HyperFormerConfig(placement=placement))
+  if variant == 'prompt_tuning':
+    return dataclasses.replace(base,
+                               prompt_tuning=prompt_tuning.PromptTuningConfig())
   if variant in HYPERPROMPT_VARIANTS:
     return dataclasses.replace(
         base, num_tasks=HYPERPROMPT_TASKS,
@@ -99,8 +125,7 @@ def variant_config(base: network.T5Config, variant: str,
         base, num_tasks=HYPERGRID_TASKS,
         hypergrid=hypergrid.HyperGridConfig(
             variant=variant.removeprefix('hypergrid_'), placement=placement))
-  raise ValueError(f'Unknown variant {variant!r}: choose from '
-                   f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
+  raise ValueError(f'Unknown variant {variant!r}: choose from {VARIANTS}.')
 
 
 def peak_bytes(compiled) -> int:
@@ -191,6 +216,47 @@ def gated_matmul_routes(batch: int, lengths: Sequence[int], d_model: int,
   return rows
 
 
+def variant_table(small: network.T5Config, base: network.T5Config,
+                  variants: Sequence[str], placement: str, input_length: int,
+                  target_length: int, batch_size: int, flops_batch_size: int,
+                  rounds: int, steps: int) -> list[dict]:
+  """One row per model ('mtl' first, then `variants`): the parameter ratio
+  and the forward FLOPs per example of the `base` network (abstract shapes:
+  nothing is allocated), and the training-step time ratio over MTL of the
+  `small` network at `batch_size`, timed side by side by `benchmark`."""
+  timed = {r['model']: r for r in benchmark(
+      small, [batch_size], variants, placement, input_length, target_length,
+      rounds, steps)}
+  rows = []
+  for name in ['mtl', *variants]:
+    model = network.Transformer(variant_config(base, name, placement))
+    summary = param_table.summarize(param_table.abstract_params(model))
+    rows.append({
+        'model': name,
+        'num_tasks': model.config.num_tasks,
+        'parameter_ratio': summary['ratio'],
+        'forward_flops_per_example': param_table.forward_flops(
+            model, input_length, target_length, flops_batch_size),
+        'step_time_ratio': timed[name]['ratio_to_mtl'],
+        'seconds_per_step': timed[name]['seconds_per_step'],
+    })
+  mtl_flops = rows[0]['forward_flops_per_example']
+  for row in rows:
+    row['flops_ratio'] = row['forward_flops_per_example'] / mtl_flops
+  return rows
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = [f'{"model":<15}{"T":>3}{"#params":>10}{"fwd FLOPs/ex":>14}'
+           f'{"FLOPs / MTL":>13}{"step / MTL":>12}']
+  for r in rows:
+    lines.append(f'{r["model"]:<15}{r["num_tasks"]:>3}'
+                 f'{r["parameter_ratio"]:>9.4f}x'
+                 f'{r["forward_flops_per_example"]:>14.3e}'
+                 f'{r["flops_ratio"]:>12.4f}x{r["step_time_ratio"]:>11.3f}x')
+  return '\n'.join(lines)
+
+
 def format_rows(rows: list[dict]) -> str:
   lines = [f'{"batch":>5}  {"model":<15}{"ms/step":>10}{"time / MTL":>12}'
            f'{"peak MiB":>11}{"peak / MTL":>12}']
@@ -213,9 +279,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument('--batch_sizes', default='4,8,16')
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--target_length', type=int, default=32)
-  parser.add_argument(
-      '--variants',
-      default=','.join(HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS))
+  parser.add_argument('--variants', default=','.join(VARIANTS))
   parser.add_argument('--placement', default='both',
                       choices=hyperprompt.PLACEMENTS)
   parser.add_argument('--rounds', type=int, default=3)
@@ -224,12 +288,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       '--gated_matmul', action='store_true',
       help="only time HyperGrid's blockwise and fold routes of a gated wo at "
            'lengths 1, 8, 32, 128 and --input_length, at the first batch size')
+  parser.add_argument(
+      '--table', action='store_true',
+      help='the variant table: parameter ratio and forward FLOPs per example '
+           'of the --table_model network (at --input_length / '
+           '--target_length, batch --flops_batch_size), and the step-time '
+           'ratio over MTL of the --gin_file network at the first batch size')
+  parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
+                      help='model gin file of the --table parameter and FLOPs '
+                           'columns')
+  parser.add_argument('--flops_batch_size', type=int, default=128,
+                      help="batch of the FLOPs count (the papers' 128): "
+                           'per-task parts are computed once per batch')
   args = parser.parse_args(argv)
   variants = [v for v in args.variants.split(',') if v]
-  bad = set(variants) - set(HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS)
+  bad = set(variants) - set(VARIANTS)
   if bad:
     raise ValueError(f'Unknown variants {sorted(bad)}: choose from '
-                     f'{HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS}.')
+                     f'{VARIANTS}.')
+  if args.flops_batch_size <= 0:
+    raise ValueError('--flops_batch_size must be positive.')
+  table_base = None
+  if args.table:
+    gin.clear_config()
+    gin_utils.parse_gin([args.table_model], [])
+    table_base = gin.get_configurable(network.Transformer)().config
   gin_utils.parse_gin_flags(args, ['models/t5_1_1_small.gin'])
   base = gin.get_configurable(network.Transformer)().config
   batch_sizes = [int(b) for b in args.batch_sizes.split(',')]
@@ -243,6 +326,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
             f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
             f'{r["faster"]}')
+    return 0
+  if args.table:
+    rows = variant_table(base, table_base, variants, args.placement,
+                         args.input_length, args.target_length,
+                         batch_sizes[0], args.flops_batch_size, args.rounds,
+                         args.steps)
+    print(f'devices: {jax.devices()}')
+    timed_model = ', '.join(args.gin_file or ['models/t5_1_1_small.gin'])
+    print(f'#params, FLOPs: {args.table_model}, input {args.input_length}, '
+          f'target {args.target_length}, FLOPs batch '
+          f'{args.flops_batch_size}; step time: {timed_model}, batch '
+          f'{batch_sizes[0]}')
+    print(format_table(rows))
     return 0
   rows = benchmark(base, batch_sizes, variants, args.placement, args.input_length,
                    args.target_length, args.rounds, args.steps)

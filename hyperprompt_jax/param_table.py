@@ -2,12 +2,21 @@ r"""Parameter table of a gin-configured network, without allocating it.
 
     python -m hyperprompt_jax.param_table \
         --gin_file=models/t5_1_1_base.gin [--gin_file=variants/...gin] \
-        [--gin.NUM_TASKS=8] [--json]
+        [--gin.NUM_TASKS=8] [--json] \
+        [--flops [--input_length=512] [--target_length=32] [--batch_size=1]]
 
 Shapes come from `jax.eval_shape` of the network's `init`, so XXL costs
 nothing. Task-conditioned parameters are those under a scope listed in
 `hyperprompt_jax.param_groups.TASK_CONDITIONED_SCOPES`; the ratio is
 total / backbone, as the papers' "#Params" column.
+
+`--flops` adds the forward FLOPs of one example (teacher-forced, at the given
+feature lengths) from XLA's cost analysis of the lowered forward pass, again
+on abstract shapes. The task-conditioned modules compute their per-task
+parts (hyper-prompts, generated adapters) once per forward for all T tasks,
+so the count is taken over `--batch_size` examples and divided: at batch 1
+that one-off cost lands on one example, at the papers' batch of 128 it is
+spread as in training.
 """
 
 import argparse
@@ -41,6 +50,32 @@ def abstract_params(model: network.Transformer) -> dict[str, Any]:
       )
   )
   return traverse_util.flatten_dict(variables['params'], sep='/')
+
+
+def forward_flops(model: network.Transformer, input_length: int,
+                  target_length: int, batch_size: int = 1) -> float:
+  """Forward FLOPs per example: XLA's cost analysis of the teacher-forced
+  forward over `[batch_size, input_length]` inputs and `[batch_size,
+  target_length]` targets, divided by `batch_size`.
+
+  The count comes from the lowered (not compiled) computation: the HLO cost
+  analysis of the program as written, a multiply-add counted as 2 FLOPs; no
+  parameter or activation is allocated.
+  """
+  params = traverse_util.unflatten_dict(abstract_params(model), sep='/')
+  inputs = jax.ShapeDtypeStruct((batch_size, input_length), jnp.int32)
+  targets = jax.ShapeDtypeStruct((batch_size, target_length), jnp.int32)
+  task_ids = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
+
+  def forward(params, inputs, targets, task_ids):
+    return model.apply({'params': params}, inputs, targets, targets,
+                       enable_dropout=False, task_ids=task_ids)
+
+  analysis = jax.jit(forward).lower(params, inputs, targets,
+                                    task_ids).cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per device
+    analysis = analysis[0]
+  return float(analysis['flops']) / batch_size
 
 
 def summarize(params: dict[str, Any]) -> dict[str, Any]:
@@ -84,6 +119,12 @@ def format_table(summary: dict[str, Any]) -> str:
       f'{summary["task_conditioned_parameters"]:>16,}',
       f'{"ratio total/backbone":<{width}}{summary["ratio"]:>16.4f}x',
   ]
+  if 'forward_flops_per_example' in summary:
+    lines.append(
+        f'forward FLOPs / example (input {summary["flops_input_length"]}, '
+        f'target {summary["flops_target_length"]}, batch '
+        f'{summary["flops_batch_size"]}): '
+        f'{summary["forward_flops_per_example"]:.4e}')
   return '\n'.join(lines)
 
 
@@ -103,11 +144,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   gin_utils.add_gin_flags(parser)
   parser.add_argument('--json', action='store_true',
                       help='print one JSON object instead of the table')
+  parser.add_argument('--flops', action='store_true',
+                      help='add the forward FLOPs of one example')
+  for flag, default in (('input_length', 512), ('target_length', 32),
+                        ('batch_size', 1)):
+    parser.add_argument(f'--{flag}', type=_positive(flag), default=default,
+                        help=f'with --flops (default {default})')
   args = parser.parse_args(argv)
   gin_utils.parse_gin_flags(args)
-  summary = summarize(abstract_params(build_network()))
+  model = build_network()
+  summary = summarize(abstract_params(model))
+  if args.flops:
+    summary.update(
+        forward_flops_per_example=forward_flops(
+            model, args.input_length, args.target_length, args.batch_size),
+        flops_input_length=args.input_length,
+        flops_target_length=args.target_length,
+        flops_batch_size=args.batch_size)
   print(json.dumps(summary) if args.json else format_table(summary))
   return 0
+
+
+def _positive(flag: str):
+  def parse(value: str) -> int:
+    if not value.lstrip('-').isdigit() or int(value) <= 0:
+      raise argparse.ArgumentTypeError(
+          f'--{flag} must be a positive integer, got {value!r}')
+    return int(value)
+  return parse
 
 
 if __name__ == '__main__':

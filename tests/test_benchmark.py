@@ -44,3 +44,30 @@ def test_report_rows():
   # More parameters (and optimizer state) than MTL: more peak memory.
   assert rows[1]['peak_ratio_to_mtl'] > 1.0
   assert 'time / MTL' in benchmark.format_rows(rows)
+
+
+def test_variant_table_rows():
+  """The table's MTL row is the unit; Prompt-Tuning's longer encoder input
+  costs FLOPs, the adapters cost parameters."""
+  small = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
+                              num_decoder_layers=1)
+  rows = benchmark.variant_table(small, T5X_TINY_CONFIG,
+                                 ['adapter', 'prompt_tuning'], 'both',
+                                 input_length=8, target_length=4,
+                                 batch_size=2, flops_batch_size=2, rounds=1,
+                                 steps=1)
+  by_model = {r['model']: r for r in rows}
+  assert [r['model'] for r in rows] == ['mtl', 'adapter', 'prompt_tuning']
+  assert by_model['mtl']['parameter_ratio'] == 1.0
+  assert by_model['mtl']['flops_ratio'] == 1.0
+  assert by_model['mtl']['step_time_ratio'] == 1.0
+  assert by_model['adapter']['parameter_ratio'] > 1.0
+  # 12 prompt positions before 8 tokens: a much longer encoder pass.
+  assert by_model['prompt_tuning']['flops_ratio'] > 1.5
+  assert 'FLOPs / MTL' in benchmark.format_table(rows)
+
+
+def test_every_variant_is_task_conditioned_and_mtl_is_not():
+  for name in ('mtl',) + benchmark.VARIANTS:
+    cfg = benchmark.variant_config(T5X_TINY_CONFIG, name, 'both')
+    assert benchmark.network.is_task_conditioned(cfg) == (name != 'mtl')
