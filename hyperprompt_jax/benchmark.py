@@ -164,8 +164,10 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
       loss.block_until_ready()
       runners[name] = (step, state, peak_bytes(step))
     times = {name: [] for name in names}
-    for _ in range(rounds):
-      for name in names:
+    for r in range(rounds):
+      # Each round starts at another model, so no model always runs first
+      # (right after a switch of programs, or after the previous round).
+      for name in names[r % len(names):] + names[:r % len(names)]:
         step, state, _ = runners[name]
         start = time.perf_counter()
         for i in range(steps):

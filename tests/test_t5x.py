@@ -36,6 +36,7 @@ from t5x import train_state as t5x_train_state
 
 from hyperprompt_jax import decoding
 from hyperprompt_jax import gin_utils
+from hyperprompt_jax import hyperformer
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import losses
@@ -44,6 +45,7 @@ from hyperprompt_jax import optimizers
 from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
+from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import t5x_model
 
 import conftest
@@ -213,9 +215,14 @@ def _tiny_config(kind: str) -> network.T5Config:
         variant='global', encoder_prompt_length=3, decoder_prompt_length=2,
         hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
         layer_task_embed_dim=8)
-  else:
+  elif kind == 'hypergrid_lg':
     cfg['hypergrid'] = hypergrid.HyperGridConfig(variant='lg', grid_rows=4,
                                                  grid_cols=8)
+  elif kind == 'hyperformer_pp':  # adapters in both stacks
+    cfg['hyperformer'] = hyperformer.HyperFormerConfig(
+        reduction=8, task_embed_dim=8, task_hidden_dim=16, projected_dim=8)
+  else:  # prompt_tuning: `encoded` is longer than the inputs
+    cfg['prompt_tuning'] = prompt_tuning.PromptTuningConfig(prompt_length=3)
   return network.T5Config(**cfg)
 
 
@@ -264,7 +271,8 @@ def _log_likelihood(module, params, enc, task_ids, targets, weights):
   return (token * weights).sum(-1)
 
 
-@pytest.fixture(scope='module', params=['hyperprompt_global', 'hypergrid_lg'])
+@pytest.fixture(scope='module', params=['hyperprompt_global', 'hypergrid_lg',
+                                        'hyperformer_pp', 'prompt_tuning'])
 def model_and_params(request):
   model = _t5x_model(request.param)
   shapes = {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6),
