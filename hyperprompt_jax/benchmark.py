@@ -14,7 +14,8 @@ Adapter r 32, HyperFormer++ r 16, t' 512, e 128, t 64, Prompt-Tuning 12
 tokens), T = 8; HyperPrompt with l_enc 16, l_dec 6, r 32, t' 64, e 128, t 64,
 T = 8; HyperGrid with a 32 x 128 grid on `wo`, task attention conditioning,
 T = 16. The steps are timed side by side in this one process, in interleaved
-rounds (MTL, share, ..., MTL, ...) so drift hits every model alike; the
+rounds (MTL, share, ..., then share, ..., MTL: each round starts one model
+later) so drift and position hit every model alike; the
 median per-step time gives the ratio variant / MTL. Peak memory is XLA's own
 estimate for the compiled step (`compiled.memory_analysis()`: temporaries +
 arguments + outputs - aliased). Hyper-prompts are computed once per step for
