@@ -364,7 +364,8 @@ def _stack_prompts(module: nn.Module, stack: str, num_layers: int,
 
 def _stack_adapters(module: nn.Module, stack: str, num_layers: int,
                     task_ids):
-  """`layer -> adapters.LayerAdapters` for `stack`, or None without adapters.
+  """A function `layer -> adapters.LayerAdapters` for `stack` (returning None
+  when the stack has no adapters).
 
   Vanilla adapters are parameters; HyperFormer++ generates them here, once
   per forward for all T tasks (`[layers, tasks, ...]`).
