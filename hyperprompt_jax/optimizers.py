@@ -11,10 +11,12 @@ The built-in runner calls it directly; t5x runs wrap it in
 `t5x.optimizers.OptaxWrapper`, so both optimise identically.
 """
 
-from typing import Any, Mapping, Optional
+import types
+from typing import Any, Callable, Mapping, Optional
 
 import flax
 from flax import traverse_util
+import jax
 import optax
 
 from hyperprompt_jax import param_groups
@@ -23,6 +25,14 @@ BACKBONE = 'backbone'
 TASK_CONDITIONED = 'task_conditioned'
 FROZEN = 'frozen'
 
+
+# Adafactor's parameter-scaled (relative) steps, per group (module
+# docstring): T5's for every parameter except the Vanilla Adapter's, whose
+# near-identity start is far below its working scale.
+PARAMETER_SCALE = types.MappingProxyType({BACKBONE: True,
+                                          TASK_CONDITIONED: True,
+                                          'adapter': False})
+T5_MIN_SCALE = 1e-3  # Adafactor's eps2: the floor of the parameter scale
 
 # The shared token embedding (t5x's name); HyperGrid froze it.
 EMBEDDING_SCOPE = 'token_embedder'
@@ -49,6 +59,54 @@ def parameter_labels(params: Any, train_only_task_conditioned: bool,
   return labels
 
 
+def scale_by_parameter_scale(
+    floor: Callable[[tuple[str, ...]], Optional[float]]
+) -> optax.GradientTransformation:
+  """Adafactor's relative step, with the floor chosen per parameter.
+
+  `optax.scale_by_param_block_rms` multiplies every update by
+  max(floor, RMS(parameter)) with one floor for all; here `floor(path)` gives
+  each parameter's (its path: a tuple of names), None meaning no scaling
+  (steps of the learning rate). Same arithmetic and (empty) state.
+  """
+
+  def update_fn(updates, state, params):
+    if params is None:
+      raise ValueError('scale_by_parameter_scale needs the parameters.')
+
+    def scale(path, update, param):
+      min_scale = floor(_names(path))
+      if min_scale is None:
+        return update
+      return update * optax.safe_root_mean_squares(param, min_scale)
+
+    return jax.tree_util.tree_map_with_path(scale, updates, params), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def adafactor(learning_rate: float,
+              floor: Callable[[tuple[str, ...]], Optional[float]],
+              decay_rate: float = 0.8,
+              clipping_threshold: Optional[float] = 1.0,
+              min_dim_size_to_factor: int = 128
+              ) -> optax.GradientTransformation:
+  """`optax.adafactor`'s chain with a per-parameter scale floor.
+
+  The same transformations in the same order as `optax.adafactor` with
+  `multiply_by_parameter_scale=True` (same state tree, same arithmetic where
+  `floor` gives 1e-3), which takes one floor for every parameter.
+  """
+  chain = [optax.scale_by_factored_rms(
+      decay_rate=decay_rate, min_dim_size_to_factor=min_dim_size_to_factor)]
+  if clipping_threshold is not None:
+    chain.append(optax.clip_by_block_rms(clipping_threshold))
+  chain.append(optax.scale_by_learning_rate(learning_rate, flip_sign=False))
+  chain.append(scale_by_parameter_scale(floor))
+  chain.append(optax.scale(-1))
+  return optax.chain(*chain)
+
+
 def make_optimizer(
     learning_rate: float = 1e-3,
     train_only_task_conditioned: bool = False,
@@ -56,10 +114,17 @@ def make_optimizer(
     learning_rate_multipliers: Optional[Mapping[str, float]] = None,
     decay_rate: float = 0.8,
     clipping_threshold: Optional[float] = 1.0,
-    multiply_by_parameter_scale: bool = True,
+    multiply_by_parameter_scale: bool | Mapping[str, bool] = PARAMETER_SCALE,
+    min_parameter_scale: float | Mapping[str, float] = T5_MIN_SCALE,
     min_dim_size_to_factor: int = 128,
 ) -> optax.GradientTransformation:
   """Adafactor (T5's settings) at a constant rate, with parameter groups.
+
+  The groups are 'backbone' and 'task_conditioned' (`param_groups`). The
+  parameter-scale settings take one value for every parameter or a mapping
+  whose keys are groups or task-conditioning scopes
+  (`param_groups.TASK_CONDITIONED_SCOPES`, e.g. 'adapter'); a scope's entry
+  overrides 'task_conditioned' for the parameters under it.
 
   Args:
     learning_rate: the constant rate (papers: 1e-3).
@@ -71,37 +136,76 @@ def make_optimizer(
       scaling the rate per group (missing groups: 1.0).
     decay_rate: Adafactor's second-moment decay exponent (T5: 0.8).
     clipping_threshold: Adafactor's update clipping (T5: 1.0).
-    multiply_by_parameter_scale: scale updates by parameter RMS (T5: True).
+    multiply_by_parameter_scale: relative steps, scaled by max(floor,
+      RMS(parameter)) (T5: True); False: steps of the learning rate. Missing
+      keys: True. Default: `PARAMETER_SCALE` (module docstring).
+    min_parameter_scale: the floor, Adafactor's eps2 (T5: 1e-3; missing
+      keys: 1e-3).
     min_dim_size_to_factor: factor second moments of larger dimensions.
 
   Returns:
     An optax transformation over the model's parameter tree.
   """
-  multipliers = dict(learning_rate_multipliers or {})
-  unknown = set(multipliers) - {BACKBONE, TASK_CONDITIONED}
-  if unknown:
-    raise ValueError(
-        f'Unknown learning_rate_multipliers groups {sorted(unknown)}: use '
-        f"'{BACKBONE}' and '{TASK_CONDITIONED}'."
-    )
+  multipliers = _per_group(learning_rate_multipliers or {}, 1.0,
+                           'learning_rate_multipliers', scopes=False)
+  scaled = _per_group(multiply_by_parameter_scale, True,
+                      'multiply_by_parameter_scale')
+  floors = _per_group(min_parameter_scale, T5_MIN_SCALE,
+                      'min_parameter_scale')
   if learning_rate <= 0:
     raise ValueError(f'learning_rate must be positive, got {learning_rate}.')
+  for key, value in floors.items():
+    if not value > 0:
+      raise ValueError(f'min_parameter_scale of {key!r} must be positive, '
+                       f'got {value}.')
 
-  def adafactor(group):
-    return optax.adafactor(
-        learning_rate=learning_rate * multipliers.get(group, 1.0),
+  def floor(path: tuple[str, ...]) -> Optional[float]:
+    scope = param_groups.scope_of(path)
+    key = BACKBONE if scope is None else scope
+    return floors[key] if scaled[key] else None
+
+  def group_adafactor(group):
+    return adafactor(
+        learning_rate=learning_rate * multipliers[group],
+        floor=floor,
         decay_rate=decay_rate,
         clipping_threshold=clipping_threshold,
-        multiply_by_parameter_scale=multiply_by_parameter_scale,
         min_dim_size_to_factor=min_dim_size_to_factor,
     )
 
   return optax.multi_transform(
       {
-          BACKBONE: adafactor(BACKBONE),
-          TASK_CONDITIONED: adafactor(TASK_CONDITIONED),
+          BACKBONE: group_adafactor(BACKBONE),
+          TASK_CONDITIONED: group_adafactor(TASK_CONDITIONED),
           FROZEN: optax.set_to_zero(),
       },
       lambda params: parameter_labels(params, train_only_task_conditioned,
                                       freeze_embeddings),
   )
+
+
+def _names(path) -> tuple[str, ...]:
+  """A jax key path -> its names ('encoder', 'layers_0', ...)."""
+  return tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+
+
+def _per_group(value: Any, missing: Any, name: str,
+               scopes: bool = True) -> dict[str, Any]:
+  """A setting for every parameter, or a mapping from groups (and, with
+  `scopes`, task-conditioning scopes) to settings -> `{key: setting}` for
+  'backbone', 'task_conditioned' (and every scope: its own entry, else
+  'task_conditioned''s)."""
+  groups = (BACKBONE, TASK_CONDITIONED)
+  all_scopes = sorted(param_groups.TASK_CONDITIONED_SCOPES) if scopes else []
+  if not isinstance(value, Mapping):
+    return {key: value for key in (*groups, *all_scopes)}
+  unknown = set(value) - set(groups) - set(all_scopes)
+  if unknown:
+    raise ValueError(
+        f'Unknown {name} groups {sorted(unknown)}: use '
+        f"'{BACKBONE}', '{TASK_CONDITIONED}'"
+        + (f' or a task-conditioning scope {all_scopes}.' if scopes else '.'))
+  out = {group: value.get(group, missing) for group in groups}
+  out.update({scope: value.get(scope, out[TASK_CONDITIONED])
+              for scope in all_scopes})
+  return out

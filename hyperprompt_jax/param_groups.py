@@ -8,7 +8,7 @@ one of these scope names; everything else is the T5 backbone that a public
 t5x checkpoint provides.
 """
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 TASK_CONDITIONED_SCOPES = frozenset({
     'hyperprompt',     # HyperPrompt global prompts and hypernetworks
@@ -27,3 +27,10 @@ def split_path(path: str | Iterable[str]) -> tuple[str, ...]:
 def is_task_conditioned(path: str | Iterable[str]) -> bool:
   """True for '/'-joined (or tuple) paths inside a task-conditioning scope."""
   return any(part in TASK_CONDITIONED_SCOPES for part in split_path(path))
+
+
+def scope_of(path: str | Iterable[str]) -> Optional[str]:
+  """The task-conditioning scope a parameter lives under (the first one on
+  its path), or None for the backbone."""
+  return next((part for part in split_path(path)
+               if part in TASK_CONDITIONED_SCOPES), None)

@@ -94,9 +94,14 @@ def test_matches_plain_adafactor_and_multipliers(setup):
                           clipping_threshold=1.0,
                           multiply_by_parameter_scale=True)
   want = _step(plain, params, grads)
-  got = _step(optimizers.make_optimizer(), params, grads)
+  # T5's relative steps for every parameter: exactly optax's Adafactor.
+  got = _step(optimizers.make_optimizer(multiply_by_parameter_scale=True),
+              params, grads)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6,
                                                        atol=1e-9), got, want)
+  # The default differs only under 'adapter' scopes: none in this model.
+  default = _step(optimizers.make_optimizer(), params, grads)
+  assert not _changed(want, default)
   # A multiplier of 0 on the backbone freezes it too, through the rate.
   zero = _step(optimizers.make_optimizer(
       learning_rate_multipliers={'backbone': 0.0}), params, grads)
@@ -108,3 +113,101 @@ def test_bad_arguments_raise():
     optimizers.make_optimizer(learning_rate_multipliers={'prompts': 2.0})
   with pytest.raises(ValueError, match='learning_rate must be positive'):
     optimizers.make_optimizer(learning_rate=0.0)
+  with pytest.raises(ValueError, match='Unknown min_parameter_scale groups'):
+    optimizers.make_optimizer(min_parameter_scale={'adapters': 0.1})
+  with pytest.raises(ValueError, match='Unknown learning_rate_multipliers'):
+    optimizers.make_optimizer(learning_rate_multipliers={'adapter': 2.0})
+  with pytest.raises(ValueError, match="min_parameter_scale of 'backbone'"):
+    optimizers.make_optimizer(min_parameter_scale=0.0)
+
+
+# -- per-group Adafactor against a hand-written reference ---------------------
+
+
+def _numpy_adafactor(x, grads, lr, scaled, floor, factored, decay=0.8,
+                     clip=1.0, eps1=1e-30):
+  """Adafactor (Shazeer & Stern, 2018, Algs. 4-5) in numpy: `len(grads)`
+  steps from `x`, float64. Factored: row / column means of G^2 + eps1, V =
+  R C / mean(R); the step is lr * max(eps2, RMS(X)) (relative) or lr."""
+  x = np.asarray(x, np.float64)
+  r = c = v = 0.0
+  for t, g in enumerate(grads, start=1):
+    g = np.asarray(g, np.float64)
+    beta = 1.0 - t ** -decay
+    g2 = g * g + eps1
+    if factored:
+      r = beta * r + (1 - beta) * g2.mean(axis=1)
+      c = beta * c + (1 - beta) * g2.mean(axis=0)
+      v_hat = np.outer(r, c) / r.mean()
+    else:
+      v = beta * v + (1 - beta) * g2
+      v_hat = v
+    u = g / np.sqrt(v_hat)
+    u = u / max(1.0, np.sqrt(np.mean(u * u)) / clip)
+    step = lr * max(floor, np.sqrt(np.mean(x * x))) if scaled else lr
+    x = x - step * u
+  return x
+
+
+def _group_tree(rng):
+  """The backbone, an 'adapter' and a 'hyperprompt' scope, each with a
+  factored matrix, an unfactored vector and a zero-initialised vector."""
+  def leaves(scale):
+    return {'matrix': rng.normal(0, scale, (6, 5)).astype(np.float32),
+            'vector': rng.normal(0, scale, (5,)).astype(np.float32),
+            'zeros': np.zeros((5,), np.float32)}
+  return {'encoder': {'layers_0': {'mlp': leaves(0.5),
+                                   'adapter': leaves(0.01)},
+                      'hyperprompt': leaves(0.05)}}
+
+
+def _leaf_groups(tree):
+  layer = tree['encoder']['layers_0']
+  return {'mlp': layer['mlp'], 'adapter': layer['adapter'],
+          'hyperprompt': tree['encoder']['hyperprompt']}
+
+
+@pytest.mark.parametrize('adapter_scaled', [True, False])
+def test_per_group_steps_match_hand_computed_adafactor(adapter_scaled):
+  rng = np.random.default_rng(0)
+  params = _group_tree(rng)
+  grads = [jax.tree.map(lambda p: rng.normal(0, 1, p.shape).astype(
+      np.float32), params) for _ in range(3)]
+  lr = 0.05
+  opt = optimizers.make_optimizer(
+      learning_rate=lr, min_dim_size_to_factor=5,
+      learning_rate_multipliers={'task_conditioned': 2.0},
+      multiply_by_parameter_scale={'adapter': adapter_scaled},
+      min_parameter_scale={'task_conditioned': 0.2, 'adapter': 0.3})
+  state = opt.init(params)
+  got = params
+  for g in grads:
+    updates, state = opt.update(g, state, got)
+    got = optax.apply_updates(got, updates)
+  settings = {  # rate, relative steps, floor
+      'mlp': (lr, True, 1e-3),  # T5's Adafactor for the backbone
+      'adapter': (2 * lr, adapter_scaled, 0.3),
+      'hyperprompt': (2 * lr, True, 0.2)}
+  for group, (g_lr, scaled, floor) in settings.items():
+    for name, x in _leaf_groups(params)[group].items():
+      want = _numpy_adafactor(
+          x, [_leaf_groups(g)[group][name] for g in grads], g_lr, scaled,
+          floor, factored=(name == 'matrix'))
+      np.testing.assert_allclose(_leaf_groups(got)[group][name], want,
+                                 rtol=2e-5, atol=1e-7,
+                                 err_msg=f'{group}/{name}')
+
+
+def test_default_gives_only_the_vanilla_adapter_absolute_steps():
+  params = _group_tree(np.random.default_rng(1))
+  g = jax.tree.map(np.ones_like, params)
+  opt = optimizers.make_optimizer(learning_rate=1.0)
+  updates = _leaf_groups(opt.update(g, opt.init(params), params)[0])
+  # A first step of unit gradients has update RMS 1: the step is the rate
+  # times max(1e-3, RMS(x)) (relative), or the rate (absolute).
+  for group, leaves in _leaf_groups(params).items():
+    for name, x in leaves.items():
+      scale = (1.0 if group == 'adapter'
+               else max(1e-3, float(np.sqrt(np.mean(x.astype(np.float64)**2)))))
+      np.testing.assert_allclose(np.abs(updates[group][name]), scale,
+                                 rtol=1e-5, err_msg=f'{group}/{name}')
