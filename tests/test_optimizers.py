@@ -1,7 +1,9 @@
-"""make_optimizer: Adafactor groups and the freeze switch."""
+"""make_optimizer: Adafactor groups, per-scope parameter scaling and the
+freeze switch."""
 
 import dataclasses
 
+import flax
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
@@ -211,3 +213,20 @@ def test_default_gives_only_the_vanilla_adapter_absolute_steps():
                else max(1e-3, float(np.sqrt(np.mean(x.astype(np.float64)**2)))))
       np.testing.assert_allclose(np.abs(updates[group][name]), scale,
                                  rtol=1e-5, err_msg=f'{group}/{name}')
+
+
+def test_state_tree_is_optax_adafactors():
+  """Checkpoints written before per-scope scaling resume: the optimizer state
+  has the tree of the former `multi_transform` over `optax.adafactor`s."""
+  params = flax.core.freeze(_group_tree(np.random.default_rng(2)))
+  adafactor = optax.adafactor(1e-3, decay_rate=0.8, clipping_threshold=1.0,
+                              min_dim_size_to_factor=5)
+  former = optax.multi_transform(
+      {'backbone': adafactor, 'task_conditioned': adafactor,
+       'frozen': optax.set_to_zero()},
+      lambda p: optimizers.parameter_labels(p, False))
+  for kwargs in ({}, {'multiply_by_parameter_scale': False}):
+    state = optimizers.make_optimizer(min_dim_size_to_factor=5,
+                                      **kwargs).init(params)
+    assert jax.tree.structure(state) == jax.tree.structure(
+        former.init(params))
