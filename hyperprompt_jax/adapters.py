@@ -19,7 +19,9 @@ Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
     {kind}_down [M, T, d, b], {kind}_down_bias [M, T, b],
     {kind}_up [M, T, b, d],   {kind}_up_bias [M, T, d]
 initialised as Houlsby's near-identity adapters (and HyperFormer's code):
-weights N(0, 0.01^2), biases zero.
+weights N(0, 0.01^2), biases zero. Adafactor takes absolute steps on them
+(`optimizers.PARAMETER_SCALE`): T5's steps relative to a parameter's scale
+would leave this start near where it is (issue 16).
 """
 
 from typing import Any, Optional

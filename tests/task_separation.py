@@ -7,11 +7,10 @@ task id tells the tasks apart, so a model that ignores it is at chance
 by `test_task_separation.py` and the measurement behind the README's table.
 """
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -145,15 +144,3 @@ def with_backbone(params: Any, backbone: Any) -> Any:
     leaves.append(value if param_groups.is_task_conditioned(names)
                   else source[key])
   return jax.tree.unflatten(jax.tree.structure(params), leaves)
-
-
-def rms(params: Any, scope: Optional[str] = None) -> float:
-  """Root mean square over the leaves under `scope` (all leaves: None)."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  values = [np.asarray(v, np.float64).ravel() for path, v in flat
-            if scope is None or scope in jax.tree_util.keystr(path)]
-  return float(np.sqrt(np.mean(np.square(np.concatenate(values)))))
-
-
-def mean(xs) -> float:
-  return float(jnp.mean(jnp.asarray(xs)))
