@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import batches
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import trainer as trainer_lib
@@ -136,6 +137,11 @@ class Predictor:
     ids = np.asarray(batch.get('task_ids', np.zeros(n)), np.int32)
     if n > self.batch_size:
       raise ValueError(f'{n} examples exceed the batch size {self.batch_size}.')
+    # Inside jit an out-of-range task or token id would clamp silently.
+    batches.validate_batch(
+        {'encoder_input_tokens': tokens, 'task_ids': ids},
+        self.model.config.num_tasks, self.model.config.vocab_size,
+        required=('encoder_input_tokens', 'task_ids'))
     pad = self.batch_size - n
     if pad:
       tokens = np.pad(tokens, ((0, pad), (0, 0)))

@@ -27,6 +27,7 @@ import gin
 import jax
 import numpy as np
 
+from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import gin_utils
 from hyperprompt_jax import input_pipeline
@@ -144,7 +145,11 @@ def train(
   step = start
   try:
     while step < train_steps:
-      batch = trainer.global_batch(input_pipeline.as_numpy(next(iterator)))
+      local = input_pipeline.as_numpy(next(iterator))
+      # Inside jit an out-of-range task or token id would clamp silently.
+      batches.validate_batch(local, model.config.num_tasks,
+                             model.config.vocab_size)
+      batch = trainer.global_batch(local)
       state, terms = trainer.step(state, batch)
       step += 1
       pending.append(terms)

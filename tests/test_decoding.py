@@ -89,3 +89,10 @@ def test_predictor_pads_the_last_batch_and_keeps_the_order(tmp_path):
   np.testing.assert_array_equal(np.concatenate([first, last]), want)
   with pytest.raises(ValueError, match='exceed the batch size'):
     predictor.predict({'encoder_input_tokens': enc, 'task_ids': ids})
+  # Out-of-range ids would clamp inside jit: refused on the host.
+  with pytest.raises(ValueError, match=r'task_ids has ids \[4\] outside'):
+    predictor.predict({'encoder_input_tokens': enc[:2],
+                       'task_ids': np.array([0, 4], np.int32)})
+  with pytest.raises(ValueError, match='encoder_input_tokens.*vocab_size'):
+    predictor.predict({'encoder_input_tokens': enc[:2] + 1000,
+                       'task_ids': ids[:2]})

@@ -18,6 +18,7 @@ import pytest
 from flax import traverse_util
 
 from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
@@ -245,6 +246,23 @@ def test_num_tasks_smaller_than_the_task_list_is_refused(tmp_path):
   model = network.Transformer(_global_tiny_config(num_tasks=4))
   with pytest.raises(ValueError, match='NUM_TASKS=4'):
     train_lib.train(model, **_train_kwargs(tmp_path))
+
+
+def test_out_of_range_task_id_stops_before_the_step(tmp_path, monkeypatch):
+  """Inside jit the id would clamp (another task's parameters); the runner
+  checks every batch on the host first."""
+  as_numpy = input_pipeline.as_numpy
+
+  def with_bad_id(batch):
+    batch = dict(as_numpy(batch))
+    batch['task_ids'] = np.full_like(batch['task_ids'], 8)
+    return batch
+
+  monkeypatch.setattr(input_pipeline, 'as_numpy', with_bad_id)
+  with pytest.raises(ValueError, match=r'task_ids has ids \[8\] outside '
+                     r'\[0, num_tasks=8\)'):
+    train_lib.train(_tiny_glue_model(), **_train_kwargs(tmp_path))
+  assert not list((tmp_path / 'run').glob('checkpoint_*'))
 
 
 def _nan_from(step: int) -> optax.GradientTransformation:
