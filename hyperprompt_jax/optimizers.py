@@ -25,11 +25,12 @@ the 'adapter' scope absolute steps of the learning rate (no parameter
 scaling, as prompt-tuning does for its prompts), keeping Houlsby's start; it
 then separates the tasks. The alternatives measured and rejected: a larger
 floor for the whole task-conditioned group (0.3 lets the adapter learn but
-makes HyperPrompt-Global's small generators diverge at rate 1e-2; 0.1 is
-too small for the adapter at 1e-3), absolute steps for the whole group (the
-same divergence), and a larger adapter initialisation (gives up the
-near-identity start at T5-Base's width). Every other variant keeps T5's
-relative steps, and its training is bit-identical to optax's Adafactor.
+makes HyperPrompt-Global's small generators fail at rate 1e-2, exact
+match 0.02; 0.1 is too small for the adapter at 1e-3), absolute steps for
+the whole group (Global fails the same way), and a larger adapter
+initialisation (gives up the near-identity start at T5-Base's width). Every
+other variant keeps T5's relative steps, and its training is bit-identical
+to optax's Adafactor.
 
 The built-in runner calls it directly; t5x runs wrap it in
 `t5x.optimizers.OptaxWrapper`, so both optimise identically.
@@ -138,7 +139,9 @@ def make_optimizer(
     learning_rate_multipliers: Optional[Mapping[str, float]] = None,
     decay_rate: float = 0.8,
     clipping_threshold: Optional[float] = 1.0,
-    multiply_by_parameter_scale: bool | Mapping[str, bool] = PARAMETER_SCALE,
+    # A plain dict (never mutated), so that gin's operative config records it.
+    multiply_by_parameter_scale: bool | Mapping[str, bool] = dict(  # pylint: disable=dangerous-default-value
+        PARAMETER_SCALE),
     min_parameter_scale: float | Mapping[str, float] = T5_MIN_SCALE,
     min_dim_size_to_factor: int = 128,
 ) -> optax.GradientTransformation:

@@ -5,6 +5,7 @@ import dataclasses
 
 import flax
 from flax import traverse_util
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -230,3 +231,22 @@ def test_state_tree_is_optax_adafactors():
                                       **kwargs).init(params)
     assert jax.tree.structure(state) == jax.tree.structure(
         former.init(params))
+
+
+def test_operative_config_records_the_parameter_scaling():
+  """A run's operative_config.gin must say which groups took relative
+  steps (gin leaves out defaults it cannot write as literals)."""
+  gin.clear_config()
+  try:
+    gin.parse_config('from __gin__ import dynamic_registration\n'
+                     'from hyperprompt_jax import optimizers\n'
+                     'optimizers.make_optimizer.learning_rate = 0.01\n')
+    gin.get_configurable(optimizers.make_optimizer)()
+    operative = gin.operative_config_str()
+    gin.clear_config()
+    gin.parse_config(operative)
+    assert gin.query_parameter(
+        'optimizers.make_optimizer.multiply_by_parameter_scale') == {
+            'backbone': True, 'task_conditioned': True, 'adapter': False}
+  finally:
+    gin.clear_config()
