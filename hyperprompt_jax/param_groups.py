@@ -24,13 +24,13 @@ def split_path(path: str | Iterable[str]) -> tuple[str, ...]:
   return tuple(path.split('/')) if isinstance(path, str) else tuple(path)
 
 
-def is_task_conditioned(path: str | Iterable[str]) -> bool:
-  """True for '/'-joined (or tuple) paths inside a task-conditioning scope."""
-  return any(part in TASK_CONDITIONED_SCOPES for part in split_path(path))
-
-
 def scope_of(path: str | Iterable[str]) -> Optional[str]:
-  """The task-conditioning scope a parameter lives under (the first one on
-  its path), or None for the backbone."""
+  """The task-conditioning scope a '/'-joined (or tuple) path lives under
+  (the first one on it), or None for the backbone."""
   return next((part for part in split_path(path)
                if part in TASK_CONDITIONED_SCOPES), None)
+
+
+def is_task_conditioned(path: str | Iterable[str]) -> bool:
+  """True for '/'-joined (or tuple) paths inside a task-conditioning scope."""
+  return scope_of(path) is not None

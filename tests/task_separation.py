@@ -9,6 +9,7 @@ by `test_task_separation.py` and the measurement behind the README's table.
 
 from typing import Any, Sequence
 
+from flax import traverse_util
 import gin
 import jax
 import numpy as np
@@ -133,14 +134,7 @@ def exact_match(model: network.Transformer, params: Any,
 def with_backbone(params: Any, backbone: Any) -> Any:
   """`params` with every backbone leaf replaced by `backbone`'s (same
   paths): task-conditioned parameters stay as initialised."""
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  source = dict(
-      (jax.tree_util.keystr(k), v)
-      for k, v in jax.tree_util.tree_flatten_with_path(backbone)[0])
-  leaves = []
-  for path, value in flat:
-    names = [getattr(k, 'key', str(k)) for k in path]
-    key = jax.tree_util.keystr(path)
-    leaves.append(value if param_groups.is_task_conditioned(names)
-                  else source[key])
-  return jax.tree.unflatten(jax.tree.structure(params), leaves)
+  source = traverse_util.flatten_dict(backbone)
+  return traverse_util.unflatten_dict({
+      path: value if param_groups.is_task_conditioned(path) else source[path]
+      for path, value in traverse_util.flatten_dict(params).items()})
