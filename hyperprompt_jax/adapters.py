@@ -35,6 +35,13 @@ from hyperprompt_jax import layers
 
 Array = jax.Array
 PLACEMENTS = ('both', 'encoder', 'decoder')
+# The method's face (read by `methods.REGISTRY`): the T5Config field that
+# holds its config, its parameter scopes and logical axis names, the gin
+# variant files that select it, `check` and `is_active`.
+CONFIG_FIELD = 'adapter'
+SCOPES = ('adapter',)
+AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_bottleneck')
+VARIANT_FILES = ('variants/adapter.gin',)
 KINDS = ('attention', 'mlp')  # the sublayers an adapter follows
 WEIGHT_INIT_STDDEV = 1e-2
 
@@ -65,7 +72,11 @@ def check_adapter_config(cfg: AdapterConfig, emb_dim: int) -> None:
   """Raises ValueError on settings that cannot build the adapters."""
   check_placement(cfg.placement, 'AdapterConfig')
   check_reduction(cfg.reduction, emb_dim, 'ADAPTER_REDUCTION')
-  layers._activation(cfg.activation)  # pylint: disable=protected-access
+  layers.activation(cfg.activation)
+
+
+def check(cfg: AdapterConfig, model_config: Any) -> None:
+  check_adapter_config(cfg, model_config.emb_dim)
 
 
 def is_active(cfg: Any, stack: str) -> bool:
@@ -122,7 +133,7 @@ class LayerAdapters:
     self.weights = weights
     self.layer = layer
     self.task_ids = task_ids
-    self.activation = layers._activation(activation)  # pylint: disable=protected-access
+    self.activation = layers.activation(activation)
 
   def __call__(self, h: Array, kind: str) -> Array:
     """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:

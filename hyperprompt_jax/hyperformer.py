@@ -35,6 +35,8 @@ Parameters (under `<stack>/hyperformer/`), s = d*b:
     norm_{scale, bias}_generator [t, d] (each + _bias)
 """
 
+from typing import Any
+
 from flax import linen as nn
 from flax import struct
 import jax
@@ -45,6 +47,16 @@ from hyperprompt_jax import layers
 
 Array = jax.Array
 INIT_STDDEV = 1e-2  # the authors' linear_layer init
+
+# The method's face (read by `methods.REGISTRY`): the T5Config field that
+# holds its config, its parameter scopes and logical axis names, the gin
+# variant files that select it, `check` and `is_active`.
+CONFIG_FIELD = 'hyperformer'
+SCOPES = ('hyperformer',)
+AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_kinds', 'task_embed',
+              'task_hidden')
+VARIANT_FILES = ('variants/hyperformer_pp.gin',)
+is_active = adapters.is_active
 
 
 @struct.dataclass
@@ -67,7 +79,11 @@ def check_hyperformer_config(cfg: HyperFormerConfig, emb_dim: int) -> None:
     if getattr(cfg, name) <= 0:
       raise ValueError(f'HyperFormerConfig.{name} must be positive, got '
                        f'{getattr(cfg, name)}.')
-  layers._activation(cfg.activation)  # pylint: disable=protected-access
+  layers.activation(cfg.activation)
+
+
+def check(cfg: HyperFormerConfig, model_config: Any) -> None:
+  check_hyperformer_config(cfg, model_config.emb_dim)
 
 
 class HyperFormerGenerator(nn.Module):

@@ -42,9 +42,23 @@ Both compute exactly `x ((1 + G) ⊙ W)` (`gated_matmul_route` is the rule;
 CPU, T5.1.1-small's `wo` at batch 4, blockwise wins at lengths 1 and 8 and
 fold from 32 on, so the memory-based threshold is also about where time
 crosses over).
+
+**Where the equations live.** All of HyperGrid is in this file; the T5
+blocks of `layers.py` know nothing of it. Eqs. 3-5 and the L / scalar
+variants: `GridGate`; the block repeat psi and Eq. 7: `gated_matmul`, used by
+`GatedDenseGeneral` inside `GatedMlpBlock` (a `layers.MlpBlock` subclass with
+the same parameter names, so checkpoints and the t5x layout are unchanged);
+Eq. 6's task query: `TaskQueryAttention` (a subclass of t5x's attention);
+the task embedding: `TaskEmbedding`; Output Gating: `OutputGate`. A stack's
+conditioning is one `StackGating` (built by `conditioning.py`), which gives
+each layer its gated attention and gated FFN. While decoding, a decoder
+layer's gates depend only on `encoded` and the task, so they are computed
+once when the cache is created and read back from it at every step
+(`cached_grid` / `cached_gate`, batch-major like every cache leaf).
 """
 
-from typing import Any, Optional
+import dataclasses
+from typing import Any, Callable, Optional
 
 from flax import linen as nn
 from flax import struct
@@ -52,11 +66,23 @@ from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 
+from hyperprompt_jax import layers
+
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
 TARGETS = ('wo', 'wi', 'both')
 CONDITIONINGS = ('task_attention', 'first_token')
 PLACEMENTS = ('both', 'encoder', 'decoder')
+
+# The method's face (read by `methods.REGISTRY`): the T5Config field that
+# holds its config, its parameter scopes and logical axis names, the gin
+# variant files that select it, `check` and `is_active`.
+CONFIG_FIELD = 'hypergrid'
+SCOPES = ('hypergrid', 'output_gating')
+AXIS_NAMES = ('tasks', 'grid_rows', 'grid_cols')
+VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
+                 'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
+                 'variants/output_gating.gin')
 
 
 @struct.dataclass
@@ -105,6 +131,10 @@ def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
         f'{mlp_dim} (d_c splits the d_ff axis into blocks).')
 
 
+def check(cfg: HyperGridConfig, model_config: Any) -> None:
+  check_hypergrid_config(cfg, model_config.emb_dim, model_config.mlp_dim)
+
+
 def is_active(cfg: Optional[HyperGridConfig], stack: str) -> bool:
   return cfg is not None and cfg.placement in ('both', stack)
 
@@ -150,8 +180,15 @@ class GridGate(nn.Module):
   emb_dim: int
 
   @nn.compact
-  def __call__(self, c: Array) -> Array:
-    """`c [batch, embed]` -> sigmoid grid `[batch, rows, cols]`."""
+  def __call__(self, c: Optional[Array], decode: bool = False) -> Array:
+    """`c [batch, embed]` -> sigmoid grid `[batch, rows, cols]`.
+
+    With `decode`, the grid is computed once (when the cache is created) and
+    kept as the cache's `cached_grid`; later calls read it (`c` may be None).
+    """
+    return _cached(self, 'cached_grid', lambda: self._grid(c), decode)
+
+  def _grid(self, c: Array) -> Array:
     cfg = self.config
     d, d_r, d_c = self.emb_dim, cfg.grid_rows, cfg.grid_cols
     dense_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
@@ -245,7 +282,12 @@ class OutputGate(nn.Module):
   mlp_dim: int
 
   @nn.compact
-  def __call__(self, c: Array) -> Array:
+  def __call__(self, c: Optional[Array], decode: bool = False) -> Array:
+    """`c [batch, embed]` -> `[batch, d_ff]`; `decode` caches it (as
+    `GridGate`)."""
+    return _cached(self, 'cached_gate', lambda: self._gate(c), decode)
+
+  def _gate(self, c: Array) -> Array:
     n = self.config.output_gating_values or self.mlp_dim
     u = _param(self, 'gate_projection',
                nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'),
@@ -254,20 +296,164 @@ class OutputGate(nn.Module):
     return jnp.repeat(gate, self.mlp_dim // n, axis=-1)
 
 
-def layer_gates(cfg: HyperGridConfig, c: Array, emb_dim: int,
-                mlp_dim: int) -> dict[str, Any]:
-  """Builds a layer's gate modules (call inside a compact module).
+def _cached(module: nn.Module, name: str, compute: Callable[[], Array],
+            decode: bool) -> Array:
+  """`compute()`; while decoding, computed once into the cache and read back
+  at every later step."""
+  if not decode:
+    return compute()
+  return module.variable('cache', name, compute).value
 
-  Returns the MlpBlock keyword arguments: `wi_grid` / `wo_grid` (grids
-  oriented to the kernels) or `output_gate` `[batch, d_ff]`.
+
+class GatedDenseGeneral(layers.DenseGeneral):
+  """`layers.DenseGeneral` with the per-example gated kernel of Eq. 7,
+  `x ((1 + psi(grid)) ⊙ W)`; the same `kernel` parameter."""
+
+  grid: Optional[Array] = None  # [batch, k_in, k_out], oriented to the kernel
+
+  @nn.compact
+  def __call__(self, inputs: Array) -> Array:
+    """`[batch, length, d_in]` -> `[batch, length, d_out]`."""
+    if (inputs.ndim != 3 or not isinstance(self.features, int)
+        or self.axis not in (-1, 2)):
+      raise ValueError('A HyperGrid gate needs a 2-D kernel applied to '
+                       '[batch, length, features] inputs.')
+    kernel = self.kernel(inputs)
+    return gated_matmul(jnp.asarray(inputs, self.dtype),
+                        jnp.asarray(kernel, self.dtype), self.grid)  # NEW
+
+
+class GatedMlpBlock(layers.MlpBlock):
+  """T5's FFN with HyperGrid's gated `wi*` / `wo` kernels (Eq. 7) or Output
+  Gating's gate on the activations (§6.4); t5x's parameter names."""
+
+  wi_grid: Optional[Array] = None   # [batch, d_r, d_c]: every wi* kernel
+  wo_grid: Optional[Array] = None   # [batch, d_c, d_r]
+  output_gate: Optional[Array] = None  # [batch, d_ff], after the product
+
+  def intermediate(self, inputs: Array) -> Array:
+    x = super().intermediate(inputs)
+    if self.output_gate is None:
+      return x
+    return x * self.output_gate.astype(x.dtype)[:, None, :]  # NEW
+
+  def dense(self, name: str, features: int,
+            kernel_axes: tuple[str, str]) -> nn.Module:
+    grid = self.wo_grid if name == 'wo' else self.wi_grid  # NEW
+    if grid is None:
+      return super().dense(name, features, kernel_axes)
+    return GatedDenseGeneral(features, dtype=self.dtype,
+                             kernel_init=self.kernel_init,
+                             kernel_axes=kernel_axes, grid=grid, name=name)
+
+
+class TaskQueryAttention(layers.MultiHeadDotProductAttention):
+  """t5x's attention plus Eq. 6: the task vector is one extra query that
+  attends over `[itself; inputs_kv]` with the same kernels. The sequence's
+  own attention does not see it; its row has no position bias and no
+  dropout. No decode cache: a decoder's gates are cached instead."""
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array,
+               mask: Optional[Array] = None, bias: Optional[Array] = None, *,
+               task_query: Array, task_key_valid: Array,
+               deterministic: bool = False, **prefix) -> tuple[Array, Array]:
+    """As `layers.MultiHeadDotProductAttention`, plus:
+
+    Args:
+      task_query: `[batch, embed]`, the (layer-normed) task vector.
+      task_key_valid: `[batch, kv_length]` bool, the token columns it sees.
+      **prefix: the key/value prefix arguments of the base attention.
+
+    Returns:
+      `([batch, q_length, embed], [batch, embed])`: the sequence's output and
+      the task query's, T' = MHSA([T; X])_0.
+    """
+    proj = self.projections(inputs_q.shape[-1])
+    out, token_key, token_value = self.attend(
+        proj, inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
+        **prefix)
+    tq = task_query[:, None, :]  # NEW: Eq. 6
+    keys = jnp.concatenate([proj.key(tq), token_key], axis=1)
+    values = jnp.concatenate([proj.value(tq), token_value], axis=1)
+    visible = jnp.concatenate(
+        [jnp.ones_like(task_key_valid[:, :1]), task_key_valid], axis=1)
+    task_out = layers.dot_product_attention(
+        proj.query(tq), keys, values,
+        bias=layers.mask_to_bias(visible[:, None, None, :], self.dtype),
+        dtype=self.dtype, float32_logits=self.float32_logits)
+    return out, proj.out(task_out)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class StackGating:
+  """HyperGrid's (or Output Gating's) conditioning of one stack.
+
+  Built once per stack by `conditioning.py`; every layer of the stack calls
+  `attention` for the attention its gate comes from (encoder: the
+  self-attention; decoder: the encoder-decoder attention, so no target token
+  reaches the gate) and `mlp` for its gated FFN.
+
+  Attributes:
+    config: the HyperGrid configuration.
+    emb_dim: d_model.
+    mlp_dim: d_ff.
+    task_vectors: `[batch, embed]` task embeddings (task_attention), None for
+      first_token or at cached decode steps.
+    token_valid: `[batch, kv_length]`, the columns the task query may see.
+    decode: the decoder runs against its cache: gates are computed when the
+      cache is created and read from it afterwards.
   """
-  if cfg.variant == 'output_gating':
-    return {'output_gate': OutputGate(cfg, emb_dim, mlp_dim,
-                                      name='output_gating')(c)}
-  grid = GridGate(cfg, emb_dim, name='hypergrid')(c)
-  gates = {}
-  if cfg.target in ('wi', 'both'):
-    gates['wi_grid'] = orient_grid(grid, kernel_rows_are_model=True)
-  if cfg.target in ('wo', 'both'):
-    gates['wo_grid'] = orient_grid(grid, kernel_rows_are_model=False)
-  return gates
+
+  config: HyperGridConfig
+  emb_dim: int
+  mlp_dim: int
+  task_vectors: Optional[Array]
+  token_valid: Optional[Array]
+  decode: bool = False
+
+  def attention(self, attention: Callable[..., nn.Module], norm: nn.Module,
+                inputs_q: Array, inputs_kv: Array, mask, bias, *,
+                first_token: Callable[[], Array], deterministic: bool,
+                **prefix) -> tuple[Array, dict[str, Any]]:
+    """Runs the gating attention and builds the layer's gates.
+
+    Args:
+      attention: `(cls, name=...) -> attention module` of the layer.
+      norm: the layer norm in front of the attention (Eq. 6 norms the task
+        vector like the tokens).
+      inputs_q, inputs_kv, mask, bias, deterministic, prefix: the attention's.
+      first_token: `() -> [batch, embed]`, c for the first_token option
+        (called after the attention, as the gradient's summation order
+        depends on the order of use).
+
+    Returns:
+      The attention output and `GatedMlpBlock`'s gate arguments.
+    """
+    if self.task_vectors is None:
+      out = attention(layers.MultiHeadDotProductAttention)(
+          inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
+          **prefix)
+      c = first_token()
+    else:
+      out, c = attention(TaskQueryAttention)(
+          inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
+          task_query=norm(self.task_vectors),
+          task_key_valid=self.token_valid, **prefix)
+    return out, self.gates(c)
+
+  def gates(self, c: Optional[Array]) -> dict[str, Array]:
+    """A layer's gates from its conditioning vector `c [batch, embed]`
+    (call inside the layer): `wi_grid` / `wo_grid` oriented to the kernels,
+    or `output_gate` `[batch, d_ff]`."""
+    cfg = self.config
+    if cfg.variant == 'output_gating':
+      return {'output_gate': OutputGate(cfg, self.emb_dim, self.mlp_dim,
+                                        name='output_gating')(c, self.decode)}
+    grid = GridGate(cfg, self.emb_dim, name='hypergrid')(c, self.decode)
+    gates = {}
+    if cfg.target in ('wi', 'both'):
+      gates['wi_grid'] = orient_grid(grid, kernel_rows_are_model=True)
+    if cfg.target in ('wo', 'both'):
+      gates['wo_grid'] = orient_grid(grid, kernel_rows_are_model=False)
+    return gates

@@ -45,6 +45,17 @@ Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')
 PLACEMENTS = ('both', 'encoder', 'decoder')
 
+# The method's face (read by `methods.REGISTRY`): the T5Config field that
+# holds its config, its parameter scopes and logical axis names, the gin
+# variant files that select it, `check` and `is_active`.
+CONFIG_FIELD = 'hyperprompt'
+SCOPES = ('hyperprompt',)
+AXIS_NAMES = ('tasks', 'prompt_length', 'hyper_layers', 'hyper_bottleneck',
+              'task_embed', 'task_hidden')
+VARIANT_FILES = ('variants/hyperprompt_share.gin',
+                 'variants/hyperprompt_sep.gin',
+                 'variants/hyperprompt_global.gin')
+
 
 @struct.dataclass
 class HyperPromptConfig:
@@ -88,6 +99,15 @@ def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
   for name in ('task_embed_dim', 'task_hidden_dim', 'layer_task_embed_dim'):
     if getattr(cfg, name) <= 0:
       raise ValueError(f'HyperPromptConfig.{name} must be positive.')
+
+
+def check(cfg: HyperPromptConfig, model_config: Any) -> None:
+  check_hyperprompt_config(cfg, model_config.emb_dim)
+
+
+def is_active(cfg: Optional[HyperPromptConfig], stack: str) -> bool:
+  """Whether `stack` gets hyper-prompts."""
+  return prompt_length_for(cfg, stack) > 0
 
 
 def prompt_length_for(cfg: Optional[HyperPromptConfig], stack: str) -> int:

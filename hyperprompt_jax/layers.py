@@ -7,21 +7,26 @@ checkpoints and t5x's partitioner. These layers therefore re-implement the
 T5.1.1 building blocks so that every parameter has t5x's name, its 2-D storage
 shape (`[embed, joined_kv]`, ...) and its logical axis names.
 
-Attention takes an optional *key/value prefix*: `[batch, prefix, heads,
+The modules know nothing of task conditioning, with one generic exception:
+attention takes an optional *key/value prefix*, `[batch, prefix, heads,
 head_dim]` arrays prepended to the projected keys and values (the hook for
 HyperPrompt's hyper-prompts). Prefix columns are always visible: the mask and
-the relative-position bias are extended with ones / zeros for them.
+the relative-position bias are extended with ones / zeros for them. Methods
+that change a block subclass it in their own module (`hypergrid.py`'s gated
+MLP and task-query attention) through the small overridable steps below
+(`DenseGeneral.kernel`, `MlpBlock.dense` / `intermediate`,
+`MultiHeadDotProductAttention.projections` / `attend`), keeping t5x's
+parameter names.
 """
 
 import functools
 import operator
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import (Any, Callable, Iterable, NamedTuple, Optional, Sequence,
+                    Union)
 
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 import jax
-
-from hyperprompt_jax import hypergrid
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
@@ -57,29 +62,27 @@ class DenseGeneral(nn.Module):
   kernel_axes: tuple[str, ...] = ()
 
   @nn.compact
-  def __call__(self, inputs: Array, grid: Optional[Array] = None) -> Array:
-    """Applies the kernel; with `grid` (`[batch, k_in, k_out]`, HyperGrid),
-    the per-example gated kernel `(1 + psi(grid)) ⊙ kernel` instead."""
+  def __call__(self, inputs: Array) -> Array:
     features = _as_tuple(self.features)
     axis = tuple(a % inputs.ndim for a in _as_tuple(self.axis))
     in_dims = tuple(inputs.shape[a] for a in axis)
-    kernel = param_with_axes(
-        'kernel',
-        self.kernel_init,
-        (int(np.prod(in_dims)), int(np.prod(features))),
-        jnp.float32,
-        axes=self.kernel_axes,
-    )
+    kernel = self.kernel(inputs)
     inputs = jnp.asarray(inputs, self.dtype)
-    if grid is not None:
-      if len(axis) != 1 or len(features) != 1 or inputs.ndim != 3:
-        raise ValueError('A HyperGrid gate needs a 2-D kernel applied to '
-                         '[batch, length, features] inputs.')
-      return hypergrid.gated_matmul(inputs, jnp.asarray(kernel, self.dtype),
-                                    grid)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_dims + features)
     contract = (axis, tuple(range(len(axis))))
     return lax.dot_general(inputs, kernel, (contract, ((), ())))
+
+  def kernel(self, inputs: Array) -> Array:
+    """The float32 `[prod(in dims), prod(features)]` kernel parameter."""
+    axis = tuple(a % inputs.ndim for a in _as_tuple(self.axis))
+    in_size = int(np.prod([inputs.shape[a] for a in axis]))
+    return param_with_axes(
+        'kernel',
+        self.kernel_init,
+        (in_size, int(np.prod(_as_tuple(self.features)))),
+        jnp.float32,
+        axes=self.kernel_axes,
+    )
 
 
 class Embed(nn.Module):
@@ -197,7 +200,8 @@ class RelativePositionBiases(nn.Module):
     return values[None]
 
 
-def _activation(name_or_fn: Union[str, Callable]) -> Callable:
+def activation(name_or_fn: Union[str, Callable]) -> Callable:
+  """'linear', a flax.linen activation's name, or a function -> a function."""
   if name_or_fn == 'linear':
     return lambda x: x
   if isinstance(name_or_fn, str):
@@ -225,49 +229,31 @@ class MlpBlock(nn.Module):
   )
 
   @nn.compact
-  def __call__(
-      self,
-      inputs: Array,
-      deterministic: bool = False,
-      wi_grid: Optional[Array] = None,
-      wo_grid: Optional[Array] = None,
-      output_gate: Optional[Array] = None,
-  ) -> Array:
-    """`[batch, length, embed]` -> `[batch, length, embed]`.
-
-    Args:
-      inputs: `[batch, length, embed]`.
-      deterministic: disables dropout.
-      wi_grid: HyperGrid gate of every `wi*` kernel, `[batch, d_r, d_c]`.
-      wo_grid: HyperGrid gate of `wo`, `[batch, d_c, d_r]`.
-      output_gate: Output Gating's `[batch, mlp]` gate on the activations
-        (after the gated-GELU product).
-    """
-    hidden = []
-    for i, act in enumerate(self.activations):
-      name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
-      h = DenseGeneral(
-          self.intermediate_dim,
-          dtype=self.dtype,
-          kernel_init=self.kernel_init,
-          kernel_axes=('embed', 'mlp'),
-          name=name,
-      )(inputs, grid=wi_grid)
-      hidden.append(_activation(act)(h))
-    x = functools.reduce(operator.mul, hidden)
-    if output_gate is not None:
-      x = x * output_gate.astype(x.dtype)[:, None, :]
+  def __call__(self, inputs: Array, deterministic: bool = False) -> Array:
+    """`[batch, length, embed]` -> `[batch, length, embed]`."""
+    x = self.intermediate(inputs)
     x = nn.Dropout(rate=self.intermediate_dropout_rate, broadcast_dims=(-2,))(
         x, deterministic=deterministic
     )
     x = with_sharding_constraint(x, ('batch', 'length', 'mlp'))
-    return DenseGeneral(
-        inputs.shape[-1],
-        dtype=self.dtype,
-        kernel_init=self.kernel_init,
-        kernel_axes=('mlp', 'embed'),
-        name='wo',
-    )(x, grid=wo_grid)
+    return self.dense('wo', inputs.shape[-1], ('mlp', 'embed'))(x)
+
+  def intermediate(self, inputs: Array) -> Array:
+    """`wi` (or `wi_0`, `wi_1`, ...), each activation, their product:
+    `[batch, length, embed]` -> `[batch, length, mlp]`."""
+    hidden = []
+    for i, act in enumerate(self.activations):
+      name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
+      h = self.dense(name, self.intermediate_dim, ('embed', 'mlp'))(inputs)
+      hidden.append(activation(act)(h))
+    return functools.reduce(operator.mul, hidden)
+
+  def dense(self, name: str, features: int,
+            kernel_axes: tuple[str, str]) -> nn.Module:
+    """The FFN's projection `name` ('wi*' or 'wo')."""
+    return DenseGeneral(features, dtype=self.dtype,
+                        kernel_init=self.kernel_init, kernel_axes=kernel_axes,
+                        name=name)
 
 
 def dot_product_attention(
@@ -343,6 +329,15 @@ def _prepend_prefix_columns(bias, prefix_logit_bias, q_len, kv_len, prefix,
   ], axis=-1)
 
 
+class Projections(NamedTuple):
+  """An attention's four kernels (`DenseGeneral` modules)."""
+
+  query: nn.Module
+  key: nn.Module
+  value: nn.Module
+  out: nn.Module
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with t5x's `query/key/value/out` kernels.
 
@@ -374,11 +369,9 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
       prefix_logit_bias: Optional[Array] = None,
-      task_query: Optional[Array] = None,
-      task_key_valid: Optional[Array] = None,
       decode: bool = False,
       deterministic: bool = False,
-  ):
+  ) -> Array:
     """Attends `inputs_q` over `[prefix; inputs_kv]`.
 
     Args:
@@ -391,22 +384,22 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_value: `[batch, prefix, heads, head_dim]`, with `prefix_key`.
       prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
         (zero when None).
-      task_query: optional `[batch, embed]` (HyperGrid's conditioning): an
-        extra query that attends over `[itself; inputs_kv]` with these
-        weights; the sequence's own attention does not see it.
-      task_key_valid: `[batch, kv_length]` bool, the token columns the task
-        query may see (with `task_query`).
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
     Returns:
-      `[batch, q_length, embed]`; with `task_query`, also the task query's
-      output `[batch, embed]`.
+      `[batch, q_length, embed]`.
     """
-    if (prefix_key is None) != (prefix_value is None):
-      raise ValueError('prefix_key and prefix_value must be given together.')
-    if prefix_key is None and prefix_logit_bias is not None and not decode:
-      raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
+    out, _, _ = self.attend(
+        self.projections(inputs_q.shape[-1]), inputs_q, inputs_kv, mask,
+        bias, prefix_key=prefix_key, prefix_value=prefix_value,
+        prefix_logit_bias=prefix_logit_bias, decode=decode,
+        deterministic=deterministic)
+    return out
+
+  def projections(self, features: int) -> 'Projections':
+    """The `query`, `key`, `value` and `out` kernels (`out` maps back to
+    `features`)."""
     dense = functools.partial(
         DenseGeneral,
         axis=-1,
@@ -418,20 +411,32 @@ class MultiHeadDotProductAttention(nn.Module):
     # the query initialiser (equivalent under Adafactor).
     depth_scaling = jnp.sqrt(self.head_dim).astype(jnp.float32)
     query_init = lambda *a: self.kernel_init(*a) / depth_scaling
-    query_proj = dense(kernel_init=query_init, name='query')
-    key_proj = dense(kernel_init=self.kernel_init, name='key')
-    value_proj = dense(kernel_init=self.kernel_init, name='value')
-    out_proj = DenseGeneral(
-        features=inputs_q.shape[-1],
-        axis=(-2, -1),
-        kernel_init=self.kernel_init,
-        kernel_axes=('joined_kv', 'embed'),
-        dtype=self.dtype,
-        name='out',
+    return Projections(
+        query=dense(kernel_init=query_init, name='query'),
+        key=dense(kernel_init=self.kernel_init, name='key'),
+        value=dense(kernel_init=self.kernel_init, name='value'),
+        out=DenseGeneral(
+            features=features,
+            axis=(-2, -1),
+            kernel_init=self.kernel_init,
+            kernel_axes=('joined_kv', 'embed'),
+            dtype=self.dtype,
+            name='out',
+        ),
     )
-    query = query_proj(inputs_q)
-    key = key_proj(inputs_kv)
-    value = value_proj(inputs_kv)
+
+  def attend(self, proj: 'Projections', inputs_q, inputs_kv, mask, bias, *,
+             prefix_key=None, prefix_value=None, prefix_logit_bias=None,
+             decode=False, deterministic=False):
+    """`__call__`'s computation; also returns the projected token keys and
+    values `[batch, kv_length, heads, head_dim]` (before the cache)."""
+    if (prefix_key is None) != (prefix_value is None):
+      raise ValueError('prefix_key and prefix_value must be given together.')
+    if prefix_key is None and prefix_logit_bias is not None and not decode:
+      raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
+    query = proj.query(inputs_q)
+    key = proj.key(inputs_kv)
+    value = proj.value(inputs_kv)
     token_key, token_value = key, value
     axes = ('batch', 'length', 'heads', 'kv')
     query = with_sharding_constraint(query, axes)
@@ -470,24 +475,7 @@ class MultiHeadDotProductAttention(nn.Module):
         dtype=self.dtype,
         float32_logits=self.float32_logits,
     )
-    out = out_proj(x)
-    if task_query is None:
-      return out
-    if decode:
-      raise ValueError('A task query cannot use the decode cache; give it to '
-                       'an attention that is recomputed at every step.')
-    # The task vector attends to [itself; tokens] (Eq. 6 of HyperGrid), with
-    # no position bias and no dropout on its row.
-    tq = task_query[:, None, :]
-    keys = jnp.concatenate([key_proj(tq), token_key], axis=1)
-    values = jnp.concatenate([value_proj(tq), token_value], axis=1)
-    visible = jnp.concatenate(
-        [jnp.ones_like(task_key_valid[:, :1]), task_key_valid], axis=1)
-    task_out = dot_product_attention(
-        query_proj(tq), keys, values,
-        bias=mask_to_bias(visible[:, None, None, :], self.dtype),
-        dtype=self.dtype, float32_logits=self.float32_logits)
-    return out, out_proj(task_out)[:, 0]
+    return proj.out(x), token_key, token_value
 
   def _use_cache(self, query, key, value, mask, bias, prefix_key,
                  prefix_value):

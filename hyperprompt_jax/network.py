@@ -16,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import adapters as adapters_lib
+from hyperprompt_jax import conditioning as conditioning_lib
 from hyperprompt_jax import hyperformer as hyperformer_lib
 from hyperprompt_jax import hypergrid as hypergrid_lib
 from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
+from hyperprompt_jax import methods
 from hyperprompt_jax import prompt_tuning as prompt_tuning_lib
 
 Array = jax.Array
@@ -48,7 +50,8 @@ class T5Config:
   float32_attention_logits: bool = True
   # Size of the task-id space: ids must lie in [0, num_tasks).
   num_tasks: int = 8
-  # Task conditioning (None: the plain multi-task T5, "MTL").
+  # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
+  # method of `methods.REGISTRY` (its CONFIG_FIELD).
   hyperprompt: Optional[hyperprompt_lib.HyperPromptConfig] = None
   hypergrid: Optional[hypergrid_lib.HyperGridConfig] = None
   # The papers' baselines: Vanilla (Houlsby) adapters, HyperFormer++,
@@ -73,32 +76,17 @@ def check_config(cfg: T5Config) -> None:
                      f'{cfg.dropout_rate}.')
   if not cfg.mlp_activations:
     raise ValueError('T5Config.mlp_activations must name at least one.')
-  if cfg.hyperprompt is not None:
-    hyperprompt_lib.check_hyperprompt_config(cfg.hyperprompt, cfg.emb_dim)
-  if cfg.hypergrid is not None:
-    hypergrid_lib.check_hypergrid_config(cfg.hypergrid, cfg.emb_dim,
-                                         cfg.mlp_dim)
   if cfg.adapter is not None and cfg.hyperformer is not None:
     raise ValueError(
         'T5Config.adapter (Vanilla Adapter) and T5Config.hyperformer '
         '(HyperFormer++) both adapt the same sublayers: include one of '
         'variants/adapter.gin and variants/hyperformer_pp.gin, not both.')
-  if cfg.adapter is not None:
-    adapters_lib.check_adapter_config(cfg.adapter, cfg.emb_dim)
-  if cfg.hyperformer is not None:
-    hyperformer_lib.check_hyperformer_config(cfg.hyperformer, cfg.emb_dim)
-  if cfg.prompt_tuning is not None:
-    prompt_tuning_lib.check_prompt_tuning_config(cfg.prompt_tuning)
+  methods.check(cfg)
 
 
 def is_task_conditioned(cfg: T5Config) -> bool:
   """Whether any module of the network consumes `task_ids`."""
-  return cfg.prompt_tuning is not None or any(
-      hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack) > 0
-      or hypergrid_lib.is_active(cfg.hypergrid, stack)
-      or adapters_lib.is_active(cfg.adapter, stack)
-      or adapters_lib.is_active(cfg.hyperformer, stack)
-      for stack in ('encoder', 'decoder'))
+  return methods.is_task_conditioned(cfg)
 
 
 def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
@@ -143,8 +131,9 @@ def _dropout(cfg: T5Config, **kwargs) -> nn.Dropout:
   return nn.Dropout(rate=cfg.dropout_rate, **kwargs)
 
 
-def _attention(cfg: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
-  return layers.MultiHeadDotProductAttention(
+def _attention(cfg: T5Config, name: str, cls=layers.MultiHeadDotProductAttention
+               ) -> nn.Module:
+  return cls(
       num_heads=cfg.num_heads,
       head_dim=cfg.head_dim,
       dtype=cfg.dtype,
@@ -154,27 +143,22 @@ def _attention(cfg: T5Config, name: str) -> layers.MultiHeadDotProductAttention:
   )
 
 
-def _ffn_sublayer(cfg: T5Config, x, deterministic, gates, adapters=None):
+def _ffn_sublayer(cfg: T5Config, x, deterministic, gates,
+                  conditioning: conditioning_lib.LayerConditioning):
   """Pre-norm FFN with residual (call inside a layer's compact method):
-  `pre_mlp_layer_norm` and `mlp` of the calling layer. `gates`: MlpBlock's
-  HyperGrid / Output Gating arguments; `adapters`: the layer's
-  `adapters.LayerAdapters` (applied to the FFN output before dropout)."""
+  `pre_mlp_layer_norm` and `mlp` of the calling layer, the FFN `gates` (if
+  any) and the layer's FFN adapter (before dropout)."""
   y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
-  y = layers.MlpBlock(
+  y = conditioning.mlp_class(gates)(
       intermediate_dim=cfg.mlp_dim,
       activations=cfg.mlp_activations,
       intermediate_dropout_rate=cfg.dropout_rate,
       dtype=cfg.dtype,
       name='mlp',
-  )(y, deterministic=deterministic, **gates)
-  y = _adapt(adapters, y, 'mlp')
+  )(y, deterministic=deterministic)
+  y = conditioning.adapt(y, 'mlp')
   y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
   return y + x
-
-
-def _adapt(adapters, y, kind: str):
-  """The sublayer output `y` through the layer's `kind` adapter, if any."""
-  return y if adapters is None else adapters(y, kind)
 
 
 class EncoderLayer(nn.Module):
@@ -185,33 +169,23 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, encoder_mask=None, deterministic=False,
-               prompts=None, grid_conditioning=None, adapters=None):
-    """`[batch, length, embed]` -> `[batch, length, embed]`.
-
-    `prompts`: optional `(keys, values, logit_bias)` of this layer, keys and
-    values `[batch, l, heads, head_dim]` prepended in self-attention.
-    `grid_conditioning`: HyperGrid's `(task_vectors [batch, embed] or None,
-    token_valid [batch, length])` of the stack. `adapters`: the layer's
-    `adapters.LayerAdapters` (after the attention and the FFN sublayers).
-    """
+               conditioning: conditioning_lib.LayerConditioning =
+               conditioning_lib.NONE):
+    """`[batch, length, embed]` -> `[batch, length, embed]`, conditioned by
+    the layer's `conditioning.LayerConditioning`."""
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True)
     norm = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')
     x = norm(inputs)
-    task_kwargs = _task_query_kwargs(grid_conditioning, norm)
-    x = _attention(cfg, 'attention')(
-        x, x, encoder_mask, bias, deterministic=deterministic,
-      **_prefix_kwargs(prompts), **task_kwargs)
-    gates = {}
-    if grid_conditioning is not None:
-      # c: the task query's output, or the first token (first_token option).
-      x, c = x if task_kwargs else (x, norm(inputs)[:, 0])
-      gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
-                                        cfg.mlp_dim)
-    x = _adapt(adapters, x, 'attention')
+    x, gates = conditioning.attention(
+        lambda cls: _attention(cfg, 'attention', cls), norm, x, x,
+        encoder_mask, bias, first_token=lambda: norm(inputs)[:, 0],
+        deterministic=deterministic,
+        **conditioning.self_attention_prefix())
+    x = conditioning.adapt(x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
-    return _ffn_sublayer(cfg, x + inputs, deterministic, gates, adapters)
+    return _ffn_sublayer(cfg, x + inputs, deterministic, gates, conditioning)
 
 
 class DecoderLayer(nn.Module):
@@ -230,19 +204,13 @@ class DecoderLayer(nn.Module):
       deterministic=False,
       decode=False,
       max_decode_length=None,
-      prompts=None,
-      grid_conditioning=None,
-      adapters=None,
+      conditioning: conditioning_lib.LayerConditioning = conditioning_lib.NONE,
   ):
     """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
 
-    `prompts`: optional `(keys, values, logit_bias)` for self-attention (see
-    EncoderLayer); while decoding only needed when the cache is created.
-    `grid_conditioning`: HyperGrid's `(task_vectors or None, encoder token
-    valid [batch, input_length])`; the gate is computed from `encoded` through
-    the cross-attention, never from target tokens. `adapters`: the layer's
-    `adapters.LayerAdapters` (after the self-attention and the FFN sublayers,
-    none after the cross-attention).
+    `conditioning`: the layer's `conditioning.LayerConditioning`; a gated
+    FFN's gates come from `encoded` through the cross-attention, never from
+    target tokens.
     """
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else (
@@ -254,137 +222,21 @@ class DecoderLayer(nn.Module):
     )(inputs)
     x = _attention(cfg, 'self_attention')(
         x, x, decoder_mask, bias, deterministic=deterministic, decode=decode,
-        **_prefix_kwargs(prompts),
+        **conditioning.self_attention_prefix(),
     )
-    x = _adapt(adapters, x, 'attention')
+    x = conditioning.adapt(x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x + inputs
     cross_norm = layers.LayerNorm(
         dtype=cfg.dtype, name='pre_cross_attention_layer_norm'
     )
-    y = cross_norm(x)
-    task_kwargs = _task_query_kwargs(grid_conditioning, cross_norm)
-    y = _attention(cfg, 'encoder_decoder_attention')(
-        y, encoded, encoder_decoder_mask, deterministic=deterministic,
-        **_prefix_kwargs(self._cross_attention_prompts(prompts)),
-        **task_kwargs,
-    )
-    gates = {}
-    if grid_conditioning is not None:
-      y, c = y if task_kwargs else (y, encoded[:, 0])
-      gates = hypergrid_lib.layer_gates(cfg.hypergrid, c, cfg.emb_dim,
-                                        cfg.mlp_dim)
+    y, gates = conditioning.attention(
+        lambda cls: _attention(cfg, 'encoder_decoder_attention', cls),
+        cross_norm, cross_norm(x), encoded, encoder_decoder_mask, None,
+        first_token=lambda: encoded[:, 0], deterministic=deterministic,
+        **conditioning.cross_attention_prefix(self))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    return _ffn_sublayer(cfg, y + x, deterministic, gates, adapters)
-
-  def _cross_attention_prompts(self, prompts):
-    """The layer's self-attention prompts, reused in cross-attention when
-    `HyperPromptConfig.cross_attention_prompts` (experimental) is on."""
-    hp = self.config.hyperprompt
-    if prompts is None or not (hp and hp.cross_attention_prompts):
-      return None
-    keys, values, bias = prompts
-    if keys is None:  # decode step: the prompts live in the self-attention cache
-      cache = self.variables['cache']['self_attention']
-      keys, values = cache['cached_prefix_key'], cache['cached_prefix_value']
-    return keys, values, bias
-
-
-def _task_query_kwargs(grid_conditioning, norm) -> dict[str, Any]:
-  """Attention kwargs for HyperGrid's task query (none for first_token)."""
-  if grid_conditioning is None or grid_conditioning[0] is None:
-    return {}
-  task_vectors, token_valid = grid_conditioning
-  return dict(task_query=norm(task_vectors), task_key_valid=token_valid)
-
-
-def _grid_conditioning(module: nn.Module, stack: str, task_ids, token_valid):
-  """HyperGrid's per-stack conditioning inputs, or None when inactive."""
-  hg = module.config.hypergrid
-  if not hypergrid_lib.is_active(hg, stack):
-    return None
-  task_vectors = None
-  if hg.conditioning == 'task_attention':
-    task_vectors = hypergrid_lib.TaskEmbedding(
-        module.config.num_tasks, module.config.emb_dim,
-        name=hypergrid_lib.scope_name(hg))(task_ids)
-  return task_vectors, token_valid
-
-
-def _prefix_kwargs(prompts) -> dict[str, Any]:
-  if prompts is None:
-    return {}
-  keys, values, logit_bias = prompts
-  return dict(prefix_key=keys, prefix_value=values,
-              prefix_logit_bias=logit_bias)
-
-
-class _StackPrompts:
-  """A stack's hyper-prompts for all tasks, gathered per layer by task id."""
-
-  def __init__(self, generated, task_ids):
-    self.keys, self.values, self.logit_bias = generated
-    self.task_ids = task_ids
-
-  def for_layer(self, layer: int):
-    """`(keys, values, logit_bias)` of one layer; keys / values are None at
-    decode steps, where the attention reads them from its cache."""
-    bias = None if self.logit_bias is None else self.logit_bias[layer]
-    if self.keys is None:
-      return None, None, bias
-    keys, values = hyperprompt_lib.gather_prompts(
-        self.keys, self.values, layer, self.task_ids)
-    return keys, values, bias
-
-
-def _stack_prompts(module: nn.Module, stack: str, num_layers: int,
-                   task_ids, generate: bool = True) -> Optional[_StackPrompts]:
-  """Generates (once, for all T tasks) the prompts of `stack`, if any.
-
-  `generate=False` (decode steps) skips the hypernetworks: the prompts are
-  already in the attention caches.
-  """
-  cfg = module.config
-  length = hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack)
-  if length == 0:
-    return None
-  generated = hyperprompt_lib.HyperPromptGenerator(
-      config=cfg.hyperprompt,
-      num_tasks=cfg.num_tasks,
-      num_layers=num_layers,
-      prompt_length=length,
-      emb_dim=cfg.emb_dim,
-      num_heads=cfg.num_heads,
-      head_dim=cfg.head_dim,
-      dtype=cfg.dtype,
-      name='hyperprompt',
-  )(generate=generate)
-  return _StackPrompts(generated, task_ids)
-
-
-def _stack_adapters(module: nn.Module, stack: str, num_layers: int,
-                    task_ids):
-  """A function `layer -> adapters.LayerAdapters` for `stack` (returning None
-  when the stack has no adapters).
-
-  Vanilla adapters are parameters; HyperFormer++ generates them here, once
-  per forward for all T tasks (`[layers, tasks, ...]`).
-  """
-  cfg = module.config
-  if adapters_lib.is_active(cfg.adapter, stack):
-    weights = adapters_lib.VanillaAdapters(
-        cfg.adapter, cfg.num_tasks, num_layers, cfg.emb_dim,
-        name='adapter')()
-    activation = cfg.adapter.activation
-  elif adapters_lib.is_active(cfg.hyperformer, stack):
-    weights = hyperformer_lib.HyperFormerGenerator(
-        cfg.hyperformer, cfg.num_tasks, num_layers, cfg.emb_dim,
-        name='hyperformer')()
-    activation = cfg.hyperformer.activation
-  else:
-    return lambda layer: None
-  return lambda layer: adapters_lib.LayerAdapters(weights, layer, task_ids,
-                                                  activation)
+    return _ffn_sublayer(cfg, y + x, deterministic, gates, conditioning)
 
 
 def _relative_position_biases(cfg: T5Config) -> layers.RelativePositionBiases:
@@ -411,28 +263,16 @@ class Encoder(nn.Module):
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
-    prompts = _stack_prompts(self, 'encoder', cfg.num_encoder_layers,
-                             task_ids)
-    adapters = _stack_adapters(self, 'encoder', cfg.num_encoder_layers,
-                               task_ids)
-    grid_conditioning = _grid_conditioning(
-        self, 'encoder', task_ids,
-        prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
-                                       encoder_input_tokens > 0))
+    conditioning = conditioning_lib.StackConditioning(
+        self, 'encoder', cfg.num_encoder_layers, task_ids,
+        conditioning_lib.input_valid(cfg, encoder_input_tokens))
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
-    if cfg.prompt_tuning is not None:
-      x = prompt_tuning_lib.TaskPrompts(
-          cfg.prompt_tuning, cfg.num_tasks, cfg.emb_dim,
-          name='prompt_tuning')(x, task_ids)
+    x = conditioning.inputs(x)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x.astype(cfg.dtype)
     for i in range(cfg.num_encoder_layers):
       x = EncoderLayer(cfg, rel_emb, name=f'layers_{i}')(
-          x, encoder_mask, deterministic,
-          prompts=prompts and prompts.for_layer(i),
-          grid_conditioning=grid_conditioning,
-          adapters=adapters(i),
-      )
+          x, encoder_mask, deterministic, conditioning.layer(i))
     x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
     return _dropout(cfg)(x, deterministic=deterministic)
 
@@ -460,19 +300,15 @@ class Decoder(nn.Module):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
     `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
-    (for HyperGrid's task query over `encoded`).
+    (for HyperGrid's task query over `encoded`). While decoding, what depends
+    only on the task and `encoded` (hyper-prompts, HyperGrid's gates) is
+    computed when the cache is created and read from it at every step.
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
-    # While decoding, prompts are generated once, when the cache is created,
-    # and read back from the cache at every step.
-    cache_ready = decode and 'cache' in self.variables
-    prompts = _stack_prompts(self, 'decoder', cfg.num_decoder_layers,
-                             task_ids, generate=not cache_ready)
-    grid_conditioning = _grid_conditioning(self, 'decoder', task_ids,
-                                           encoder_valid)
-    adapters = _stack_adapters(self, 'decoder', cfg.num_decoder_layers,
-                               task_ids)
+    conditioning = conditioning_lib.StackConditioning(
+        self, 'decoder', cfg.num_decoder_layers, task_ids, encoder_valid,
+        decode=decode)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -485,9 +321,7 @@ class Decoder(nn.Module):
           deterministic=deterministic,
           decode=decode,
           max_decode_length=max_decode_length,
-          prompts=prompts and prompts.for_layer(i),
-          grid_conditioning=grid_conditioning,
-          adapters=adapters(i),
+          conditioning=conditioning.layer(i),
       )
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -543,8 +377,7 @@ class Transformer(nn.Module):
       )
     check_task_ids(task_ids, encoder_input_tokens.shape[0], cfg.num_tasks)
     _refuse_packing(cfg, encoder_segment_ids)
-    valid = prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
-                                           encoder_input_tokens > 0)
+    valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
       encoder_mask = layers.combine_masks(
@@ -588,8 +421,7 @@ class Transformer(nn.Module):
     check_task_ids(task_ids, decoder_input_tokens.shape[0], cfg.num_tasks)
     _refuse_packing(cfg, decoder_segment_ids)
     # `encoded` covers the Prompt-Tuning prompt too (always valid).
-    encoder_valid = prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
-                                                   encoder_input_tokens > 0)
+    encoder_valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
     if decode:
       # Targets are not known while decoding: no decoder padding mask.
       decoder_mask = None

@@ -2,22 +2,17 @@
 
 One rule for the whole project (parameter tables, the freeze switch of the
 optimizer, checkpoint restore): a parameter is task-conditioned when any
-component of its path is one of `TASK_CONDITIONED_SCOPES`. Every
-task-conditioning module (HyperPrompt, HyperGrid, the baselines) lives under
-one of these scope names; everything else is the T5 backbone that a public
-t5x checkpoint provides.
+component of its path is one of `TASK_CONDITIONED_SCOPES`, the scopes of the
+methods in `methods.REGISTRY` (HyperPrompt, HyperGrid and Output Gating, the
+Vanilla Adapter, HyperFormer++, Prompt-Tuning); everything else is the T5
+backbone that a public t5x checkpoint provides.
 """
 
 from typing import Iterable, Optional
 
-TASK_CONDITIONED_SCOPES = frozenset({
-    'hyperprompt',     # HyperPrompt global prompts and hypernetworks
-    'hypergrid',       # HyperGrid gates and task embeddings
-    'output_gating',   # HyperGrid's Output Gating baseline
-    'adapter',         # Vanilla (Houlsby) adapters
-    'hyperformer',     # HyperFormer++ adapter hypernetworks
-    'prompt_tuning',   # multi-task soft prompts
-})
+from hyperprompt_jax import methods
+
+TASK_CONDITIONED_SCOPES = frozenset(methods.scopes())
 
 
 def split_path(path: str | Iterable[str]) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 import jax
 
+from hyperprompt_jax import methods
+
 AxisRules = Sequence[tuple[str, str | None]]
 
 # t5x's standard rules for 1-D parameter partitioning (model parallelism over
@@ -35,19 +37,10 @@ T5X_STANDARD_RULES: AxisRules = (
     ('mlp_activations', None),
 )
 
-# The project's new axis names (DESIGN.md); small, so replicated.
-TASK_CONDITIONING_RULES: AxisRules = (
-    ('tasks', None),
-    ('prompt_length', None),
-    ('hyper_layers', None),
-    ('hyper_bottleneck', None),
-    ('task_embed', None),
-    ('task_hidden', None),
-    ('grid_rows', None),
-    ('grid_cols', None),
-    ('adapter_bottleneck', None),
-    ('adapter_kinds', None),
-)
+# The methods' new axis names (each method module's AXIS_NAMES); their
+# parameters are small, so replicated.
+TASK_CONDITIONING_RULES: AxisRules = tuple(
+    (name, None) for name in methods.axis_names())
 
 
 def logical_axis_rules(additional_rules: AxisRules = ()) -> AxisRules:

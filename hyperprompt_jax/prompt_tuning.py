@@ -15,7 +15,7 @@ parameters, the paper's figure. Initialisation: N(0, 1), as the token
 embeddings of a freshly initialised T5.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 from flax import linen as nn
 from flax import struct
@@ -25,6 +25,14 @@ import jax.numpy as jnp
 from hyperprompt_jax import layers
 
 Array = jax.Array
+
+# The method's face (read by `methods.REGISTRY`): the T5Config field that
+# holds its config, its parameter scopes and logical axis names, the gin
+# variant files that select it, `check` and `is_active`.
+CONFIG_FIELD = 'prompt_tuning'
+SCOPES = ('prompt_tuning',)
+AXIS_NAMES = ('tasks', 'prompt_length')
+VARIANT_FILES = ('variants/prompt_tuning.gin',)
 
 
 @struct.dataclass
@@ -38,6 +46,16 @@ def check_prompt_tuning_config(cfg: PromptTuningConfig) -> None:
   if cfg.prompt_length <= 0:
     raise ValueError('PromptTuningConfig.prompt_length (PROMPT_TUNING_LENGTH)'
                      f' must be positive, got {cfg.prompt_length}.')
+
+
+def check(cfg: PromptTuningConfig, model_config: Any) -> None:
+  del model_config  # the prompts fit any model
+  check_prompt_tuning_config(cfg)
+
+
+def is_active(cfg: Optional[PromptTuningConfig], stack: str) -> bool:
+  """The soft prompts enter the encoder's input only."""
+  return cfg is not None and stack == 'encoder'
 
 
 def prompt_length(cfg: Optional[PromptTuningConfig]) -> int:
