@@ -6,17 +6,21 @@ r"""Training-step time and peak memory of each variant relative to MTL T5.
         [--rounds=3] [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
     python -m hyperprompt_jax.benchmark --table --batch_sizes=4 \
         [--table_model=models/t5_1_1_base.gin] [--flops_batch_size=128]
+    python -m hyperprompt_jax.benchmark --decode --batch_sizes=16 \
+        [--target_length=32]
 
-For every batch size, one jit-compiled training step (forward, backward,
-`make_optimizer`'s Adafactor update) is built for the MTL network and for each
-variant, at the papers' defaults: the baselines as gin/variants (Vanilla
-Adapter r 32, HyperFormer++ r 16, t' 512, e 128, t 64, Prompt-Tuning 12
-tokens), T = 8; HyperPrompt with l_enc 16, l_dec 6, r 32, t' 64, e 128, t 64,
-T = 8; HyperGrid with a 32 x 128 grid on `wo`, task attention conditioning,
-T = 16. The steps are timed side by side in this one process, in interleaved
-rounds (MTL, share, ..., then share, ..., MTL: each round starts one model
-later) so drift and position hit every model alike; the
-median per-step time gives the ratio variant / MTL. Peak memory is XLA's own
+For every batch size, one jit-compiled training step (`trainer.train_step`,
+the built-in runner's own: forward, backward, `make_optimizer`'s Adafactor
+update) is built for the MTL network and for each variant. Each variant is
+its gin/variants file (one per method of `methods.REGISTRY`) over the model
+of `--gin_file`, at the file's defaults, the papers' (Vanilla Adapter r 32,
+HyperFormer++ r 16, t' 512, e 128, t 64, Prompt-Tuning 12 tokens, T = 8;
+HyperPrompt l_enc 16, l_dec 6, r 32, t' 64, e 128, t 64, T = 8; HyperGrid
+32 x 128 on `wo`, task attention conditioning, T = 16). The steps are timed
+side by side in this one process, in interleaved rounds (MTL, share, ...,
+then share, ..., MTL: each round starts one model later) so drift and
+position hit every model alike; the median per-step time gives the ratio
+variant / MTL. Peak memory is XLA's own
 estimate for the compiled step (`compiled.memory_analysis()`: temporaries +
 arguments + outputs - aliased). Hyper-prompts are computed once per step for
 all tasks, so their ratio should not grow with the batch size.
@@ -25,67 +29,93 @@ all tasks, so their ratio should not grow with the batch size.
 per example (XLA's cost analysis, `param_table.forward_flops`) of the
 `--table_model` network, beside the step-time ratio of the `--gin_file`
 network (T5.1.1-small by default) at the first batch size.
+
+`--decode` times one incremental decode step instead (one token against the
+autoregressive cache of `--target_length`, `--input_length` encoder tokens)
+at the first batch size, beside MTL's: what the cache holds per task and
+`encoded` (hyper-prompts, HyperGrid's decoder gates) is computed when the
+cache is created, not at every step.
 """
 
-import argparse
 import dataclasses
+import functools
+import os
+import re
 import statistics
-import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from hyperprompt_jax import adapters
 from hyperprompt_jax import gin_utils
-from hyperprompt_jax import hyperformer
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import methods
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import param_table
-from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax import paths
+from hyperprompt_jax import trainer
 
-HYPERPROMPT_TASKS = 8    # one GLUE or SuperGLUE run
-HYPERGRID_TASKS = 16     # GLUE + SuperGLUE co-trained
-HYPERPROMPT_VARIANTS = ('share', 'sep', 'global')
-HYPERGRID_VARIANTS = ('hypergrid_l', 'hypergrid_l2', 'hypergrid_lg',
-                      'hypergrid_gl', 'output_gating')
-BASELINE_VARIANTS = ('adapter', 'hyperformer_pp', 'prompt_tuning')
-VARIANTS = BASELINE_VARIANTS + HYPERPROMPT_VARIANTS + HYPERGRID_VARIANTS
 Z_LOSS = 1e-4
 
 
-def make_train_step(model: network.Transformer, optimizer):
-  """`(params, opt_state, batch, rng) -> (params, opt_state, loss)`."""
+def _variant_name(variant_file: str) -> str:
+  """'variants/hyperprompt_share.gin' -> 'share', 'variants/adapter.gin' ->
+  'adapter' (the names of the papers' tables)."""
+  stem = os.path.splitext(os.path.basename(variant_file))[0]
+  return stem.removeprefix('hyperprompt_')
 
-  def loss_fn(params, batch, rng):
-    logits = model.apply(
-        {'params': params}, batch['encoder_input_tokens'],
-        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-        enable_dropout=True, task_ids=batch['task_ids'],
-        rngs={'dropout': rng},
-    )
-    targets = batch['decoder_target_tokens']
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    nll = log_z - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    weights = (targets > 0).astype(jnp.float32)
-    return jnp.sum((nll + Z_LOSS * log_z**2) * weights) / jnp.sum(weights)
 
-  def step(params, opt_state, batch, rng):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+# name -> the gin/variants file that defines it, for every method of the
+# registry (`methods.REGISTRY`), in its order.
+VARIANT_FILES = {_variant_name(f): f for f in methods.variant_files()}
+VARIANTS = tuple(VARIANT_FILES)
 
-  return step
+
+def paper_task_file(variant_file: str) -> str:
+  """The task file of the first paper setup (gin/experiments/) that runs
+  `variant_file`: its task list sets the variant's T (HyperPrompt and the
+  baselines: 8, one GLUE or SuperGLUE run; HyperGrid: 16, both)."""
+  experiments = os.path.join(paths.gin_dir(), 'experiments')
+  for name in sorted(os.listdir(experiments)):
+    with open(os.path.join(experiments, name)) as f:
+      text = f.read()
+    if f"include '{variant_file}'" in text:
+      return re.search(r"include '(tasks/[^']+)'", text).group(1)
+  raise ValueError(f'No paper setup in {experiments} includes {variant_file}.')
+
+
+def variant_config(base: network.T5Config, variant: str,
+                   placement: str) -> network.T5Config:
+  """`base` with the task conditioning of `variant` ('mtl' or one of
+  `VARIANTS`): its gin/variants file's method configs at `PLACEMENT =
+  placement`, and the task-id space of its paper setup. Clears gin's
+  current configuration."""
+  off = {m.CONFIG_FIELD: None for m in methods.REGISTRY}
+  if variant == 'mtl':
+    return dataclasses.replace(base, **off)
+  if variant not in VARIANT_FILES:
+    raise ValueError(f'Unknown variant {variant!r}: choose from {VARIANTS}.')
+  files = [VARIANT_FILES[variant], paper_task_file(VARIANT_FILES[variant])]
+  gin.clear_config()
+  gin.add_config_file_search_path(paths.gin_dir())
+  gin.parse_config_files_and_bindings(
+      [os.path.join(paths.gin_dir(), f) for f in files],
+      [f'PLACEMENT = {placement!r}'])
+  bound = gin.get_configurable(network.T5Config)(vocab_size=base.vocab_size)
+  gin.clear_config()
+  return dataclasses.replace(
+      base, num_tasks=bound.num_tasks,
+      **{field: getattr(bound, field) for field in off})
 
 
 def random_batch(rng: np.random.Generator, batch: int, input_length: int,
-                 target_length: int, vocab: int):
+                 target_length: int, vocab: int, num_tasks: int = 8):
+  """A batch of `trainer.BATCH_KEYS` with random tokens and task ids."""
   targets = rng.integers(1, vocab, (batch, target_length), dtype=np.int32)
   return {
       'encoder_input_tokens': rng.integers(1, vocab, (batch, input_length),
@@ -93,40 +123,26 @@ def random_batch(rng: np.random.Generator, batch: int, input_length: int,
       'decoder_input_tokens': np.concatenate(
           [np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
       'decoder_target_tokens': targets,
-      'task_ids': rng.integers(0, HYPERPROMPT_TASKS, (batch,),
-                               dtype=np.int32),
+      'decoder_loss_weights': np.ones_like(targets),
+      'task_ids': rng.integers(0, num_tasks, (batch,), dtype=np.int32),
   }
 
 
-def variant_config(base: network.T5Config, variant: str,
-                   placement: str) -> network.T5Config:
-  """The network of `variant` ('mtl' or one of `VARIANTS`), at the papers'
-  defaults (the gin/variants files' values)."""
-  base = dataclasses.replace(base, hyperprompt=None, hypergrid=None,
-                             adapter=None, hyperformer=None,
-                             prompt_tuning=None, num_tasks=HYPERPROMPT_TASKS)
-  if variant == 'mtl':
-    return base
-  if variant == 'adapter':
-    return dataclasses.replace(
-        base, adapter=adapters.AdapterConfig(placement=placement))
-  if variant == 'hyperformer_pp':
-    return dataclasses.replace(
-        base, hyperformer=hyperformer.HyperFormerConfig(placement=placement))
-  if variant == 'prompt_tuning':
-    return dataclasses.replace(base,
-                               prompt_tuning=prompt_tuning.PromptTuningConfig())
-  if variant in HYPERPROMPT_VARIANTS:
-    return dataclasses.replace(
-        base, num_tasks=HYPERPROMPT_TASKS,
-        hyperprompt=hyperprompt.HyperPromptConfig(variant=variant,
-                                                  placement=placement))
-  if variant in HYPERGRID_VARIANTS:
-    return dataclasses.replace(
-        base, num_tasks=HYPERGRID_TASKS,
-        hypergrid=hypergrid.HyperGridConfig(
-            variant=variant.removeprefix('hypergrid_'), placement=placement))
-  raise ValueError(f'Unknown variant {variant!r}: choose from {VARIANTS}.')
+def _timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
+                        rounds: int, steps: int) -> dict[str, float]:
+  """Median seconds per call of each runner (`i -> output`), in interleaved
+  rounds: each round starts at another model, so no model always runs first
+  (right after a switch of programs, or after the previous round)."""
+  names = list(runners)
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      start = time.perf_counter()
+      for i in range(steps):
+        out = runners[name](i)
+      jax.block_until_ready(out)
+      times[name].append((time.perf_counter() - start) / steps)
+  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def peak_bytes(compiled) -> int:
@@ -139,53 +155,87 @@ def peak_bytes(compiled) -> int:
 def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
               variants: Sequence[str], placement: str, input_length: int,
               target_length: int, rounds: int, steps: int) -> list[dict]:
-  """Returns one row per (batch size, model): median seconds per step,
-  peak bytes, and their ratios to MTL at that batch size."""
+  """Returns one row per (batch size, model): median seconds per training
+  step (the built-in runner's `trainer.train_step`), peak bytes, and their
+  ratios to MTL at that batch size."""
   rows = []
   optimizer = optimizers.make_optimizer()
-  names = ['mtl', *variants]
+  configs = {name: variant_config(base, name, placement)
+             for name in ['mtl', *variants]}
   for batch_size in batch_sizes:
     batch = random_batch(np.random.default_rng(0), batch_size, input_length,
                          target_length, base.vocab_size)
-    runners = {}
-    for name in names:
-      model = network.Transformer(variant_config(base, name, placement))
-      params = jax.jit(lambda rng, m=model: m.init(
-          rng, batch['encoder_input_tokens'], batch['decoder_input_tokens'],
-          batch['decoder_target_tokens'], enable_dropout=False,
-          task_ids=batch['task_ids'])['params'])(jax.random.PRNGKey(0))
-      opt_state = optimizer.init(params)
+    runners, peaks = {}, {}
+    for name, cfg in configs.items():
+      model = network.Transformer(cfg)
+      params = jax.jit(lambda rng, m=model: network.init_variables(
+          m, rng, input_length, target_length)['params'])(
+              jax.random.PRNGKey(0))
+      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+               'opt_state': optimizer.init(params)}
       rng = jax.random.PRNGKey(1)
-      step = jax.jit(make_train_step(model, optimizer),
-                     donate_argnums=(0, 1)).lower(params, opt_state, batch,
-                                                  rng).compile()
-      state = [params, opt_state]
-      # Warm up.
-      state[0], state[1], loss = step(state[0], state[1], batch, rng)
-      loss.block_until_ready()
-      runners[name] = (step, state, peak_bytes(step))
-    times = {name: [] for name in names}
-    for r in range(rounds):
-      # Each round starts at another model, so no model always runs first
-      # (right after a switch of programs, or after the previous round).
-      for name in names[r % len(names):] + names[:r % len(names)]:
-        step, state, _ = runners[name]
-        start = time.perf_counter()
-        for i in range(steps):
-          state[0], state[1], loss = step(state[0], state[1], batch,
-                                          jax.random.PRNGKey(i))
-        loss.block_until_ready()
-        times[name].append((time.perf_counter() - start) / steps)
-    mtl = statistics.median(times['mtl'])
-    mtl_peak = runners['mtl'][2]
-    for name in names:
-      seconds = statistics.median(times[name])
-      peak = runners[name][2]
+      step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
+                                       z_loss=Z_LOSS),
+                     donate_argnums=(0,)).lower(state, batch, rng).compile()
+      state, terms = step(state, batch, rng)  # warm up
+      jax.block_until_ready(terms['loss'])
+      holder = [state]
+
+      def run(i, step=step, holder=holder):
+        holder[0], terms = step(holder[0], batch, jax.random.PRNGKey(i))
+        return terms['loss']
+
+      runners[name], peaks[name] = run, peak_bytes(step)
+    seconds = _timed_side_by_side(runners, rounds, steps)
+    for name in configs:
       rows.append({'batch_size': batch_size, 'model': name,
-                   'seconds_per_step': seconds, 'ratio_to_mtl': seconds / mtl,
-                   'peak_bytes': peak, 'peak_ratio_to_mtl': peak / mtl_peak})
+                   'seconds_per_step': seconds[name],
+                   'ratio_to_mtl': seconds[name] / seconds['mtl'],
+                   'peak_bytes': peaks[name],
+                   'peak_ratio_to_mtl': peaks[name] / peaks['mtl']})
     del runners
   return rows
+
+
+def decode_benchmark(base: network.T5Config, batch_size: int,
+                     variants: Sequence[str], placement: str,
+                     input_length: int, target_length: int, rounds: int,
+                     steps: int) -> list[dict]:
+  """One row per model: the median seconds of one incremental decode step
+  (one token against a cache of `target_length`, created by
+  `network.create_cache` as both runners' decoders do) and its ratio to
+  MTL's, timed side by side."""
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, base.vocab_size, (batch_size, input_length),
+                        dtype=np.int32)
+  token = np.ones((batch_size, 1), np.int32)
+  runners = {}
+  for name in ['mtl', *variants]:
+    model = network.Transformer(variant_config(base, name, placement))
+    task_ids = rng.integers(0, model.config.num_tasks, (batch_size,),
+                            dtype=np.int32)
+    params = jax.jit(lambda r, m=model: network.init_variables(
+        m, r, input_length, target_length)['params'])(jax.random.PRNGKey(0))
+    encoded = jax.jit(lambda p, m=model, ids=task_ids: m.apply(
+        {'params': p}, tokens, enable_dropout=False, task_ids=ids,
+        method=m.encode))(params)
+    cache = jax.jit(lambda p, e, m=model, ids=task_ids: network.create_cache(
+        m, p, e, tokens, target_length, ids))(params, encoded)
+
+    def decode_step(p, c, e, m=model, ids=task_ids):
+      logits, new = m.apply(
+          {'params': p, 'cache': c}, e, tokens, token, token,
+          enable_dropout=False, decode=True, max_decode_length=target_length,
+          task_ids=ids, mutable=['cache'], method=m.decode)
+      return logits, new['cache']
+
+    step = jax.jit(decode_step).lower(params, cache, encoded).compile()
+    jax.block_until_ready(step(params, cache, encoded))  # warm up
+    runners[name] = (lambda i, step=step, p=params, c=cache, e=encoded:
+                     step(p, c, e)[0])
+  seconds = _timed_side_by_side(runners, rounds, steps)
+  return [{'model': name, 'seconds_per_step': s,
+           'ratio_to_mtl': s / seconds['mtl']} for name, s in seconds.items()]
 
 
 def gated_matmul_routes(batch: int, lengths: Sequence[int], d_model: int,
@@ -273,37 +323,41 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = gin_utils.rewrite_gin_shorthand(
-      sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(
-      prog='python -m hyperprompt_jax.benchmark', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  gin_utils.add_gin_flags(parser)
-  parser.add_argument('--batch_sizes', default='4,8,16')
-  parser.add_argument('--input_length', type=int, default=512)
-  parser.add_argument('--target_length', type=int, default=32)
-  parser.add_argument('--variants', default=','.join(VARIANTS))
-  parser.add_argument('--placement', default='both',
-                      choices=hyperprompt.PLACEMENTS)
-  parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--steps', type=int, default=3)
-  parser.add_argument(
-      '--gated_matmul', action='store_true',
-      help="only time HyperGrid's blockwise and fold routes of a gated wo at "
-           'lengths 1, 8, 32, 128 and --input_length, at the first batch size')
-  parser.add_argument(
-      '--table', action='store_true',
-      help='the variant table: parameter ratio and forward FLOPs per example '
-           'of the --table_model network (at --input_length / '
-           '--target_length, batch --flops_batch_size), and the step-time '
-           'ratio over MTL of the --gin_file network at the first batch size')
-  parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
-                      help='model gin file of the --table parameter and FLOPs '
-                           'columns')
-  parser.add_argument('--flops_batch_size', type=int, default=128,
-                      help="batch of the FLOPs count (the papers' 128): "
-                           'per-task parts are computed once per batch')
-  args = parser.parse_args(argv)
+  def add_flags(parser):
+    parser.add_argument('--batch_sizes', default='4,8,16')
+    parser.add_argument('--input_length', type=int, default=512)
+    parser.add_argument('--target_length', type=int, default=32)
+    parser.add_argument('--variants', default=','.join(VARIANTS))
+    parser.add_argument('--placement', default='both',
+                        choices=hyperprompt.PLACEMENTS)
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--steps', type=int, default=3)
+    parser.add_argument(
+        '--gated_matmul', action='store_true',
+        help="only time HyperGrid's blockwise and fold routes of a gated wo "
+             'at lengths 1, 8, 32, 128 and --input_length, at the first '
+             'batch size')
+    parser.add_argument(
+        '--table', action='store_true',
+        help='the variant table: parameter ratio and forward FLOPs per '
+             'example of the --table_model network (at --input_length / '
+             '--target_length, batch --flops_batch_size), and the step-time '
+             'ratio over MTL of the --gin_file network at the first batch '
+             'size')
+    parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
+                        help='model gin file of the --table parameter and '
+                             'FLOPs columns')
+    parser.add_argument(
+        '--decode', action='store_true',
+        help='time one incremental decode step of each model against its '
+             'cache (ratio over MTL) at the first batch size')
+    parser.add_argument('--flops_batch_size', type=int, default=128,
+                        help="batch of the FLOPs count (the papers' 128): "
+                             'per-task parts are computed once per batch')
+
+  args = gin_utils.parse_command_line(
+      'python -m hyperprompt_jax.benchmark', __doc__, argv,
+      add_flags=add_flags, parse_gin_files=False)
   variants = [v for v in args.variants.split(',') if v]
   bad = set(variants) - set(VARIANTS)
   if bad:
@@ -329,6 +383,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
             f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
             f'{r["faster"]}')
+    return 0
+  if args.decode:
+    rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,
+                            args.input_length, args.target_length,
+                            args.rounds, args.steps)
+    print(f'devices: {jax.devices()}')
+    print(f'decode step: batch {batch_sizes[0]}, input {args.input_length}, '
+          f'cache {args.target_length}')
+    print(f'{"model":<15}{"ms/step":>10}{"step / MTL":>12}')
+    for r in rows:
+      print(f'{r["model"]:<15}{1000 * r["seconds_per_step"]:>10.2f}'
+            f'{r["ratio_to_mtl"]:>11.3f}x')
     return 0
   if args.table:
     rows = variant_table(base, table_base, variants, args.placement,

@@ -20,12 +20,15 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from flax import linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from hyperprompt_jax import adapters as adapters_lib
 from hyperprompt_jax import hyperformer as hyperformer_lib
 from hyperprompt_jax import hypergrid as hypergrid_lib
 from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
+from hyperprompt_jax import methods
 from hyperprompt_jax import prompt_tuning as prompt_tuning_lib
 
 Array = jax.Array
@@ -118,6 +121,45 @@ class LayerConditioning:
 
 
 NONE = LayerConditioning()
+
+
+def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
+  """Checks rank, batch size, dtype and, when concrete, the id range.
+
+  Inside `jax.jit` the values are abstract and an out-of-range gather would
+  clamp silently, so runners also validate batches on the host
+  (`hyperprompt_jax.batches.validate_batch`).
+  """
+  if task_ids is None:
+    return
+  if task_ids.ndim != 1 or task_ids.shape[0] != batch:
+    raise ValueError(
+        f'task_ids must be int32 [batch] = [{batch}], got shape '
+        f'{tuple(task_ids.shape)}.'
+    )
+  if not jnp.issubdtype(task_ids.dtype, jnp.integer):
+    raise ValueError(f'task_ids must be integers, got {task_ids.dtype}.')
+  if isinstance(task_ids, jax.core.Tracer):
+    return
+  ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
+  low, high = int(ids.min()), int(ids.max())
+  if low < 0 or high >= num_tasks:
+    raise ValueError(
+        f'task_ids must lie in [0, num_tasks) = [0, {num_tasks}), got ids '
+        f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
+        'the task list.'
+    )
+
+
+def refuse_packing(cfg, segment_ids) -> None:
+  """Packed rows mix tasks, but task ids are per example."""
+  if segment_ids is not None and methods.is_task_conditioned(cfg):
+    raise ValueError(
+        'Packed inputs (segment ids) reached a task-conditioned model: a '
+        'packed row mixes tasks, but task ids are per example. Set '
+        '`pack = False` in the DatasetConfig of the run (train and '
+        'train_eval).'
+    )
 
 
 def input_valid(cfg, encoder_input_tokens: Array) -> Array:

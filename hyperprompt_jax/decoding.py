@@ -7,9 +7,10 @@ tasks (`num_decodes=1`). The loop is a `lax.while_loop` that stops once every
 row has produced EOS, so short answers cost a few steps, not
 `max_decode_length`.
 
-Task conditioning follows t5x: the cache is created by one call with the full
-target shape and the real `task_ids`, which is when the hyper-prompts are
-generated and stored; decode steps read them back from the cache.
+Task conditioning follows t5x: the cache is created with the real `task_ids`
+(`network.create_cache`, shared with the t5x model), which is when the
+decoder's hyper-prompts and HyperGrid gates are computed and stored; decode
+steps read them back from the cache.
 """
 
 from typing import Any, Mapping, Optional
@@ -22,7 +23,6 @@ import numpy as np
 from hyperprompt_jax import batches
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
-from hyperprompt_jax import trainer as trainer_lib
 
 PyTree = Any
 EOS_ID = 1  # T5's (and seqio's ByteVocabulary's) end-of-sequence id.
@@ -50,13 +50,8 @@ def greedy_decode(model: network.Transformer, params: PyTree,
   encoded = model.apply({'params': params}, encoder_input_tokens,
                         enable_dropout=False, task_ids=task_ids,
                         method=model.encode)
-  shape = jnp.ones((batch, max_decode_length), jnp.int32)
-  # Creating the cache with the full target shape (t5x's convention) is where
-  # the task's prompts are generated and stored.
-  _, variables = model.apply(
-      {'params': params}, encoded, encoder_input_tokens, shape, shape,
-      enable_dropout=False, decode=True, max_decode_length=max_decode_length,
-      task_ids=task_ids, mutable=['cache'], method=model.decode)
+  cache = network.create_cache(model, params, encoded, encoder_input_tokens,
+                               max_decode_length, task_ids)
 
   def step(carry):
     i, cache, token, out, done = carry
@@ -77,7 +72,7 @@ def greedy_decode(model: network.Transformer, params: PyTree,
 
   start = jnp.zeros((batch, 1), jnp.int32)  # T5's decoder start token is 0.
   out = jnp.zeros((batch, max_decode_length), jnp.int32)
-  carry = (jnp.array(0), variables['cache'], start, out,
+  carry = (jnp.array(0), cache, start, out,
            jnp.zeros((batch,), bool))
   return jax.lax.while_loop(not_finished, step, carry)[3]
 
@@ -166,9 +161,8 @@ def make_predictor(model: network.Transformer,
                    ) -> tuple[Predictor, PyTree]:
   """A `Predictor` decoding up to the targets' length, and the model's
   abstract parameters (the shapes a checkpoint must match)."""
-  batch = trainer_lib.dummy_batch(task_feature_lengths)
-  abstract = jax.eval_shape(lambda: trainer_lib.init_variables(
-      model, batch, jax.random.PRNGKey(0)))
+  abstract = network.abstract_variables(model, task_feature_lengths['inputs'],
+                                        task_feature_lengths['targets'])
   predictor = Predictor(model, abstract['params_axes'], mesh, batch_size,
                         task_feature_lengths['targets'])
   return predictor, abstract['params']

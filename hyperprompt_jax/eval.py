@@ -21,14 +21,12 @@ t5x users who evaluated on TPU get the same summary from t5x's output:
     --output_dir=/tmp/summary
 """
 
-import argparse
 import collections
 import importlib
 import logging
 import math
 import os
 import re
-import sys
 import time
 import warnings
 from typing import Any, Mapping, Optional, Sequence
@@ -242,19 +240,16 @@ def summarize_metrics_dir(metrics_dir: str, output_dir: str) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = gin_utils.rewrite_gin_shorthand(sys.argv[1:] if argv is None
-                                         else argv)
-  parser = argparse.ArgumentParser(
-      prog='python -m hyperprompt_jax.eval', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  gin_utils.add_gin_flags(parser)
-  parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
-                      'output (<task>-metrics.jsonl files) instead of '
-                      'evaluating; no gin needed')
-  parser.add_argument('--output_dir', help='where --metrics_dir writes the '
-                      'summary (default: the metrics directory)')
-  args = parser.parse_args(argv)
-  gin_utils.log_to_stdout(log)
+  def add_flags(parser):
+    parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
+                        'output (<task>-metrics.jsonl files) instead of '
+                        'evaluating; no gin needed')
+    parser.add_argument('--output_dir', help='where --metrics_dir writes the '
+                        'summary (default: the metrics directory)')
+
+  args = gin_utils.parse_command_line(
+      'python -m hyperprompt_jax.eval', __doc__, argv, logger=log,
+      add_flags=add_flags, parse_gin_files=False)
   if args.metrics_dir:
     summarize_metrics_dir(args.metrics_dir,
                           args.output_dir or args.metrics_dir)

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import gin
 
@@ -33,6 +33,43 @@ def parse_gin_flags(args: argparse.Namespace,
   gin.clear_config()
   parse_gin(args.gin_file or list(default_gin_files), args.gin_bindings,
             [p for p in args.gin_search_paths.split(',') if p])
+
+
+def parse_command_line(
+    prog: str, description: str, argv: Optional[Sequence[str]], *,
+    add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+    logger: Optional[logging.Logger] = None, parse_gin_files: bool = True,
+    default_gin_files: Sequence[str] = ()) -> argparse.Namespace:
+  """Every entry point's preamble: the gin flags (t5x's `--gin.X=Y`
+  shorthand included) and the tool's own (`add_flags`), its progress log on
+  stdout (`logger`), and, unless `parse_gin_files` is off, gin parsed from
+  the flags (`default_gin_files` when no `--gin_file` is given).
+
+  Args:
+    prog: the command, e.g. 'python -m hyperprompt_jax.train'.
+    description: the `--help` text (the module docstring).
+    argv: the arguments (None: `sys.argv[1:]`).
+    add_flags: adds the tool's own flags to the parser.
+    logger: the tool's logger, sent to stdout.
+    parse_gin_files: parse gin here (off for tools that parse it later).
+    default_gin_files: the gin files when none are given.
+
+  Returns:
+    The parsed flags.
+  """
+  argv = rewrite_gin_shorthand(sys.argv[1:] if argv is None else argv)
+  parser = argparse.ArgumentParser(
+      prog=prog, description=description,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_gin_flags(parser)
+  if add_flags is not None:
+    add_flags(parser)
+  args = parser.parse_args(argv)
+  if logger is not None:
+    log_to_stdout(logger)
+  if parse_gin_files:
+    parse_gin_flags(args, default_gin_files)
+  return args
 
 
 def run(main: Callable[[], int]) -> None:

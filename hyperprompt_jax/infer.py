@@ -18,13 +18,11 @@ INFER_BATCH_SIZE (64), INFER_NUM_EXAMPLES (None: all). Beam search is t5x's
 greedily, as t5x's evaluation does.
 """
 
-import argparse
 import importlib
 import json
 import logging
 import os
 import re
-import sys
 from typing import Mapping, Optional, Sequence
 
 import gin
@@ -140,15 +138,8 @@ def infer(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = gin_utils.rewrite_gin_shorthand(sys.argv[1:] if argv is None
-                                         else argv)
-  parser = argparse.ArgumentParser(
-      prog='python -m hyperprompt_jax.infer', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  gin_utils.add_gin_flags(parser)
-  args = parser.parse_args(argv)
-  gin_utils.log_to_stdout(log)
-  gin_utils.parse_gin_flags(args)
+  gin_utils.parse_command_line('python -m hyperprompt_jax.infer', __doc__,
+                               argv, logger=log)
   importlib.import_module('hyperprompt_jax.infer').infer()
   return 0
 

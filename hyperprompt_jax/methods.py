@@ -24,7 +24,7 @@ from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import prompt_tuning
 
-REGISTRY = (hyperprompt, hypergrid, adapters, hyperformer, prompt_tuning)
+REGISTRY = (adapters, hyperformer, prompt_tuning, hyperprompt, hypergrid)
 
 STACKS = ('encoder', 'decoder')
 

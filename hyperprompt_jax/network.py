@@ -5,6 +5,13 @@ Parameter names, storage shapes and logical axes are those of t5x's
 and t5x's partitioner shards it. Every entry point takes `task_ids` (int32
 `[batch]`, one per example); the plain network ignores them, task-conditioned
 modules consume them and raise when they are missing.
+
+This file is the backbone only. Each stack builds one
+`conditioning.StackConditioning` and hands every layer its
+`LayerConditioning`; the methods' equations live in their own modules
+(`hyperprompt.py`: HyperPrompt, Eqs. 1-8; `hypergrid.py`: HyperGrid, Eqs.
+3-8, and Output Gating; `adapters.py`, `hyperformer.py`, `prompt_tuning.py`:
+the baselines), listed in `methods.REGISTRY`.
 """
 
 from typing import Any, Optional, Sequence
@@ -13,16 +20,10 @@ from flax import linen as nn
 from flax import struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from hyperprompt_jax import adapters as adapters_lib
 from hyperprompt_jax import conditioning as conditioning_lib
-from hyperprompt_jax import hyperformer as hyperformer_lib
-from hyperprompt_jax import hypergrid as hypergrid_lib
-from hyperprompt_jax import hyperprompt as hyperprompt_lib
 from hyperprompt_jax import layers
 from hyperprompt_jax import methods
-from hyperprompt_jax import prompt_tuning as prompt_tuning_lib
 
 Array = jax.Array
 
@@ -52,13 +53,13 @@ class T5Config:
   num_tasks: int = 8
   # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
   # method of `methods.REGISTRY` (its CONFIG_FIELD).
-  hyperprompt: Optional[hyperprompt_lib.HyperPromptConfig] = None
-  hypergrid: Optional[hypergrid_lib.HyperGridConfig] = None
+  hyperprompt: Optional[methods.hyperprompt.HyperPromptConfig] = None
+  hypergrid: Optional[methods.hypergrid.HyperGridConfig] = None
   # The papers' baselines: Vanilla (Houlsby) adapters, HyperFormer++,
   # multi-task Prompt-Tuning.
-  adapter: Optional[adapters_lib.AdapterConfig] = None
-  hyperformer: Optional[hyperformer_lib.HyperFormerConfig] = None
-  prompt_tuning: Optional[prompt_tuning_lib.PromptTuningConfig] = None
+  adapter: Optional[methods.adapters.AdapterConfig] = None
+  hyperformer: Optional[methods.hyperformer.HyperFormerConfig] = None
+  prompt_tuning: Optional[methods.prompt_tuning.PromptTuningConfig] = None
 
 
 def check_config(cfg: T5Config) -> None:
@@ -87,44 +88,6 @@ def check_config(cfg: T5Config) -> None:
 def is_task_conditioned(cfg: T5Config) -> bool:
   """Whether any module of the network consumes `task_ids`."""
   return methods.is_task_conditioned(cfg)
-
-
-def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
-  """Checks rank, batch size, dtype and, when concrete, the id range.
-
-  Inside `jax.jit` the values are abstract and an out-of-range gather would
-  clamp silently, so runners also validate batches on the host
-  (`hyperprompt_jax.batches.validate_batch`).
-  """
-  if task_ids is None:
-    return
-  if task_ids.ndim != 1 or task_ids.shape[0] != batch:
-    raise ValueError(
-        f'task_ids must be int32 [batch] = [{batch}], got shape '
-        f'{tuple(task_ids.shape)}.'
-    )
-  if not jnp.issubdtype(task_ids.dtype, jnp.integer):
-    raise ValueError(f'task_ids must be integers, got {task_ids.dtype}.')
-  if isinstance(task_ids, jax.core.Tracer):
-    return
-  ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
-  low, high = int(ids.min()), int(ids.max())
-  if low < 0 or high >= num_tasks:
-    raise ValueError(
-        f'task_ids must lie in [0, num_tasks) = [0, {num_tasks}), got ids '
-        f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
-        'the task list.'
-    )
-
-
-def _refuse_packing(cfg: T5Config, segment_ids) -> None:
-  if segment_ids is not None and is_task_conditioned(cfg):
-    raise ValueError(
-        'Packed inputs (segment ids) reached a task-conditioned model: a '
-        'packed row mixes tasks, but task ids are per example. Set '
-        '`pack = False` in the DatasetConfig of the run (train and '
-        'train_eval).'
-    )
 
 
 def _dropout(cfg: T5Config, **kwargs) -> nn.Dropout:
@@ -195,17 +158,11 @@ class DecoderLayer(nn.Module):
   relative_embedding: nn.Module
 
   @nn.compact
-  def __call__(
-      self,
-      inputs,
-      encoded,
-      decoder_mask=None,
-      encoder_decoder_mask=None,
-      deterministic=False,
-      decode=False,
-      max_decode_length=None,
-      conditioning: conditioning_lib.LayerConditioning = conditioning_lib.NONE,
-  ):
+  def __call__(self, inputs, encoded, decoder_mask=None,
+               encoder_decoder_mask=None, deterministic=False, decode=False,
+               max_decode_length=None,
+               conditioning: conditioning_lib.LayerConditioning =
+               conditioning_lib.NONE):
     """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
 
     `conditioning`: the layer's `conditioning.LayerConditioning`; a gated
@@ -284,19 +241,10 @@ class Decoder(nn.Module):
   shared_embedding: nn.Module
 
   @nn.compact
-  def __call__(
-      self,
-      encoded,
-      decoder_input_tokens,
-      decoder_positions=None,
-      decoder_mask=None,
-      encoder_decoder_mask=None,
-      deterministic=False,
-      decode=False,
-      max_decode_length=None,
-      task_ids=None,
-      encoder_valid=None,
-  ):
+  def __call__(self, encoded, decoder_input_tokens, decoder_positions=None,
+               decoder_mask=None, encoder_decoder_mask=None,
+               deterministic=False, decode=False, max_decode_length=None,
+               task_ids=None, encoder_valid=None):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
     `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
@@ -314,15 +262,8 @@ class Decoder(nn.Module):
     y = y.astype(cfg.dtype)
     for i in range(cfg.num_decoder_layers):
       y = DecoderLayer(cfg, rel_emb, name=f'layers_{i}')(
-          y,
-          encoded,
-          decoder_mask=decoder_mask,
-          encoder_decoder_mask=encoder_decoder_mask,
-          deterministic=deterministic,
-          decode=decode,
-          max_decode_length=max_decode_length,
-          conditioning=conditioning.layer(i),
-      )
+          y, encoded, decoder_mask, encoder_decoder_mask, deterministic,
+          decode, max_decode_length, conditioning.layer(i))
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -334,6 +275,15 @@ class Decoder(nn.Module):
         kernel_axes=('embed', 'vocab'),
         name='logits_dense',
     )(y)
+
+
+def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
+                  segment_ids) -> None:
+  if tokens.ndim != 2:
+    raise ValueError(f'{name} must be [batch, length], got shape '
+                     f'{tokens.shape}.')
+  conditioning_lib.check_task_ids(task_ids, tokens.shape[0], cfg.num_tasks)
+  conditioning_lib.refuse_packing(cfg, segment_ids)
 
 
 class Transformer(nn.Module):
@@ -356,13 +306,8 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.shared_embedding)
     self.decoder = Decoder(cfg, self.shared_embedding)
 
-  def encode(
-      self,
-      encoder_input_tokens,
-      encoder_segment_ids=None,
-      enable_dropout=True,
-      task_ids=None,
-  ):
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None,
+             enable_dropout=True, task_ids=None):
     """Encodes `[batch, length]` tokens to `[batch, length, embed]`
     (`[batch, n + length, embed]` with Prompt-Tuning's n soft tokens first).
 
@@ -370,56 +315,31 @@ class Transformer(nn.Module):
     tokens attend only within their segment.
     """
     cfg = self.config
-    if encoder_input_tokens.ndim != 2:
-      raise ValueError(
-          'encoder_input_tokens must be [batch, length], got shape '
-          f'{encoder_input_tokens.shape}.'
-      )
-    check_task_ids(task_ids, encoder_input_tokens.shape[0], cfg.num_tasks)
-    _refuse_packing(cfg, encoder_segment_ids)
+    _check_inputs(cfg, 'encoder_input_tokens', encoder_input_tokens, task_ids,
+                  encoder_segment_ids)
     valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
       encoder_mask = layers.combine_masks(
-          encoder_mask,
-          layers.make_attention_mask(
+          encoder_mask, layers.make_attention_mask(
               encoder_segment_ids, encoder_segment_ids, jnp.equal,
-              dtype=cfg.dtype,
-          ),
-          dtype=cfg.dtype,
-      )
-    return self.encoder(
-        encoder_input_tokens, encoder_mask, deterministic=not enable_dropout,
-        task_ids=task_ids,
-    )
+              dtype=cfg.dtype), dtype=cfg.dtype)
+    return self.encoder(encoder_input_tokens, encoder_mask,
+                        deterministic=not enable_dropout, task_ids=task_ids)
 
-  def decode(
-      self,
-      encoded,
-      encoder_input_tokens,
-      decoder_input_tokens,
-      decoder_target_tokens,
-      encoder_segment_ids=None,
-      decoder_segment_ids=None,
-      decoder_positions=None,
-      enable_dropout=True,
-      decode=False,
-      max_decode_length=None,
-      task_ids=None,
-  ):
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens, encoder_segment_ids=None,
+             decoder_segment_ids=None, decoder_positions=None,
+             enable_dropout=True, decode=False, max_decode_length=None,
+             task_ids=None):
     """Decoder logits `[batch, target_length, vocab]` given `encoded`.
 
     With `decode=True` this runs one step against the autoregressive cache
     (created by a first call with the full-length target shape).
     """
     cfg = self.config
-    if decoder_input_tokens.ndim != 2:
-      raise ValueError(
-          'decoder_input_tokens must be [batch, length], got shape '
-          f'{decoder_input_tokens.shape}.'
-      )
-    check_task_ids(task_ids, decoder_input_tokens.shape[0], cfg.num_tasks)
-    _refuse_packing(cfg, decoder_segment_ids)
+    _check_inputs(cfg, 'decoder_input_tokens', decoder_input_tokens, task_ids,
+                  decoder_segment_ids)
     # `encoded` covers the Prompt-Tuning prompt too (always valid).
     encoder_valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
     if decode:
@@ -437,30 +357,33 @@ class Transformer(nn.Module):
       )
     if encoder_segment_ids is not None:
       if decode:
-        raise ValueError(
-            'Packed inputs cannot be decoded: `encoder_segment_ids` was passed '
-            'with decode=True.'
-        )
+        raise ValueError('Packed inputs cannot be decoded: '
+                         '`encoder_segment_ids` was passed with decode=True.')
       encoder_decoder_mask = layers.combine_masks(
-          encoder_decoder_mask,
-          layers.make_attention_mask(
+          encoder_decoder_mask, layers.make_attention_mask(
               decoder_segment_ids, encoder_segment_ids, jnp.equal,
-              dtype=cfg.dtype,
-          ),
-          dtype=cfg.dtype,
-      )
+              dtype=cfg.dtype), dtype=cfg.dtype)
     return self.decoder(
-        encoded,
-        decoder_input_tokens=decoder_input_tokens,
-        decoder_positions=decoder_positions,
-        decoder_mask=decoder_mask,
-        encoder_decoder_mask=encoder_decoder_mask,
-        deterministic=not enable_dropout,
-        decode=decode,
-        max_decode_length=max_decode_length,
-        task_ids=task_ids,
-        encoder_valid=encoder_valid,
-    )
+        encoded, decoder_input_tokens, decoder_positions=decoder_positions,
+        decoder_mask=decoder_mask, encoder_decoder_mask=encoder_decoder_mask,
+        deterministic=not enable_dropout, decode=decode,
+        max_decode_length=max_decode_length, task_ids=task_ids,
+        encoder_valid=encoder_valid)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int,
+                 task_ids=None):
+    """Creates the autoregressive cache (apply with `mutable=['cache']`, or
+    use `create_cache`).
+
+    One decode call over the full target shape, t5x's convention, with the
+    real task ids: everything that depends only on the task and `encoded` is
+    computed here, once, and kept in the cache (HyperPrompt's decoder
+    prompts, HyperGrid's decoder gates); decode steps read it back.
+    """
+    shape = jnp.ones((encoded.shape[0], max_decode_length), jnp.int32)
+    self.decode(encoded, encoder_input_tokens, shape, shape,
+                enable_dropout=False, decode=True,
+                max_decode_length=max_decode_length, task_ids=task_ids)
 
   def __call__(
       self,
@@ -509,3 +432,36 @@ class Transformer(nn.Module):
         decode=decode,
         task_ids=task_ids,
     )
+
+
+def init_variables(model: Transformer, rng: Array, input_length: int = 8,
+                   target_length: int = 4, batch_size: int = 1):
+  """`model.init` on placeholder tokens of these shapes, task id 0.
+
+  The parameters and their logical axes (`params_axes`) depend only on the
+  configuration, not on the shapes; every runner initialises through here
+  (wrap it in `jax.eval_shape` for shapes only: `abstract_variables`).
+  """
+  encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
+  decoder_tokens = jnp.ones((batch_size, target_length), jnp.int32)
+  return model.init(rng, encoder_tokens, decoder_tokens, decoder_tokens,
+                    enable_dropout=False,
+                    task_ids=jnp.zeros((batch_size,), jnp.int32))
+
+
+def abstract_variables(model: Transformer, input_length: int = 8,
+                       target_length: int = 4):
+  """Shapes and dtypes of `init_variables`, without allocating anything."""
+  return jax.eval_shape(lambda: init_variables(
+      model, jax.random.PRNGKey(0), input_length, target_length))
+
+
+def create_cache(model: Transformer, params, encoded: Array,
+                 encoder_input_tokens: Array, max_decode_length: int,
+                 task_ids: Optional[Array] = None):
+  """The decoding cache of `Transformer.init_cache` (both decoders, the
+  built-in greedy one and t5x's beam search, start from it)."""
+  _, variables = model.apply(
+      {'params': params}, encoded, encoder_input_tokens, max_decode_length,
+      task_ids, mutable=['cache'], method=model.init_cache)
+  return variables['cache']

@@ -2,13 +2,15 @@ r"""Parameter table of a gin-configured network, without allocating it.
 
     python -m hyperprompt_jax.param_table \
         --gin_file=models/t5_1_1_base.gin [--gin_file=variants/...gin] \
-        [--gin.NUM_TASKS=8] [--json] \
+        [--gin_file=tasks/glue_super_glue.gin] [--json] \
         [--flops [--input_length=512] [--target_length=32] [--batch_size=1]]
 
 Shapes come from `jax.eval_shape` of the network's `init`, so XXL costs
 nothing. Task-conditioned parameters are those under a scope listed in
 `hyperprompt_jax.param_groups.TASK_CONDITIONED_SCOPES`; the ratio is
-total / backbone, as the papers' "#Params" column.
+total / backbone, as the papers' "#Params" column. T, the task-id space, is
+the task file's `NUM_TASKS` (8 without one; `tasks/glue_super_glue.gin` gives
+HyperGrid's 16).
 
 `--flops` adds the forward FLOPs of one example (teacher-forced, at the given
 feature lengths) from XLA's cost analysis of the lowered forward pass, again
@@ -23,7 +25,6 @@ import argparse
 import collections
 import json
 import re
-import sys
 from typing import Any, Optional, Sequence
 
 from flax import traverse_util
@@ -39,16 +40,7 @@ from hyperprompt_jax import param_groups
 
 def abstract_params(model: network.Transformer) -> dict[str, Any]:
   """'/'-joined path -> `jax.ShapeDtypeStruct` of every parameter."""
-  batch, inputs, targets = 1, 8, 4
-  enc = jnp.ones((batch, inputs), jnp.int32)
-  dec = jnp.ones((batch, targets), jnp.int32)
-  task_ids = jnp.zeros((batch,), jnp.int32)
-  variables = jax.eval_shape(
-      lambda: model.init(
-          jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False,
-          task_ids=task_ids,
-      )
-  )
+  variables = network.abstract_variables(model)
   return traverse_util.flatten_dict(variables['params'], sep='/')
 
 
@@ -151,29 +143,24 @@ def build_network() -> network.Transformer:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = gin_utils.rewrite_gin_shorthand(
-      sys.argv[1:] if argv is None else argv
-  )
-  parser = argparse.ArgumentParser(
-      prog='python -m hyperprompt_jax.param_table', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
-  gin_utils.add_gin_flags(parser)
-  parser.add_argument('--json', action='store_true',
-                      help='print one JSON object instead of the table')
-  parser.add_argument('--flops', action='store_true',
-                      help='add the forward FLOPs of one example (XLA cost '
-                      'analysis of the teacher-forced forward)')
-  for flag, default, help_ in (
-      ('input_length', 512, 'encoder tokens per example'),
-      ('target_length', 32, 'decoder tokens per example'),
-      ('batch_size', 1, 'examples per forward: the per-task work of '
-       'task-conditioned modules is done once per forward and shared by the '
-       'batch (the papers train at 128)')):
-    parser.add_argument(f'--{flag}', type=_positive(flag), default=default,
-                        help=f'with --flops: {help_} (default {default})')
-  args = parser.parse_args(argv)
-  gin_utils.parse_gin_flags(args)
+  def add_flags(parser):
+    parser.add_argument('--json', action='store_true',
+                        help='print one JSON object instead of the table')
+    parser.add_argument('--flops', action='store_true',
+                        help='add the forward FLOPs of one example (XLA cost '
+                        'analysis of the teacher-forced forward)')
+    for flag, default, help_ in (
+        ('input_length', 512, 'encoder tokens per example'),
+        ('target_length', 32, 'decoder tokens per example'),
+        ('batch_size', 1, 'examples per forward: the per-task work of '
+         'task-conditioned modules is done once per forward and shared by '
+         'the batch (the papers train at 128)')):
+      parser.add_argument(f'--{flag}', type=_positive(flag), default=default,
+                          help=f'with --flops: {help_} (default {default})')
+
+  args = gin_utils.parse_command_line(
+      'python -m hyperprompt_jax.param_table', __doc__, argv,
+      add_flags=add_flags)
   model = build_network()
   summary = summarize(abstract_params(model))
   if args.flops:

@@ -107,31 +107,16 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   ) -> PyTree:
     """Initial variables from the input shapes (`[batch, length]` tokens).
 
-    Task id 0 for every example: initialisation needs only the shapes.
-    t5x's own shape for `task_ids` is ignored (its evaluator reports `[]`
-    features with a length of 0).
+    `network.init_variables`, as the built-in runner: placeholder tokens of
+    the token shapes, task id 0 (the parameters depend only on the
+    configuration). t5x's own shape for `task_ids` is ignored (its evaluator
+    reports `[]` features with a length of 0).
     """
-    input_types = input_types or {}
-
-    def ones(name):
-      if name not in input_shapes:
-        return None
-      return jnp.ones(input_shapes[name], input_types.get(name, jnp.int32))
-
-    encoder_shape = input_shapes['encoder_input_tokens']
-    variables = self.module.init(
-        rng,
-        ones('encoder_input_tokens'),
-        ones('decoder_input_tokens'),
-        ones('decoder_input_tokens'),
-        encoder_segment_ids=ones('encoder_segment_ids'),
-        decoder_segment_ids=ones('decoder_segment_ids'),
-        encoder_positions=ones('encoder_positions'),
-        decoder_positions=ones('decoder_positions'),
-        decode=False,
-        enable_dropout=False,
-        task_ids=jnp.zeros((encoder_shape[0],), jnp.int32),
-    )
+    del input_types  # placeholder tokens are int32
+    batch, input_length = input_shapes['encoder_input_tokens']
+    target_length = input_shapes['decoder_input_tokens'][1]
+    variables = network.init_variables(self.module, rng, input_length,
+                                       target_length, batch)
     return flax.core.freeze(variables)  # as t5x's
 
   def _compute_logits(
@@ -208,12 +193,13 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   ) -> tuple[PyTree, None]:
     """The empty decoding cache, created with the real task ids.
 
-    One `decode` call over the full target shape creates the cache (t5x's
-    convention); HyperPrompt generates the decoder's prompts in it and stores
-    them as `cached_prefix_key` / `cached_prefix_value`. Unlike t5x's, the
-    call goes through `decode` with `encoded_inputs`: re-running the encoder
-    on placeholder tokens, as t5x does, would need task ids for its prompts
-    too and is wasted work.
+    `network.create_cache`, as the built-in decoder: one `decode` call over
+    the full target shape (t5x's convention) that also stores what depends
+    only on the task and `encoded` (HyperPrompt's decoder prompts as
+    `cached_prefix_key` / `cached_prefix_value`, HyperGrid's decoder gates).
+    Unlike t5x's, it goes through `decode` with `encoded_inputs`: re-running
+    the encoder on placeholder tokens, as t5x does, would need task ids for
+    its prompts too and is wasted work.
 
     Args:
       params: the parameters.
@@ -232,21 +218,10 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           'Prefilling the decoder prompt is not supported by '
           'hyperprompt_jax.network.Transformer.decode; call '
           'predict_batch_with_aux with prompt_with_targets=False.')
-    shape = jnp.ones_like(decoder_input_tokens)
-    _, variables = self.module.apply(
-        {'params': params},
-        encoded_inputs,
-        encoder_input_tokens,
-        shape,
-        shape,
-        enable_dropout=False,
-        decode=True,
-        max_decode_length=decoder_input_tokens.shape[1],
-        task_ids=task_ids,
-        mutable=['cache'],
-        method=self.module.decode,
-    )
-    return variables['cache'], None
+    cache = network.create_cache(self.module, params, encoded_inputs,
+                                 encoder_input_tokens,
+                                 decoder_input_tokens.shape[1], task_ids)
+    return cache, None
 
   def predict_batch_with_aux(
       self,

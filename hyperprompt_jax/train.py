@@ -14,11 +14,9 @@ the newest (the initial checkpoint is then ignored, as in t5x), data position
 included. The operative gin config is written to MODEL_DIR.
 """
 
-import argparse
 import importlib
 import logging
 import os
-import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
@@ -185,20 +183,15 @@ def train(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = gin_utils.rewrite_gin_shorthand(sys.argv[1:] if argv is None
-                                         else argv)
-  parser = argparse.ArgumentParser(
-      prog='python -m hyperprompt_jax.train', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  gin_utils.add_gin_flags(parser)
-  parser.add_argument('--multiprocess', action='store_true',
-                      help='call jax.distributed.initialize() (multi-host '
-                      'GPU; TPU pods detect their hosts themselves)')
-  args = parser.parse_args(argv)
-  gin_utils.log_to_stdout(log)
+  args = gin_utils.parse_command_line(
+      'python -m hyperprompt_jax.train', __doc__, argv, logger=log,
+      add_flags=lambda parser: parser.add_argument(
+          '--multiprocess', action='store_true',
+          help='call jax.distributed.initialize() (multi-host GPU; TPU pods '
+          'detect their hosts themselves)'))
+  # Parsing gin computes nothing, so the hosts may join after it.
   if args.multiprocess or os.environ.get('JAX_COORDINATOR_ADDRESS'):
     jax.distributed.initialize()
-  gin_utils.parse_gin_flags(args)
   # Under `python -m` this file is `__main__`; gin configures the function
   # of the importable module (`hyperprompt_jax.train.train`).
   result = importlib.import_module('hyperprompt_jax.train').train()

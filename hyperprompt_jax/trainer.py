@@ -3,9 +3,11 @@
 The state is a dict `{'step', 'params', 'opt_state'}` (an orbax-friendly
 PyTree). Parameters are placed by their logical axes (`partitioning`), the
 optimizer state by the compiler from them, and the batch along 'data'; the
-step is one `jax.jit` with those in / out shardings, donating the old state.
+step is one `jax.jit` of the pure `train_step` (which the benchmark times
+too) with those in / out shardings, donating the old state.
 """
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 from flax import traverse_util
@@ -26,20 +28,48 @@ BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
               'decoder_target_tokens', 'decoder_loss_weights', 'task_ids')
 
 
-def dummy_batch(task_feature_lengths: Mapping[str, int]) -> dict:
-  """A one-example batch of the training shapes, for `init`."""
-  enc = np.ones((1, task_feature_lengths['inputs']), np.int32)
-  dec = np.ones((1, task_feature_lengths['targets']), np.int32)
-  return {'encoder_input_tokens': enc, 'decoder_input_tokens': dec,
-          'decoder_target_tokens': dec, 'decoder_loss_weights': dec,
-          'task_ids': np.zeros((1,), np.int32)}
+def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
+            rng: jax.Array, z_loss: float,
+            rules: Optional[partitioning.AxisRules] = None
+            ) -> tuple[jax.Array, dict]:
+  """Teacher-forced cross-entropy + z-loss of a batch (`BATCH_KEYS`), with
+  dropout from `rng`: `(loss, terms)` (`losses.cross_entropy_with_z_loss`)."""
+  with nn_partitioning.axis_rules(rules or partitioning.logical_axis_rules()):
+    logits = model.apply(
+        {'params': params}, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        enable_dropout=True, task_ids=batch['task_ids'],
+        rngs={'dropout': rng})
+  terms = losses.cross_entropy_with_z_loss(
+      logits, batch['decoder_target_tokens'], batch['decoder_loss_weights'],
+      z_loss)
+  return terms['loss'], terms
 
 
-def init_variables(model: network.Transformer, batch: dict, rng):
-  return model.init(rng, batch['encoder_input_tokens'],
-                    batch['decoder_input_tokens'],
-                    batch['decoder_target_tokens'], enable_dropout=False,
-                    task_ids=batch['task_ids'])
+def train_step(model: network.Transformer,
+               optimizer: optax.GradientTransformation, state: State,
+               batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
+               rules: Optional[partitioning.AxisRules] = None
+               ) -> tuple[State, dict]:
+  """One optimizer step, pure: jit it with the shardings you need.
+
+  A non-finite loss or update leaves the state as it was (so no NaN ever
+  reaches a checkpoint; `terms['finite']` says so and the runner stops at
+  its next check).
+  """
+  (loss, terms), grads = jax.value_and_grad(loss_fn, argnums=1,
+                                            has_aux=True)(
+      model, state['params'], batch, rng, z_loss, rules)
+  updates, opt_state = optimizer.update(grads, state['opt_state'],
+                                        state['params'])
+  new = {'step': state['step'] + 1,
+         'params': optax.apply_updates(state['params'], updates),
+         'opt_state': opt_state}
+  finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
+  new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+  terms['finite'] = finite
+  terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
+  return new, terms
 
 
 class Trainer:
@@ -68,13 +98,12 @@ class Trainer:
     self.seed = seed
     self.batch_sharding = jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec('data'))
-    batch = dummy_batch(task_feature_lengths)
-    abstract = jax.eval_shape(
-        lambda: init_variables(model, batch, jax.random.PRNGKey(0)))
+    self._lengths = (task_feature_lengths['inputs'],
+                     task_feature_lengths['targets'])
+    abstract = network.abstract_variables(model, *self._lengths)
     self.abstract_params = abstract['params']
     self.param_shardings = partitioning.parameter_shardings(
         abstract['params_axes'], mesh, self.rules)
-    self._batch = batch
     self._step_fn = None
     self.state_shardings = None
 
@@ -83,7 +112,8 @@ class Trainer:
   def fresh_params(self) -> Any:
     """Freshly initialised parameters, placed by their logical axes."""
     init = jax.jit(
-        lambda rng: init_variables(self.model, self._batch, rng)['params'],
+        lambda rng: network.init_variables(self.model, rng,
+                                           *self._lengths)['params'],
         out_shardings=self.param_shardings)
     with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       return init(jax.random.PRNGKey(self.seed))
@@ -163,34 +193,10 @@ class Trainer:
                                                       local[k])
             for k in BATCH_KEYS}
 
-  def _loss(self, params, batch, rng):
-    with nn_partitioning.axis_rules(self.rules):
-      logits = self.model.apply(
-          {'params': params}, batch['encoder_input_tokens'],
-          batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-          enable_dropout=True, task_ids=batch['task_ids'],
-          rngs={'dropout': rng})
-    terms = losses.cross_entropy_with_z_loss(
-        logits, batch['decoder_target_tokens'],
-        batch['decoder_loss_weights'], self.z_loss)
-    return terms['loss'], terms
-
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
-    (loss, terms), grads = jax.value_and_grad(self._loss, has_aux=True)(
-        state['params'], batch, rng)
-    updates, opt_state = self.optimizer.update(grads, state['opt_state'],
-                                               state['params'])
-    new = {'step': state['step'] + 1,
-           'params': optax.apply_updates(state['params'], updates),
-           'opt_state': opt_state}
-    # A non-finite loss or update leaves the state as it was (so no NaN ever
-    # reaches a checkpoint); the runner stops at its next check.
-    finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
-    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
-    terms['finite'] = finite
-    terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
-    return new, terms
+    return train_step(self.model, self.optimizer, state, batch, rng,
+                      self.z_loss, self.rules)
 
   def step(self, state: State, batch: dict) -> tuple[State, dict]:
     """One optimizer step on a global batch (`global_batch`)."""
@@ -206,4 +212,5 @@ class Trainer:
 
   def loss_fn(self) -> Callable:
     """`(params, global_batch, rng) -> (loss, terms)`, for tests."""
-    return self._loss
+    return functools.partial(loss_fn, self.model, z_loss=self.z_loss,
+                             rules=self.rules)

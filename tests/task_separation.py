@@ -74,12 +74,8 @@ def build_config(variant: str, model_file: str,
 
 
 def init_params(model: network.Transformer, seed: int = 0) -> Any:
-  batch = make_batches(0, 1, 1, 1, 4, 4)
-  first = {k: v[0] for k, v in batch.items()}
-  return jax.jit(lambda rng: model.init(
-      rng, first['encoder_input_tokens'], first['decoder_input_tokens'],
-      first['decoder_target_tokens'], enable_dropout=False,
-      task_ids=first['task_ids'])['params'])(jax.random.PRNGKey(seed))
+  return jax.jit(lambda rng: network.init_variables(model, rng)['params'])(
+      jax.random.PRNGKey(seed))
 
 
 def train(model: network.Transformer, optimizer: optax.GradientTransformation,
@@ -161,7 +157,8 @@ def main() -> None:
               'network.T5Config.num_heads = 4',
               'network.T5Config.head_dim = 16',
               'network.T5Config.mlp_dim = 128',
-              f'NUM_TASKS = {num_tasks}', 'DROPOUT_RATE = 0.0']
+              f'network.T5Config.num_tasks = {num_tasks}',
+              'DROPOUT_RATE = 0.0']
 
   def model(variant):
     return network.Transformer(

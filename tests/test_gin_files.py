@@ -13,6 +13,8 @@ import gin
 import pytest
 
 from hyperprompt_jax import gin_utils
+from hyperprompt_jax import methods
+from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
 from hyperprompt_jax import paths
 
@@ -28,6 +30,12 @@ T5X_SCRIPTS = {'t5x/configs/runs/finetune.gin': 'train',
                't5x/configs/runs/eval.gin': 'eval',
                't5x/configs/runs/infer.gin': 'infer'}
 _INCLUDE = re.compile(r"^include\s+'([^']+)'", re.MULTILINE)
+# The papers' setups, each written once for both runners.
+EXPERIMENTS = sorted(p.stem for p in (GIN_DIR / 'experiments').glob('*.gin'))
+# What a paper setup fixes besides the network.
+PAPER_MACROS = ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'NUM_TASKS',
+                'INITIAL_CHECKPOINT_PATH', 'TRAIN_STEPS', 'BATCH_SIZE',
+                'SAVE_PERIOD', 'LEARNING_RATE', 'FREEZE_EMBEDDINGS')
 
 
 @pytest.fixture(autouse=True)
@@ -156,3 +164,69 @@ def test_a_t5x_run_file_takes_another_model_size():
   assert gin.query_parameter('NUM_TASKS/macro.value') == 8
   assert gin.query_parameter('PLACEMENT/macro.value') == 'both'
   assert gin.query_parameter('INITIAL_CHECKPOINT_PATH/macro.value') == path
+
+
+def test_every_paper_setup_has_a_run_file_for_each_runner():
+  assert len(EXPERIMENTS) == 20
+  for name in EXPERIMENTS:
+    for runner in ('t5x', 'runs'):
+      text = (GIN_DIR / runner / f'{name}.gin').read_text()
+      assert f"include 'experiments/{name}.gin'" in text, (runner, name)
+      assert 'Required to be set' in text and 'Commonly overridden' in text
+  # Every method's variant files and MTL, on GLUE, SuperGLUE or both.
+  texts = [(GIN_DIR / 'experiments' / f'{name}.gin').read_text()
+           for name in EXPERIMENTS]
+  for variant_file in methods.variant_files():
+    assert any(f"include '{variant_file}'" in t for t in texts), variant_file
+  assert {'mtl_glue', 'mtl_super_glue', 'mtl_glue_super_glue'} <= set(
+      EXPERIMENTS)
+
+
+def _bound_setup() -> tuple[network.T5Config, dict]:
+  config = gin.get_configurable(network.Transformer)().config
+  return config, {m: gin.query_parameter(f'{m}/macro.value')
+                  for m in PAPER_MACROS}
+
+
+@pytest.mark.parametrize('name', EXPERIMENTS)
+def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
+  """The t5x run file and the built-in one bind the same T5Config and paper
+  macros. With t5x installed the t5x file parses whole; without, its
+  `include 't5x/train.gin'` is dropped, which binds nothing of the model
+  (checked below)."""
+  gin_utils.parse_gin([f'runs/{name}.gin'], [])
+  builtin = _bound_setup()
+  gin.clear_config()
+  try:
+    t5x_root = _t5x_root()
+  except pytest.skip.Exception:
+    text = (GIN_DIR / 't5x' / f'{name}.gin').read_text()
+    stripped = tmp_path / f'{name}.gin'
+    stripped.write_text(text.replace("include 't5x/train.gin'", '').replace(
+        'from t5x import utils', '').replace(
+            "utils.RestoreCheckpointConfig.assignment_map = "
+            "(('state/.*', None),)", ''))
+    gin_utils.parse_gin([str(stripped)], [])
+  else:
+    with _t5x_main('train'):
+      gin_utils.parse_gin([f't5x/{name}.gin'], [], [t5x_root])
+  assert _bound_setup() == builtin
+
+
+def test_the_t5x_runner_files_bind_nothing_of_the_model():
+  for name in ('t5x/train.gin', 't5x/model.gin'):
+    text = (GIN_DIR / name).read_text()
+    assert 'T5Config' not in text and 'NUM_TASKS =' not in text
+
+
+@pytest.mark.parametrize('name', sorted(
+    p.stem for p in (GIN_DIR / 'tasks').glob('*.gin')))
+def test_a_task_file_s_num_tasks_is_its_task_list_s_length(name):
+  gin_utils.parse_gin([f'tasks/{name}.gin'], [])
+  from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
+  benchmark = gin.query_parameter(
+      'hyperprompt_jax.tasks.task_ids.run_task_list.benchmark')
+  num_tasks = gin.query_parameter('NUM_TASKS/macro.value')
+  assert num_tasks == len(task_ids.BENCHMARKS[benchmark])
+  assert gin.get_configurable(network.T5Config)(vocab_size=1).num_tasks == (
+      num_tasks)

@@ -5,6 +5,7 @@ import dataclasses
 import io
 import json
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,6 +162,40 @@ def test_cached_decoding_equals_teacher_forcing_and_no_target_leak():
   np.testing.assert_allclose(after[:, :3], full[:, :3], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize('hg, leaf, shape', [
+    (dict(variant='lg', target='both'), ('hypergrid', 'cached_grid'),
+     (3, 4, 8)),
+    (dict(variant='output_gating', conditioning='first_token'),
+     ('output_gating', 'cached_gate'), (3, 64)),
+])
+def test_decode_steps_read_the_decoder_gates_from_the_cache(hg, leaf, shape):
+  """The gates depend only on `encoded` and the task: the cache holds them
+  (batch-major, so beam search expands them), and a decode step runs with
+  every decoder gate parameter removed, to the same logits."""
+  cfg = _config(**hg)
+  model, params = _init(cfg)
+  enc, dec_in, _, ids = _batch()
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=ids, method=model.encode)
+  cache = network.create_cache(model, params, encoded, enc, 5, ids)
+  for i in range(cfg.num_decoder_layers):
+    assert cache['decoder'][f'layers_{i}'][leaf[0]][leaf[1]].shape == shape
+  every = flax.traverse_util.flatten_dict(params, sep='/')
+  without_gates = {k: v for k, v in every.items()
+                   if not (k.startswith('decoder/') and leaf[0] in k)}
+  assert len(without_gates) < len(every)
+
+  def step(p):
+    token = dec_in[:, :1]
+    return model.apply(
+        {'params': p, 'cache': cache}, encoded, enc, token, token,
+        enable_dropout=False, decode=True, max_decode_length=5, task_ids=ids,
+        mutable=['cache'], method=model.decode)[0]
+
+  unflat = flax.traverse_util.unflatten_dict(without_gates, sep='/')
+  np.testing.assert_array_equal(step(unflat), step(params))
+
+
 @pytest.mark.parametrize('hg, message', [
     (dict(grid_rows=5), 'GRID_ROWS=5 must be a positive divisor of '
                         'd_model=32'),
@@ -189,7 +224,8 @@ def test_bad_inputs_raise():
 
 def _summary(model, variant, *bindings):
   argv = [f'--gin_file=models/{model}.gin',
-          f'--gin_file=variants/{variant}.gin', '--json']
+          f'--gin_file=variants/{variant}.gin', '--json',
+          '--gin.network.T5Config.num_tasks=16']  # GLUE + SuperGLUE
   argv += [f'--gin.{b}' for b in bindings]
   out = io.StringIO()
   with contextlib.redirect_stdout(out):

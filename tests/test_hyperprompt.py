@@ -2,7 +2,6 @@
 
 import dataclasses
 
-from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np

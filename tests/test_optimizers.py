@@ -7,7 +7,6 @@ import flax
 from flax import traverse_util
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

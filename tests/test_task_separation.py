@@ -16,7 +16,6 @@ The last test keeps the mechanism of issue 16 in view: the Vanilla Adapter
 at the papers' rate under T5's relative steps.
 """
 
-import numpy as np
 import pytest
 
 import task_separation as ts
@@ -34,7 +33,7 @@ BINDINGS = (  # the quickstart's dimensions, a small vocabulary
     'network.T5Config.num_heads = 4',
     'network.T5Config.head_dim = 16',
     'network.T5Config.mlp_dim = 128',
-    'NUM_TASKS = 4',
+    'network.T5Config.num_tasks = 4',
     'DROPOUT_RATE = 0.0',
 )
 TASK_CONDITIONED = tuple(v for v in ts.VARIANTS if v != 'mtl')
