@@ -10,6 +10,7 @@
 - t5x's partitioner with the project's rules and optax Adafactor's state.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -462,3 +463,80 @@ def test_adafactor_state_axes():
   assert flat[f'{conditioned}/v/hyperprompt/prompts'] == spec(
       'tasks', 'prompt_length', 'embed')
   assert not any(k.startswith(backbone) and 'hyperprompt' in k for k in flat)
+
+
+# ------------------------------------------- the two runners' train step --
+
+def test_t5x_train_step_equals_the_builtin_step():
+  """Issue 17: from the same parameters and batches, t5x's train step
+  (`t5x.trainer.Trainer` with the adapter and `OptaxWrapper(make_optimizer)`,
+  as t5x/model.gin builds them) and the built-in `Trainer.step` give the
+  same parameters and optimizer state, step after step. With dropout: both
+  take step n's dropout rng as fold_in(rng, n), t5x's rng being the
+  trainer's (train.py: the second half of split(PRNGKey(RANDOM_SEED))), the
+  built-in runner's PRNGKey(seed); given the same rng, the same masks."""
+  from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+
+  learning_rate = 1e-2  # the quickstart's: larger steps, larger differences
+  vocabulary = seqio.ByteVocabulary()
+  model = t5x_model.TaskIdsEncoderDecoderModel(
+      module=network.Transformer(dataclasses.replace(
+          _tiny_config('hyperprompt_global'), dropout_rate=0.1)),
+      input_vocabulary=vocabulary, output_vocabulary=vocabulary,
+      optimizer_def=t5x_optimizers.OptaxWrapper(
+          optimizers.make_optimizer(learning_rate=learning_rate)),
+      z_loss=1e-4, loss_normalizing_factor='NUM_REAL_TARGET_TOKENS')
+  variables = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})
+  # Host copies: both steps donate their state's buffers.
+  variables = jax.tree.map(np.array, flax.core.unfreeze(variables))
+  params = variables['params']
+  rng = np.random.default_rng(5)
+  batches = [_batch(rng) for _ in range(3)]
+
+  # t5x: its trainer, partitioner (the project's rules) and train state.
+  rules = partitioning.logical_axis_rules()
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1,
+                                                 logical_axis_rules=rules)
+  state = t5x_train_state.FlaxOptimTrainState.create(
+      model.optimizer_def, flax.core.freeze(variables))
+  trainer = t5x_trainer.Trainer(
+      model, state, partitioner, eval_names=[], summary_dir=None,
+      train_state_axes=partitioner.get_mesh_axes(state),
+      rng=jax.random.PRNGKey(0), learning_rate_fn=lambda step: learning_rate,
+      num_microbatches=None)
+  # The built-in runner, on the same parameters.
+  builtin = trainer_lib.Trainer(
+      model.module, optimizers.make_optimizer(learning_rate=learning_rate),
+      partitioning.create_mesh(-1, 1), {'inputs': 10, 'targets': 6},
+      z_loss=1e-4, seed=0)
+  builtin_state = builtin.new_state(
+      jax.device_put(params, builtin.param_shardings))
+
+  for step, batch in enumerate(batches, 1):
+    # One step: float32 rounding (t5x's custom cross-entropy gradient, other
+    # reduction orders), ~1e-8 on updates of ~1e-2. Adafactor divides by
+    # the root of second moments, so later steps amplify it on parameters
+    # with tiny gradients; still ~1e-6 on updates of ~3e-2 by step 3.
+    atol = 5e-8 if step == 1 else 2e-6
+    trainer.train(iter([batch]), num_steps=1)
+    builtin_state, _ = builtin.step(builtin_state, builtin.global_batch(batch))
+    t5x_state = trainer.train_state
+    assert int(t5x_state.step) == int(builtin_state['step']) == step
+    got = conftest.flat(flax.core.unfreeze(t5x_state.params))
+    want = conftest.flat(builtin_state['params'])
+    before = conftest.flat(params)
+    assert got.keys() == want.keys()
+    for k in want:
+      assert not np.array_equal(want[k], before[k]), f'{k} did not move'
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=atol,
+                                 err_msg=f'step {step}: {k}')
+    got_opt = jax.tree.leaves(t5x_state.param_states)
+    want_opt = jax.tree.leaves(builtin_state['opt_state'])
+    assert len(got_opt) == len(want_opt)
+    for g, w in zip(got_opt, want_opt):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4,
+                                 atol=1e-10)
+  trainer.close()
