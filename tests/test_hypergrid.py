@@ -143,6 +143,27 @@ def test_psi_is_a_block_repeat_on_both_routes(length):
       'blockwise' if length * cols < d_ff else 'fold')
 
 
+@pytest.mark.parametrize('d_in, d_out, k_in, k_out', [
+    (16, 24, 8, 2),   # fewer gated input copies than partial sums
+    (24, 16, 2, 8),   # fewer partial sums than gated input copies
+])
+def test_blockwise_route_on_either_side(d_in, d_out, k_in, k_out):
+  """The blockwise route keeps the smaller intermediate (per-output-block
+  gated inputs, or per-input-block partial sums); both are x ((1 + psi(G))
+  ⊙ W), psi a block repeat."""
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(2, 3, d_in)).astype(np.float32)
+  kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
+  grid = rng.uniform(size=(2, k_in, k_out)).astype(np.float32)
+  for b in range(2):
+    gate = np.array([[grid[b, i // (d_in // k_in), o // (d_out // k_out)]
+                      for o in range(d_out)] for i in range(d_in)])
+    want = x[b] @ ((1 + gate) * kernel)
+    got = hypergrid.gated_matmul(jnp.asarray(x), jnp.asarray(kernel),
+                                 jnp.asarray(grid), route='blockwise')[b]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_cached_decoding_equals_teacher_forcing_and_no_target_leak():
   cfg = _config(variant='l2')
   model, params = _init(cfg)
