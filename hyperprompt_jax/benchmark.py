@@ -128,6 +128,14 @@ def random_batch(rng: np.random.Generator, batch: int, input_length: int,
   }
 
 
+def _fresh_params(model: network.Transformer, input_length: int,
+                  target_length: int):
+  """The runners' initialisation (`network.init_variables`), seed 0."""
+  return jax.jit(lambda rng: network.init_variables(
+      model, rng, input_length, target_length)['params'])(
+          jax.random.PRNGKey(0))
+
+
 def _timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
                         rounds: int, steps: int) -> dict[str, float]:
   """Median seconds per call of each runner (`i -> output`), in interleaved
@@ -168,9 +176,7 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
     runners, peaks = {}, {}
     for name, cfg in configs.items():
       model = network.Transformer(cfg)
-      params = jax.jit(lambda rng, m=model: network.init_variables(
-          m, rng, input_length, target_length)['params'])(
-              jax.random.PRNGKey(0))
+      params = _fresh_params(model, input_length, target_length)
       state = {'step': jnp.zeros((), jnp.int32), 'params': params,
                'opt_state': optimizer.init(params)}
       rng = jax.random.PRNGKey(1)
@@ -214,8 +220,7 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
     model = network.Transformer(variant_config(base, name, placement))
     task_ids = rng.integers(0, model.config.num_tasks, (batch_size,),
                             dtype=np.int32)
-    params = jax.jit(lambda r, m=model: network.init_variables(
-        m, r, input_length, target_length)['params'])(jax.random.PRNGKey(0))
+    params = _fresh_params(model, input_length, target_length)
     encoded = jax.jit(lambda p, m=model, ids=task_ids: m.apply(
         {'params': p}, tokens, enable_dropout=False, task_ids=ids,
         method=m.encode))(params)

@@ -38,12 +38,12 @@ def parse_gin_flags(args: argparse.Namespace,
 def parse_command_line(
     prog: str, description: str, argv: Optional[Sequence[str]], *,
     add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None,
-    logger: Optional[logging.Logger] = None, parse_gin_files: bool = True,
-    default_gin_files: Sequence[str] = ()) -> argparse.Namespace:
+    logger: Optional[logging.Logger] = None,
+    parse_gin_files: bool = True) -> argparse.Namespace:
   """Every entry point's preamble: the gin flags (t5x's `--gin.X=Y`
   shorthand included) and the tool's own (`add_flags`), its progress log on
   stdout (`logger`), and, unless `parse_gin_files` is off, gin parsed from
-  the flags (`default_gin_files` when no `--gin_file` is given).
+  the flags.
 
   Args:
     prog: the command, e.g. 'python -m hyperprompt_jax.train'.
@@ -51,8 +51,8 @@ def parse_command_line(
     argv: the arguments (None: `sys.argv[1:]`).
     add_flags: adds the tool's own flags to the parser.
     logger: the tool's logger, sent to stdout.
-    parse_gin_files: parse gin here (off for tools that parse it later).
-    default_gin_files: the gin files when none are given.
+    parse_gin_files: parse gin here (off for tools that parse it later,
+      or with default files: `parse_gin_flags`).
 
   Returns:
     The parsed flags.
@@ -68,7 +68,7 @@ def parse_command_line(
   if logger is not None:
     log_to_stdout(logger)
   if parse_gin_files:
-    parse_gin_flags(args, default_gin_files)
+    parse_gin_flags(args)
   return args
 
 
