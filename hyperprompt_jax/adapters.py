@@ -12,7 +12,8 @@ dropout and the block's residual,
 with W_down [d, b], W_up [b, d] and b = d / reduction (32: b = 24 at T5
 base); `norm` is the identity here and HyperFormer++'s generated post layer
 norm there. The task of each example selects its adapters (a gather by
-`task_ids`, so no example pays for another task's adapter).
+`task_ids`, so no example pays for another task's adapter); in packed rows
+each token goes through its own task's adapter (`LayerAdapters._per_token`).
 
 Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
 (the encoder's attention, the decoder's self-attention) and `mlp`:
@@ -42,6 +43,7 @@ CONFIG_FIELD = 'adapter'
 SCOPES = ('adapter',)
 AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_bottleneck')
 VARIANT_FILES = ('variants/adapter.gin',)
+PACKING_REFUSAL = None  # packed rows: each token its own task
 KINDS = ('attention', 'mlp')  # the sublayers an adapter follows
 WEIGHT_INIT_STDDEV = 1e-2
 
@@ -139,6 +141,8 @@ class LayerAdapters:
     """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:
     'attention' or 'mlp', the sublayer `h` comes from."""
     w = self.weights[kind]
+    if self.task_ids.ndim == 2:
+      return h + self._per_token(h, w)
 
     def take(a):  # layer m, then each example's task: [batch, ...]
       return None if a is None else jnp.take(a[self.layer], self.task_ids,
@@ -153,6 +157,32 @@ class LayerAdapters:
       out = layer_norm(out, take(w.norm_scale)[:, None],
                        take(w.norm_bias)[:, None])
     return h + out
+
+  def _per_token(self, h: Array, w: AdapterWeights) -> Array:
+    """Packed rows (`task_ids [batch, length]`): each token through its own
+    task's adapter, without the adapter update `h -> h + .`.
+
+    Gathering a weight per token would hold `[batch, length, d, b]`; instead
+    every token goes down through all T tasks' `W_down` at once (`[batch,
+    length, T, b]`, T * b = 128 columns at GLUE's T = 8, T5-base's b = 24:
+    small next to the FFN's d_ff) and the other tasks' bottlenecks are zeroed
+    before one `[T * b, d]` up-projection, so each token's output is exactly
+    its own task's adapter. Vectors (biases, norms) are gathered per token.
+    """
+    num_tasks = w.down.shape[1]
+    one_hot = jax.nn.one_hot(self.task_ids, num_tasks, dtype=h.dtype)
+
+    def take(a):  # layer m, then each token's task: [batch, length, ...]
+      return jnp.take(a[self.layer], self.task_ids, axis=0).astype(h.dtype)
+
+    z = jnp.einsum('nld,tdb->nltb', h, w.down[self.layer].astype(h.dtype))
+    z = self.activation(z + w.down_bias[self.layer].astype(h.dtype))
+    z = z * one_hot[..., None]
+    out = (jnp.einsum('nltb,tbd->nld', z, w.up[self.layer].astype(h.dtype))
+           + take(w.up_bias))
+    if w.norm_scale is not None:
+      out = layer_norm(out, take(w.norm_scale), take(w.norm_bias))
+    return out
 
 
 class VanillaAdapters(nn.Module):

@@ -20,7 +20,47 @@ MODEL_FEATURE_RANKS = {
 PACKING_FEATURES = (
     'encoder_segment_ids', 'decoder_segment_ids',
     'encoder_positions', 'decoder_positions',
+    'encoder_task_ids', 'decoder_task_ids',
 )
+# Packed rows carry per-token task ids instead of `task_ids [batch]`.
+PACKED_MODEL_FEATURES = (
+    'encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
+    'decoder_loss_weights', 'encoder_segment_ids', 'decoder_segment_ids',
+    'encoder_positions', 'decoder_positions', 'encoder_task_ids',
+    'decoder_task_ids',
+)
+# Per-token task ids -> the segment ids they follow.
+_TASK_ID_SEGMENTS = {'encoder_task_ids': 'encoder_segment_ids',
+                     'decoder_task_ids': 'decoder_segment_ids'}
+
+
+def is_packed(batch: Mapping[str, np.ndarray]) -> bool:
+  return 'encoder_segment_ids' in batch
+
+
+def required_features(packed: bool) -> tuple[str, ...]:
+  return PACKED_MODEL_FEATURES if packed else tuple(MODEL_FEATURE_RANKS)
+
+
+def check_one_task_per_segment(name: str, task_ids: np.ndarray,
+                               segment_ids: np.ndarray) -> None:
+  """Raises ValueError if a packed example's tokens carry two task ids.
+
+  Args:
+    name: the feature, for the message.
+    task_ids, segment_ids: int `[batch, length]`; segment 0 is padding.
+  """
+  for row in range(task_ids.shape[0]):
+    for segment in np.unique(segment_ids[row]):
+      if segment == 0:
+        continue
+      ids = np.unique(task_ids[row][segment_ids[row] == segment])
+      if ids.size > 1:
+        raise ValueError(
+            f'Feature {name!r}: segment {segment} of row {row} carries task '
+            f'ids {ids.tolist()}; a packed example has one task. Pack with '
+            "the project's feature converter (TaskIdsEncDecFeatureConverter, "
+            'pack=True), which gives every token its example\'s id.')
 
 
 def validate_batch(
@@ -35,7 +75,8 @@ def validate_batch(
     batch: feature name -> array (numpy or anything `np.asarray` accepts).
     num_tasks: task ids must lie in `[0, num_tasks)`.
     vocab_size: if given, token ids must lie in `[0, vocab_size)`.
-    required: features that must be present.
+    required: features that must be present (default: the unpacked
+      model features; packed batches: `required_features(True)`).
   """
   missing = [k for k in required if k not in batch]
   if missing:
@@ -75,11 +116,16 @@ def validate_batch(
             f'Feature {name!r} has token ids from {value.min()} to '
             f'{value.max()}, outside [0, vocab_size={vocab_size}).'
         )
-  if 'task_ids' in batch:
-    ids = np.asarray(batch['task_ids'])
+  for name in ('task_ids', *_TASK_ID_SEGMENTS):
+    if name not in batch:
+      continue
+    ids = np.asarray(batch[name])
     if ids.size and (ids.min() < 0 or ids.max() >= num_tasks):
       bad = sorted(set(ids[(ids < 0) | (ids >= num_tasks)].tolist()))
       raise ValueError(
-          f'Feature task_ids has ids {bad} outside [0, num_tasks={num_tasks}).'
+          f'Feature {name} has ids {bad} outside [0, num_tasks={num_tasks}).'
           ' Raise NUM_TASKS or fix the run\'s task list.'
       )
+    if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
+      check_one_task_per_segment(
+          name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))

@@ -13,6 +13,14 @@ a new method touches its module, the registry (`methods.py`) and this file.
 Per-task work is done here once per forward for all T tasks (hyper-prompts
 `[layers, T, l, heads, head_dim]`, generated adapters) and gathered by task
 id, so its cost does not grow with the batch.
+
+Task ids come in two shapes. Unpacked rows (one example per row): `[batch]`.
+Packed rows (several examples per row, `segment_ids` given): per token,
+`[batch, length]` like the tokens, one id per segment; each token is then
+conditioned by its own example's task: its task's prompt columns only (a
+prefix mask over all T tasks' prompts), its task's adapter, its task's soft
+prompt in the slots the packer reserved. Methods that cannot condition per
+token refuse packed rows (`methods.check_packing`).
 """
 
 import dataclasses
@@ -24,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import adapters as adapters_lib
+from hyperprompt_jax import batches
 from hyperprompt_jax import hyperformer as hyperformer_lib
 from hyperprompt_jax import hypergrid as hypergrid_lib
 from hyperprompt_jax import hyperprompt as hyperprompt_lib
@@ -36,16 +45,22 @@ Array = jax.Array
 
 class Prompts(NamedTuple):
   """One layer's attention prefix: keys and values `[batch, l, heads,
-  head_dim]` (None at decode steps, where they live in the cache) and the
-  optional `[heads]` logit bias."""
+  head_dim]` (None at decode steps, where they live in the cache), the
+  optional `[heads]` logit bias and, for packed rows, the prefix mask
+  `[batch, 1, length, T * l]` (keys and values then hold all T tasks'
+  prompts)."""
 
   keys: Optional[Array]
   values: Optional[Array]
   logit_bias: Optional[Array]
+  mask: Optional[Array] = None
 
   def as_kwargs(self) -> dict[str, Any]:
-    return dict(prefix_key=self.keys, prefix_value=self.values,
-                prefix_logit_bias=self.logit_bias)
+    kwargs = dict(prefix_key=self.keys, prefix_value=self.values,
+                  prefix_logit_bias=self.logit_bias)
+    if self.mask is not None:
+      kwargs['prefix_mask'] = self.mask
+    return kwargs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,48 +138,61 @@ class LayerConditioning:
 NONE = LayerConditioning()
 
 
-def check_task_ids(task_ids: Optional[Array], batch: int, num_tasks: int):
-  """Checks rank, batch size, dtype and, when concrete, the id range.
+def check_task_ids(cfg, task_ids: Optional[Array], tokens: Array,
+                   segment_ids: Optional[Array] = None) -> None:
+  """Checks the task ids against the tokens and, when concrete, their values.
 
-  Inside `jax.jit` the values are abstract and an out-of-range gather would
-  clamp silently, so runners also validate batches on the host
-  (`hyperprompt_jax.batches.validate_batch`).
+  Unpacked: int32 `[batch]`. Packed (`segment_ids` given): int32 `[batch,
+  length]` like `tokens`, one id per segment, and every configured method
+  must support packed rows. Inside `jax.jit` the values are abstract and an
+  out-of-range gather would clamp silently, so runners also validate batches
+  on the host (`hyperprompt_jax.batches.validate_batch`).
   """
+  packed = segment_ids is not None
+  if packed:
+    methods.check_packing(cfg)
+    if tuple(segment_ids.shape) != tuple(tokens.shape):
+      raise ValueError(f'segment ids {tuple(segment_ids.shape)} must have the '
+                       f'shape of the tokens {tuple(tokens.shape)}.')
   if task_ids is None:
     return
-  if task_ids.ndim != 1 or task_ids.shape[0] != batch:
+  expected = tuple(tokens.shape) if packed else tokens.shape[:1]
+  if tuple(task_ids.shape) != expected:
+    if packed:
+      raise ValueError(
+          'Packed rows (segment ids given) take per-token task ids int32 '
+          f'[batch, length] = {list(expected)}, got shape '
+          f'{tuple(task_ids.shape)}: pass encoder_task_ids / decoder_task_ids '
+          'as the feature converter makes them with pack=True.')
     raise ValueError(
-        f'task_ids must be int32 [batch] = [{batch}], got shape '
-        f'{tuple(task_ids.shape)}.'
-    )
+        f'task_ids must be int32 [batch] = [{expected[0]}], got shape '
+        f'{tuple(task_ids.shape)}' + (
+            ' (per-token ids need the segment ids of packed rows)'
+            if task_ids.ndim == 2 else '') + '.')
   if not jnp.issubdtype(task_ids.dtype, jnp.integer):
     raise ValueError(f'task_ids must be integers, got {task_ids.dtype}.')
   if isinstance(task_ids, jax.core.Tracer):
     return
   ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
   low, high = int(ids.min()), int(ids.max())
-  if low < 0 or high >= num_tasks:
+  if low < 0 or high >= cfg.num_tasks:
     raise ValueError(
-        f'task_ids must lie in [0, num_tasks) = [0, {num_tasks}), got ids '
+        f'task_ids must lie in [0, num_tasks) = [0, {cfg.num_tasks}), got ids '
         f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
         'the task list.'
     )
+  if packed and not isinstance(segment_ids, jax.core.Tracer):
+    batches.check_one_task_per_segment('task_ids', ids,
+                                       np.asarray(segment_ids))
 
 
-def refuse_packing(cfg, segment_ids) -> None:
-  """Packed rows mix tasks, but task ids are per example."""
-  if segment_ids is not None and methods.is_task_conditioned(cfg):
-    raise ValueError(
-        'Packed inputs (segment ids) reached a task-conditioned model: a '
-        'packed row mixes tasks, but task ids are per example. Set '
-        '`pack = False` in the DatasetConfig of the run (train and '
-        'train_eval).'
-    )
-
-
-def input_valid(cfg, encoder_input_tokens: Array) -> Array:
+def input_valid(cfg, encoder_input_tokens: Array, packed: bool = False
+                ) -> Array:
   """`[batch, n + length]` valid positions of the encoder's output (n:
-  Prompt-Tuning's soft tokens, always valid, else 0)."""
+  Prompt-Tuning's soft tokens, always valid, else 0; packed rows hold the
+  prompts in reserved slots, so n = 0 there)."""
+  if packed:
+    return encoder_input_tokens > 0
   return prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
                                         encoder_input_tokens > 0)
 
@@ -180,19 +208,25 @@ class StackConditioning:
     module: the stack (`network.Encoder` / `network.Decoder`).
     stack: 'encoder' or 'decoder'.
     num_layers: the stack's layers.
-    task_ids: int32 `[batch]`, or None for a model without conditioning.
+    task_ids: int32 `[batch]`; packed rows: `[batch, length]`, each token's
+      task; None for a model without conditioning.
     token_valid: `[batch, length]`, the columns HyperGrid's task query sees
       (the encoder's tokens; for the decoder, `encoded`'s).
     decode: the decoder runs against its autoregressive cache.
+    positions: packed encoder rows: `[batch, length]` position of each token
+      in its example (Prompt-Tuning's slots are positions `0..n-1`).
   """
 
   def __init__(self, module: nn.Module, stack: str, num_layers: int,
                task_ids: Optional[Array], token_valid: Optional[Array],
-               decode: bool = False):
+               decode: bool = False, positions: Optional[Array] = None):
     cfg = module.config
     self.config = cfg
     self.stack = stack
     self.task_ids = task_ids
+    self.packed = task_ids is not None and task_ids.ndim == 2
+    self._positions = positions
+    self._token_valid = token_valid
     # Once the cache exists, everything that depends only on the task (and
     # `encoded`) is read from it: no generation at decode steps.
     cache_ready = decode and 'cache' in module.variables
@@ -203,15 +237,23 @@ class StackConditioning:
                            cache_ready)
 
   def inputs(self, embedded: Array) -> Array:
-    """The stack's embedded inputs with Prompt-Tuning's soft prompts in
-    front (encoder): `[batch, length, embed]` -> `[batch, n + length,
-    embed]`."""
+    """The stack's embedded inputs with Prompt-Tuning's soft prompts (encoder):
+    in front, `[batch, length, embed]` -> `[batch, n + length, embed]`, or,
+    packed, in each example's reserved slots (shape unchanged)."""
     cfg = self.config
     if self.stack != 'encoder' or cfg.prompt_tuning is None:
       return embedded
-    return prompt_tuning_lib.TaskPrompts(
-        cfg.prompt_tuning, cfg.num_tasks, cfg.emb_dim,
-        name='prompt_tuning')(embedded, self.task_ids)
+    prompts = prompt_tuning_lib.TaskPrompts(
+        cfg.prompt_tuning, cfg.num_tasks, cfg.emb_dim, name='prompt_tuning')
+    if not self.packed:
+      return prompts(embedded, self.task_ids)
+    if self._positions is None:
+      raise ValueError(
+          'Packed Prompt-Tuning needs encoder_positions (the soft prompt '
+          'fills positions 0..n-1 of each packed example): pass the '
+          'converter\'s encoder_positions.')
+    return prompts(embedded, self.task_ids, self._positions,
+                   self._token_valid)
 
   def layer(self, m: int) -> LayerConditioning:
     """Layer m's conditioning."""
@@ -219,10 +261,15 @@ class StackConditioning:
     if self._prompts is not None:
       keys, values, logit_bias = self._prompts
       bias = None if logit_bias is None else logit_bias[m]
-      if keys is not None:
-        keys, values = hyperprompt_lib.gather_prompts(keys, values, m,
-                                                      self.task_ids)
-      prompts = Prompts(keys, values, bias)
+      if self.packed:
+        keys, values, mask = hyperprompt_lib.all_task_prompts(
+            keys, values, m, self.task_ids)
+        prompts = Prompts(keys, values, bias, mask)
+      else:
+        if keys is not None:
+          keys, values = hyperprompt_lib.gather_prompts(keys, values, m,
+                                                        self.task_ids)
+        prompts = Prompts(keys, values, bias)
     adapters = None
     if self._adapters is not None:
       weights, activation = self._adapters

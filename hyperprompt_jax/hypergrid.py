@@ -87,6 +87,26 @@ AXIS_NAMES = ('tasks', 'grid_rows', 'grid_cols')
 VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
                  'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
                  'variants/output_gating.gin')
+# Packed rows. A gate depends on the whole example (its conditioning vector),
+# so a row of S packed examples needs S gated weights. At T5.1.1-base (d_model
+# 768, d_ff 2048, 12 heads, grid 32 x 128 on `wo`), per layer and 512-token
+# row, float32, what the backward pass keeps:
+#   MTL: about 25k values per token (scores and softmax 2 x 12 x 512, FFN
+#     3 x 2048, ~8 x 768 of projections and norms): ~51 MB per row;
+#   fold per segment, `[S, 2048, 768]`: 6.3 MB per example, ~63 MB per row
+#     at GLUE's ~10 examples per row: ~2.2x MTL;
+#   blockwise per token, `min(k_out d_in, k_in d_out)` = 32 x 2048 = 65k
+#     values per token: ~3.6x MTL;
+# against the bound of 1.3x (T5.1.1-small, 512 / 32: fold ~1.8x,
+# blockwise ~3.5x; measured in the README's packing section). So HyperGrid
+# and Output Gating refuse packed rows.
+PACKING_REFUSAL = (
+    'HyperGrid / Output Gating cannot train on packed rows: each example '
+    'gates the FFN weights with its own conditioning vector, so a row of S '
+    'packed examples needs S gated weights (about 2x the activation memory '
+    'of packed MTL at T5.1.1-base, hypergrid.py explains the arithmetic). '
+    'Set PACK = False in the run (t5x: train/utils.DatasetConfig.pack = '
+    'False, and the same for train_eval).')
 
 
 @struct.dataclass

@@ -55,6 +55,7 @@ AXIS_NAMES = ('tasks', 'prompt_length', 'hyper_layers', 'hyper_bottleneck',
 VARIANT_FILES = ('variants/hyperprompt_share.gin',
                  'variants/hyperprompt_sep.gin',
                  'variants/hyperprompt_global.gin')
+PACKING_REFUSAL = None  # packed rows: each token its own task's prompts
 
 
 @struct.dataclass
@@ -321,3 +322,38 @@ def gather_prompts(keys: Array, values: Array, layer: int,
     )
   return (jnp.take(keys[layer], task_ids, axis=0),
           jnp.take(values[layer], task_ids, axis=0))
+
+
+def all_task_prompts(keys: Array, values: Array, layer: int,
+                     token_task_ids: Array) -> tuple[Array, Array, Array]:
+  """Layer `layer`'s prompts for packed rows: every task's, with a mask.
+
+  A packed row holds examples of several tasks; each token must see exactly
+  its own task's `l` prompt columns. All T tasks' prompts are prepended
+  (`T * l` columns, the same for every row) and masked per token. The other
+  choice, the prompts of the tasks present in each row, needs a static bound
+  on a row's tasks, which is T for a proportional mixture of T tasks at
+  GLUE lengths, so it saves nothing and costs a per-row gather (the README's
+  packing section has the measurement).
+
+  Args:
+    keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.
+    values: same shape as keys.
+    layer: the layer index m.
+    token_task_ids: int32 `[batch, length]`, each token's task.
+
+  Returns:
+    keys and values `[batch, T * l, heads, head_dim]` (task-major columns)
+    and the prefix mask `[batch, 1, length, T * l]`.
+  """
+  num_tasks, length = keys.shape[1:3]
+  batch = token_task_ids.shape[0]
+
+  def columns(a):
+    a = a[layer].reshape((1, num_tasks * length) + a.shape[3:])
+    return jnp.broadcast_to(a, (batch,) + a.shape[1:])
+
+  column_task = jnp.repeat(jnp.arange(num_tasks, dtype=token_task_ids.dtype),
+                           length)
+  mask = token_task_ids[:, None, :, None] == column_task
+  return columns(keys), columns(values), mask.astype(keys.dtype)

@@ -33,13 +33,21 @@ def train_dataset(mixture_or_task_name: str,
                   task_feature_lengths: Mapping[str, int],
                   batch_size: int, seed: Optional[int] = 0,
                   split: str = 'train', pack: bool = False,
-                  use_cached: bool = False) -> tf.data.Dataset:
+                  use_cached: bool = False,
+                  input_prompt_length: int = 0) -> tf.data.Dataset:
   """This host's infinite, shuffled, batched training data.
+
+  Args:
+    pack: several examples per row, with per-token task ids.
+    input_prompt_length: with `pack`, Prompt-Tuning's n encoder positions
+      reserved per example (`TaskIdsEncDecFeatureConverter`).
 
   Returns:
     A tf.data.Dataset of dicts with `encoder_input_tokens`,
     `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`
-    (int32 [local_batch, length]) and `task_ids` (int32 [local_batch]).
+    (int32 [local_batch, length]) and `task_ids` (int32 [local_batch]);
+    packed: `encoder_task_ids` / `decoder_task_ids` (int32 [local_batch,
+    length]) instead, and seqio's segment ids and positions.
   """
   provider = get_mixture_or_task(mixture_or_task_name)
   if split not in provider.splits:
@@ -49,7 +57,8 @@ def train_dataset(mixture_or_task_name: str,
   if batch_size % hosts:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over {hosts} '
                      'hosts.')
-  converter = tasks.TaskIdsEncDecFeatureConverter(pack=pack)
+  converter = tasks.TaskIdsEncDecFeatureConverter(
+      pack=pack, input_prompt_length=input_prompt_length)
   return seqio.get_dataset(
       mixture_or_task_name,
       task_feature_lengths=dict(task_feature_lengths),

@@ -307,11 +307,12 @@ def mask_to_bias(mask: Optional[Array], dtype: DType) -> Optional[Array]:
 
 
 def _prepend_prefix_columns(bias, prefix_logit_bias, q_len, kv_len, prefix,
-                            dtype):
+                            dtype, prefix_mask=None):
   """Bias `[b, h, q, kv]` -> `[b, h, q, prefix + kv]` with visible prefix.
 
-  The prefix columns are never masked (no causal, no padding mask) and get
-  no relative-position bias: zero, or `prefix_logit_bias [heads]`.
+  The prefix columns get no causal or padding mask and no relative-position
+  bias: zero, or `prefix_logit_bias [heads]`; `prefix_mask [b, 1, q, prefix]`
+  (packed rows: each token sees only its own task's columns) masks them.
   """
   if bias is None:
     bias = jnp.zeros((1, 1, q_len, kv_len), dtype)
@@ -322,6 +323,8 @@ def _prepend_prefix_columns(bias, prefix_logit_bias, q_len, kv_len, prefix,
         prefix_logit_bias.astype(bias.dtype)[None, :, None, None],
         (1, prefix_logit_bias.shape[0], 1, prefix),
     )
+  if prefix_mask is not None:
+    columns = columns + mask_to_bias(prefix_mask, bias.dtype)
   lead = jnp.broadcast_shapes(bias.shape[:2], columns.shape[:2])
   return jnp.concatenate([
       jnp.broadcast_to(columns, lead + (bias.shape[2], prefix)),
@@ -369,6 +372,7 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
       prefix_logit_bias: Optional[Array] = None,
+      prefix_mask: Optional[Array] = None,
       decode: bool = False,
       deterministic: bool = False,
   ) -> Array:
@@ -384,6 +388,8 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_value: `[batch, prefix, heads, head_dim]`, with `prefix_key`.
       prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
         (zero when None).
+      prefix_mask: optional `[batch, 1, q_length, prefix]` 0/1 mask over the
+        prefix columns (packed rows: each token's own task's prompts).
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
@@ -393,8 +399,8 @@ class MultiHeadDotProductAttention(nn.Module):
     out, _, _ = self.attend(
         self.projections(inputs_q.shape[-1]), inputs_q, inputs_kv, mask,
         bias, prefix_key=prefix_key, prefix_value=prefix_value,
-        prefix_logit_bias=prefix_logit_bias, decode=decode,
-        deterministic=deterministic)
+        prefix_logit_bias=prefix_logit_bias, prefix_mask=prefix_mask,
+        decode=decode, deterministic=deterministic)
     return out
 
   def projections(self, features: int) -> 'Projections':
@@ -427,13 +433,16 @@ class MultiHeadDotProductAttention(nn.Module):
 
   def attend(self, proj: 'Projections', inputs_q, inputs_kv, mask, bias, *,
              prefix_key=None, prefix_value=None, prefix_logit_bias=None,
-             decode=False, deterministic=False):
+             prefix_mask=None, decode=False, deterministic=False):
     """`__call__`'s computation; also returns the projected token keys and
     values `[batch, kv_length, heads, head_dim]` (before the cache)."""
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
     if prefix_key is None and prefix_logit_bias is not None and not decode:
       raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
+    if prefix_mask is not None and (decode or prefix_key is None):
+      raise ValueError('prefix_mask (packed rows) needs prefix_key / '
+                       'prefix_value and cannot decode.')
     query = proj.query(inputs_q)
     key = proj.key(inputs_kv)
     value = proj.value(inputs_kv)
@@ -456,7 +465,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if prefix_key is not None:
       attention_bias = _prepend_prefix_columns(
           attention_bias, prefix_logit_bias, query.shape[1], key.shape[1],
-          prefix_key.shape[1], self.dtype,
+          prefix_key.shape[1], self.dtype, prefix_mask,
       )
       key = jnp.concatenate([prefix_key.astype(key.dtype), key], axis=1)
       value = jnp.concatenate([prefix_value.astype(value.dtype), value], axis=1)

@@ -3,8 +3,10 @@
 Parameter names, storage shapes and logical axes are those of t5x's
 `examples/t5/network.py`, so public t5x checkpoints restore into this module
 and t5x's partitioner shards it. Every entry point takes `task_ids` (int32
-`[batch]`, one per example); the plain network ignores them, task-conditioned
-modules consume them and raise when they are missing.
+`[batch]`, one per example; packed rows: per token, `encoder_task_ids` /
+`decoder_task_ids [batch, length]` beside t5x's segment ids and positions);
+the plain network ignores them, task-conditioned modules consume them and
+raise when they are missing.
 
 This file is the backbone only. Each stack builds one
 `conditioning.StackConditioning` and hands every layer its
@@ -214,15 +216,21 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoder_input_tokens, encoder_mask=None,
-               deterministic=False, task_ids=None):
+               deterministic=False, task_ids=None, encoder_positions=None):
     """`[batch, length]` tokens -> `[batch, n + length, embed]` (n: the
     Prompt-Tuning prompt length, else 0; `encoder_mask` covers n + length).
+
+    Packed rows: `task_ids [batch, length]` per token and
+    `encoder_positions`; Prompt-Tuning's prompts then fill reserved slots
+    (n = 0).
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
+    packed = task_ids is not None and task_ids.ndim == 2
     conditioning = conditioning_lib.StackConditioning(
         self, 'encoder', cfg.num_encoder_layers, task_ids,
-        conditioning_lib.input_valid(cfg, encoder_input_tokens))
+        conditioning_lib.input_valid(cfg, encoder_input_tokens, packed),
+        positions=encoder_positions)
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = conditioning.inputs(x)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -282,8 +290,7 @@ def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
   if tokens.ndim != 2:
     raise ValueError(f'{name} must be [batch, length], got shape '
                      f'{tokens.shape}.')
-  conditioning_lib.check_task_ids(task_ids, tokens.shape[0], cfg.num_tasks)
-  conditioning_lib.refuse_packing(cfg, segment_ids)
+  conditioning_lib.check_task_ids(cfg, task_ids, tokens, segment_ids)
 
 
 class Transformer(nn.Module):
@@ -307,17 +314,19 @@ class Transformer(nn.Module):
     self.decoder = Decoder(cfg, self.shared_embedding)
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None,
-             enable_dropout=True, task_ids=None):
+             enable_dropout=True, task_ids=None, encoder_positions=None):
     """Encodes `[batch, length]` tokens to `[batch, length, embed]`
     (`[batch, n + length, embed]` with Prompt-Tuning's n soft tokens first).
 
     Padding (token 0) is masked; with `encoder_segment_ids` (packed rows)
-    tokens attend only within their segment.
+    tokens attend only within their segment, `task_ids` are per token
+    (`[batch, length]`) and Prompt-Tuning reads `encoder_positions`.
     """
     cfg = self.config
     _check_inputs(cfg, 'encoder_input_tokens', encoder_input_tokens, task_ids,
                   encoder_segment_ids)
-    valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
+    valid = conditioning_lib.input_valid(cfg, encoder_input_tokens,
+                                         encoder_segment_ids is not None)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
     if encoder_segment_ids is not None:
       encoder_mask = layers.combine_masks(
@@ -325,7 +334,8 @@ class Transformer(nn.Module):
               encoder_segment_ids, encoder_segment_ids, jnp.equal,
               dtype=cfg.dtype), dtype=cfg.dtype)
     return self.encoder(encoder_input_tokens, encoder_mask,
-                        deterministic=not enable_dropout, task_ids=task_ids)
+                        deterministic=not enable_dropout, task_ids=task_ids,
+                        encoder_positions=encoder_positions)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens, encoder_segment_ids=None,
@@ -335,13 +345,15 @@ class Transformer(nn.Module):
     """Decoder logits `[batch, target_length, vocab]` given `encoded`.
 
     With `decode=True` this runs one step against the autoregressive cache
-    (created by a first call with the full-length target shape).
+    (created by a first call with the full-length target shape). Packed rows
+    (segment ids given) take per-token `task_ids [batch, target_length]`.
     """
     cfg = self.config
     _check_inputs(cfg, 'decoder_input_tokens', decoder_input_tokens, task_ids,
                   decoder_segment_ids)
     # `encoded` covers the Prompt-Tuning prompt too (always valid).
-    encoder_valid = conditioning_lib.input_valid(cfg, encoder_input_tokens)
+    encoder_valid = conditioning_lib.input_valid(
+        cfg, encoder_input_tokens, encoder_segment_ids is not None)
     if decode:
       # Targets are not known while decoding: no decoder padding mask.
       decoder_mask = None
@@ -398,6 +410,8 @@ class Transformer(nn.Module):
       enable_dropout: bool = True,
       decode: bool = False,
       task_ids=None,
+      encoder_task_ids=None,
+      decoder_task_ids=None,
   ):
     """Teacher-forced logits `[batch, target_length, vocab]`.
 
@@ -407,18 +421,28 @@ class Transformer(nn.Module):
       decoder_target_tokens: `[batch, target_length]`, for the masks.
       encoder_segment_ids: `[batch, input_length]` for packed rows.
       decoder_segment_ids: `[batch, target_length]` for packed rows.
-      encoder_positions: unused (relative positions), kept for t5x.
+      encoder_positions: `[batch, input_length]` for packed rows (T5's
+        positions are relative; Prompt-Tuning's packed slots read them).
       decoder_positions: `[batch, target_length]`, kept for t5x.
       enable_dropout: enables dropout (needs a 'dropout' rng).
       decode: use the autoregressive cache.
-      task_ids: int32 `[batch]`, ids in `[0, num_tasks)`.
+      task_ids: int32 `[batch]`, ids in `[0, num_tasks)` (unpacked rows).
+      encoder_task_ids: packed rows: int32 `[batch, input_length]`, each
+        token's task (instead of `task_ids`).
+      decoder_task_ids: packed rows: int32 `[batch, target_length]`.
     """
-    del encoder_positions  # T5 uses relative position biases only
+    if task_ids is not None and (encoder_task_ids is not None
+                                 or decoder_task_ids is not None):
+      raise ValueError('Pass task_ids (unpacked rows) or encoder_task_ids / '
+                       'decoder_task_ids (packed rows), not both.')
+    if (encoder_task_ids is None) != (decoder_task_ids is None):
+      raise ValueError('encoder_task_ids and decoder_task_ids go together.')
     encoded = self.encode(
         encoder_input_tokens,
         encoder_segment_ids=encoder_segment_ids,
         enable_dropout=enable_dropout,
-        task_ids=task_ids,
+        task_ids=task_ids if encoder_task_ids is None else encoder_task_ids,
+        encoder_positions=encoder_positions,
     )
     return self.decode(
         encoded,
@@ -430,7 +454,7 @@ class Transformer(nn.Module):
         decoder_positions=decoder_positions,
         enable_dropout=enable_dropout,
         decode=decode,
-        task_ids=task_ids,
+        task_ids=task_ids if decoder_task_ids is None else decoder_task_ids,
     )
 
 

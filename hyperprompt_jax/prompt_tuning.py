@@ -33,6 +33,7 @@ CONFIG_FIELD = 'prompt_tuning'
 SCOPES = ('prompt_tuning',)
 AXIS_NAMES = ('tasks', 'prompt_length')
 VARIANT_FILES = ('variants/prompt_tuning.gin',)
+PACKING_REFUSAL = None  # packed rows: each token its own task
 
 
 @struct.dataclass
@@ -82,16 +83,34 @@ class TaskPrompts(nn.Module):
   emb_dim: int
 
   @nn.compact
-  def __call__(self, embedded: Array, task_ids: Optional[Array]) -> Array:
-    """`[batch, length, d]` embeddings -> `[batch, n + length, d]`."""
+  def __call__(self, embedded: Array, task_ids: Optional[Array],
+               positions: Optional[Array] = None,
+               valid: Optional[Array] = None) -> Array:
+    """Unpacked: `[batch, length, d]` embeddings and `task_ids [batch]` ->
+    `[batch, n + length, d]`, each example's prompt in front.
+
+    Packed (`task_ids`, `positions` and `valid` `[batch, length]`: each
+    token's task, its position in its example, non-padding): each example's
+    soft prompt in its reserved slots, shape unchanged. The feature
+    converter (`input_prompt_length = n`) put `n` placeholder tokens in front
+    of every packed example, so positions `0..n-1` of each segment are its
+    prompt slots; relative positions and masks then match the unpacked
+    `[prompt; tokens]` row exactly.
+    """
     if task_ids is None:
       raise ValueError(
           'Prompt-Tuning needs task_ids (int32 [batch]) but none were given: '
           'pass task_ids to encode / __call__ (the feature converter adds '
           'them).')
+    n = self.config.prompt_length
     prompts = layers.param_with_axes(
         'prompts', nn.initializers.normal(1.0),
-        (self.num_tasks, self.config.prompt_length, self.emb_dim),
+        (self.num_tasks, n, self.emb_dim),
         jnp.float32, axes=('tasks', 'prompt_length', 'embed'))
+    if task_ids.ndim == 2:
+      chosen = prompts[task_ids, jnp.minimum(positions, n - 1)]
+      is_slot = (positions < n) & valid
+      return jnp.where(is_slot[..., None], chosen.astype(embedded.dtype),
+                       embedded)
     chosen = jnp.take(prompts, task_ids, axis=0).astype(embedded.dtype)
     return jnp.concatenate([chosen, embedded], axis=1)

@@ -29,10 +29,12 @@ from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import gin_utils
 from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import methods
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
+from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
@@ -85,8 +87,9 @@ def train(
     seed: parameters, dropout (`fold_in(seed, step)`) and data order.
     z_loss: t5x's z-loss coefficient.
     mesh_data, mesh_model: the device mesh (-1: the remaining devices).
-    pack: packing is refused for task-conditioned inputs (task ids are per
-      example); kept so that a gin file asking for it fails clearly.
+    pack: pack several examples per row (T5's fine-tuning default), each
+      token carrying its example's task id; refused up front for methods
+      that cannot condition per token (HyperGrid, Output Gating).
     use_cached_tasks: read seqio's offline cache.
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
@@ -101,9 +104,13 @@ def train(
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f"mesh's {mesh.shape['data']} data shards.")
+  if pack:
+    methods.check_packing(model.config)
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
-      pack=pack, use_cached=use_cached_tasks)
+      pack=pack, use_cached=use_cached_tasks,
+      input_prompt_length=prompt_tuning.prompt_length(
+          model.config.prompt_tuning))
   iterator = iter(dataset)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
                                 z_loss=z_loss, seed=seed)
@@ -146,7 +153,8 @@ def train(
       local = input_pipeline.as_numpy(next(iterator))
       # Inside jit an out-of-range task or token id would clamp silently.
       batches.validate_batch(local, model.config.num_tasks,
-                             model.config.vocab_size)
+                             model.config.vocab_size,
+                             required=batches.required_features(pack))
       batch = trainer.global_batch(local)
       state, terms = trainer.step(state, batch)
       step += 1
@@ -159,17 +167,22 @@ def train(
         check_finite(pending, step)
         metrics = {k: float(np.mean([float(t[k]) for t in pending]))
                    for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy')}
+        # Real (non-padding) tokens, inputs and targets.
         tokens = sum(float(t['tokens']) + float(t['input_tokens'])
                      for t in pending)
+        capacity = sum(float(t['capacity']) for t in pending)
         elapsed = time.time() - tick
         steps_per_s = (step - tick_step) / max(elapsed, 1e-9)
         metrics.update(steps_per_sec=steps_per_s,
-                       tokens_per_sec=tokens / max(elapsed, 1e-9))
+                       tokens_per_sec=tokens / max(elapsed, 1e-9),
+                       packing_efficiency=tokens / max(capacity, 1.0))
         writer.write_scalars(step, metrics)
         last_loss = metrics['loss']
         log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
-                 '%.0f tokens/s  ETA %s', step, train_steps, metrics['loss'],
-                 metrics['accuracy'], steps_per_s, metrics['tokens_per_sec'],
+                 '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
+                 train_steps, metrics['loss'], metrics['accuracy'],
+                 steps_per_s, metrics['tokens_per_sec'],
+                 100 * metrics['packing_efficiency'],
                  _eta((train_steps - step) / max(steps_per_s, 1e-9)))
         pending, tick, tick_step = [], time.time(), step
       if due_save:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import losses
 from hyperprompt_jax import network
@@ -24,22 +25,35 @@ from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
 
 State = dict[str, Any]
-BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
-              'decoder_target_tokens', 'decoder_loss_weights', 'task_ids')
+# The network's keyword arguments a packed batch adds (and `task_ids` [batch]
+# an unpacked one).
+_PACKED_INPUTS = ('encoder_segment_ids', 'decoder_segment_ids',
+                  'encoder_positions', 'decoder_positions',
+                  'encoder_task_ids', 'decoder_task_ids')
+
+
+def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+  """The network's keyword arguments besides the three token arrays:
+  `task_ids`, or for packed rows the segment ids, positions and per-token
+  task ids."""
+  if batches.is_packed(batch):
+    return {k: batch[k] for k in _PACKED_INPUTS}
+  return {'task_ids': batch['task_ids']}
 
 
 def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
             rng: jax.Array, z_loss: float,
             rules: Optional[partitioning.AxisRules] = None
             ) -> tuple[jax.Array, dict]:
-  """Teacher-forced cross-entropy + z-loss of a batch (`BATCH_KEYS`), with
-  dropout from `rng`: `(loss, terms)` (`losses.cross_entropy_with_z_loss`)."""
+  """Teacher-forced cross-entropy + z-loss of a batch (unpacked or packed,
+  `batches.required_features`), with dropout from `rng`: `(loss, terms)`
+  (`losses.cross_entropy_with_z_loss`; normalised over the real target
+  tokens either way)."""
   with nn_partitioning.axis_rules(rules or partitioning.logical_axis_rules()):
     logits = model.apply(
         {'params': params}, batch['encoder_input_tokens'],
         batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-        enable_dropout=True, task_ids=batch['task_ids'],
-        rngs={'dropout': rng})
+        enable_dropout=True, rngs={'dropout': rng}, **model_inputs(batch))
   terms = losses.cross_entropy_with_z_loss(
       logits, batch['decoder_target_tokens'], batch['decoder_loss_weights'],
       z_loss)
@@ -68,7 +82,11 @@ def train_step(model: network.Transformer,
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
   new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
   terms['finite'] = finite
+  # Real tokens only (padding excluded), and the rows' capacity: the
+  # progress line's tokens/s and packing efficiency.
   terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
+  terms['capacity'] = (batch['encoder_input_tokens'].size
+                       + batch['decoder_target_tokens'].size)
   return new, terms
 
 
@@ -191,7 +209,7 @@ class Trainer:
     """This host's numpy batch -> global arrays sharded along 'data'."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding,
                                                       local[k])
-            for k in BATCH_KEYS}
+            for k in batches.required_features(batches.is_packed(local))}
 
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])

@@ -1,12 +1,26 @@
-"""seqio's encoder-decoder feature converter, carrying `task_ids` through.
+"""seqio's encoder-decoder feature converter, carrying task ids through.
 
-`task_ids` is a seqio pass-through feature of rank 0 (int32 `[]` per example,
-`[batch]` once batched). Callers such as t5x's evaluator pass feature lengths
-without it, and trim / pad cannot slice a scalar, so the converter adds the
-key to the lengths for seqio's checks and keeps it away from trim / pad.
+Unpacked (`pack=False`, evaluation and inference): `task_ids` is a seqio
+pass-through feature of rank 0 (int32 `[]` per example, `[batch]` once
+batched). Callers such as t5x's evaluator pass feature lengths without it,
+and trim / pad cannot slice a scalar, so the converter adds the key to the
+lengths for seqio's checks and keeps it away from trim / pad.
 
-Packing would put several tasks into one row; per-token task ids are future
-work, so packing is refused.
+Packed (`pack=True`, training): a row holds several examples, possibly of
+different tasks, so the ids become per-token features packed with the
+tokens: `encoder_task_ids [input_length]` and `decoder_task_ids
+[target_length]`, each token carrying its example's task id (0 on padding,
+where the segment id is 0 too), beside seqio's segment ids and positions.
+seqio refuses pass-through features when packing, so the converter spreads
+the scalar id over each example's tokens before seqio packs them as ordinary
+features.
+
+Prompt-Tuning's soft prompt takes `n` encoder positions per example. Unpacked
+the model prepends them to the row; packed, they must be counted by the
+packer, so `input_prompt_length=n` reserves them: each example's inputs get
+`n` placeholder tokens (`PROMPT_SLOT_TOKEN`) in front before packing, and the
+model puts the example's soft prompt in those slots (positions `0..n-1` of
+every segment).
 """
 
 from typing import Mapping, Optional
@@ -16,13 +30,28 @@ import tensorflow as tf
 
 TASK_IDS = 'task_ids'
 _TASK_IDS_SPEC = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)
+# Per-token task ids of packed rows: model feature -> task feature it follows.
+PACKED_TASK_IDS = {'encoder_task_ids': 'inputs',
+                   'decoder_task_ids': 'targets'}
+# The placeholder of a reserved Prompt-Tuning slot: any valid (non-padding)
+# id; the model replaces its embedding by the soft prompt.
+PROMPT_SLOT_TOKEN = 1
 
 
 class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
-  """`seqio.EncDecFeatureConverter` plus a rank-0 int32 `task_ids` feature.
+  """`seqio.EncDecFeatureConverter` plus task ids.
 
-  Output features: those of `seqio.EncDecFeatureConverter` (unpacked) and
-  `task_ids`.
+  Output features: those of `seqio.EncDecFeatureConverter`, and
+  `task_ids` (int32 `[]`) unpacked, or `encoder_task_ids` /
+  `decoder_task_ids` (int32 `[input_length]` / `[target_length]`) packed.
+
+  Args:
+    pack: pack several examples per row (training).
+    input_prompt_length: with `pack`, encoder positions reserved in front of
+      each example for Prompt-Tuning's soft prompt (its `prompt_length`; 0
+      for every other model).
+    use_custom_packing_ops, apply_length_check, bos_id, passthrough_features:
+      as seqio's (no pass-through features when packing, as in seqio).
   """
 
   def __init__(
@@ -33,16 +62,26 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
       bos_id: int = 0,
       passthrough_features: Optional[
           Mapping[str, seqio.FeatureConverter.FeatureSpec]] = None,
+      input_prompt_length: int = 0,
   ):
+    if input_prompt_length < 0:
+      raise ValueError('input_prompt_length must be >= 0, got '
+                       f'{input_prompt_length}.')
+    self._input_prompt_length = input_prompt_length if pack else 0
     if pack:
-      raise ValueError(
-          'Packing mixes tasks in one row, and task-conditioned models take '
-          'one task id per example: set DatasetConfig.pack = False (t5x: '
-          'train/utils.DatasetConfig.pack = False, and the same for '
-          'train_eval) or pack=False.')
-    passthrough = {TASK_IDS: _TASK_IDS_SPEC, **(passthrough_features or {})}
+      if passthrough_features:
+        raise ValueError(
+            'Packing is incompatible with pass-through features (seqio); '
+            f'got {sorted(passthrough_features)}.')
+      self.MODEL_FEATURES = {  # pylint: disable=invalid-name
+          **seqio.EncDecFeatureConverter.MODEL_FEATURES,
+          **{k: seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)
+             for k in PACKED_TASK_IDS}}
+      passthrough = None
+    else:
+      passthrough = {TASK_IDS: _TASK_IDS_SPEC, **(passthrough_features or {})}
     super().__init__(
-        pack=False,
+        pack=pack,
         use_custom_packing_ops=use_custom_packing_ops,
         apply_length_check=apply_length_check,
         bos_id=bos_id,
@@ -56,19 +95,62 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
           f'{sorted(ds.element_spec)}). Register tasks with '
           'hyperprompt_jax.tasks.add_task, which attaches them, and mixtures '
           'with hyperprompt_jax.tasks.add_mixture: a plain seqio.Mixture keeps '
-          'only the output features and drops task ids.')
-    # The length of a scalar is never checked (seqio skips rank-0 features).
-    lengths = {**task_feature_lengths, TASK_IDS: 0}
+          'only the output features and drops task ids. Packing (PACK = True) '
+          'needs them to give each token its own task.')
+    lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
+    if not self.pack:
+      # The length of a scalar is never checked (seqio skips rank-0 features).
+      lengths[TASK_IDS] = 0
+    elif self._input_prompt_length >= lengths['inputs']:
+      raise ValueError(
+          f'input_prompt_length={self._input_prompt_length} leaves no room for '
+          f"tokens in packed rows of {lengths['inputs']} inputs: raise the "
+          'inputs length or shorten the prompt.')
     return super().__call__(ds, lengths)
 
   def _convert_features(self, ds: tf.data.Dataset,
                         task_feature_lengths: Mapping[str, int]
                         ) -> tf.data.Dataset:
     lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
-    return super()._convert_features(ds, lengths)
+    if not self.pack:
+      return super()._convert_features(ds, lengths)
+    n = self._input_prompt_length
+
+    def per_token_ids(ex):
+      ex = dict(ex)
+      if n:
+        slots = tf.fill([n], tf.constant(PROMPT_SLOT_TOKEN, ex['inputs'].dtype))
+        ex['inputs'] = tf.concat([slots, ex['inputs']], axis=0)
+      for feature in PACKED_TASK_IDS.values():
+        # Stored as id + 1: seqio's packer reads 0 as padding and would drop
+        # task 0's ids (`_convert_example` subtracts the 1 again).
+        ex[f'{feature}_task_ids'] = tf.fill(
+            tf.shape(ex[feature]), tf.cast(ex[TASK_IDS], tf.int32) + 1)
+      return ex
+
+    ds = ds.map(per_token_ids, num_parallel_calls=tf.data.AUTOTUNE)
+    packed_lengths = {
+        **lengths, **{f'{f}_task_ids': lengths[f]
+                      for f in PACKED_TASK_IDS.values()}}
+    ds = self._pack_or_pad(ds, packed_lengths)
+    return ds.map(self._convert_example, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def _convert_example(self, features: Mapping[str, tf.Tensor]
+                       ) -> Mapping[str, tf.Tensor]:
+    d = dict(super()._convert_example(features))
+    if self.pack:
+      for model_feature, feature in PACKED_TASK_IDS.items():
+        d[model_feature] = tf.maximum(features[f'{feature}_task_ids'] - 1, 0)
+    return d
 
   def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
                                 ) -> Mapping[str, int]:
-    """seqio's model lengths; `task_ids` maps to 0 (a scalar has none)."""
-    return super().get_model_feature_lengths(
-        {**task_feature_lengths, TASK_IDS: 0})
+    """seqio's model lengths; `task_ids` maps to 0 (a scalar has none), the
+    packed per-token ids to their stream's length."""
+    lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
+    if not self.pack:
+      return super().get_model_feature_lengths({**lengths, TASK_IDS: 0})
+    model_lengths = dict(super().get_model_feature_lengths(lengths))
+    for model_feature, feature in PACKED_TASK_IDS.items():
+      model_lengths[model_feature] = lengths[feature]
+    return model_lengths

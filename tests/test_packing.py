@@ -1,0 +1,331 @@
+"""Packed mixed-task rows against the same examples unpacked, one per row.
+
+The reference is the unpacked model, already checked against the numpy
+re-derivations: a packed batch (built here by a plain greedy packer, not
+seqio's) must give every example's tokens the logits, the loss and the
+gradients of its unpacked row. The converter's packed features are checked
+against hand-written arrays.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import T5X_TINY_CONFIG
+from hyperprompt_jax import adapters
+from hyperprompt_jax import batches
+from hyperprompt_jax import hyperformer
+from hyperprompt_jax import hypergrid
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import losses
+from hyperprompt_jax import network
+from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax import trainer
+from hyperprompt_jax.tasks import feature_converter
+
+TASKS = 3
+PROMPT_TUNING_LENGTH = 2
+# (input length, target length, task) of five examples: three share row 0
+# (three different tasks), two share row 1.
+EXAMPLES = ((5, 3, 2), (4, 4, 0), (3, 2, 1), (6, 3, 1), (4, 2, 1))
+ROWS = ((0, 1, 2), (3, 4))
+
+
+def _hyperprompt(variant, placement='both', **kwargs):
+  return dict(hyperprompt=hyperprompt.HyperPromptConfig(
+      variant=variant, placement=placement, encoder_prompt_length=3,
+      decoder_prompt_length=2, hypernet_reduction=8, task_embed_dim=5,
+      task_hidden_dim=7, layer_task_embed_dim=6, **kwargs))
+
+
+PACKING_VARIANTS = {
+    'mtl': {},
+    'hyperprompt_share': _hyperprompt('share'),
+    'hyperprompt_sep_encoder': _hyperprompt('sep', 'encoder'),
+    'hyperprompt_global_decoder': _hyperprompt(
+        'global', 'decoder', cross_attention_prompts=True),
+    'hyperprompt_global': _hyperprompt('global'),
+    'prompt_tuning': dict(prompt_tuning=prompt_tuning.PromptTuningConfig(
+        prompt_length=PROMPT_TUNING_LENGTH)),
+    'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
+    'hyperformer': dict(hyperformer=hyperformer.HyperFormerConfig(
+        reduction=8, task_embed_dim=5, task_hidden_dim=7, projected_dim=6)),
+}
+
+
+def _config(variant):
+  return dataclasses.replace(T5X_TINY_CONFIG, num_tasks=TASKS,
+                             **PACKING_VARIANTS[variant])
+
+
+def _examples(seed):
+  """`[(inputs, targets, task)]`, random tokens in [2, vocab)."""
+  rng = np.random.default_rng(seed)
+  return [(rng.integers(2, 384, size=a).astype(np.int32),
+           rng.integers(2, 384, size=b).astype(np.int32), task)
+          for a, b, task in EXAMPLES]
+
+
+def _unpacked(examples, input_length, target_length):
+  n = len(examples)
+  batch = {k: np.zeros((n, input_length if k == 'encoder_input_tokens'
+                        else target_length), np.int32)
+           for k in ('encoder_input_tokens', 'decoder_input_tokens',
+                     'decoder_target_tokens', 'decoder_loss_weights')}
+  batch['task_ids'] = np.array([t for _, _, t in examples], np.int32)
+  for i, (inputs, targets, _) in enumerate(examples):
+    batch['encoder_input_tokens'][i, :len(inputs)] = inputs
+    batch['decoder_target_tokens'][i, :len(targets)] = targets
+    batch['decoder_input_tokens'][i, 1:len(targets)] = targets[:-1]
+    batch['decoder_loss_weights'][i, :len(targets)] = 1
+  return batch
+
+
+def _packed(examples, rows, input_length, target_length, n_slots=0):
+  """The packed batch, by hand: examples of a row one after the other."""
+  shape = {'encoder': (len(rows), input_length),
+           'decoder': (len(rows), target_length)}
+  batch = {f'{stack}_{k}': np.zeros(shape[stack], np.int32)
+           for stack in shape
+           for k in ('segment_ids', 'positions', 'task_ids')}
+  for k in ('encoder_input_tokens',):
+    batch[k] = np.zeros(shape['encoder'], np.int32)
+  for k in ('decoder_input_tokens', 'decoder_target_tokens',
+            'decoder_loss_weights'):
+    batch[k] = np.zeros(shape['decoder'], np.int32)
+  where = {}  # example -> (row, decoder start)
+  for r, members in enumerate(rows):
+    enc_at = dec_at = 0
+    for segment, i in enumerate(members, start=1):
+      inputs, targets, task = examples[i]
+      inputs = np.concatenate(
+          [np.full(n_slots, feature_converter.PROMPT_SLOT_TOKEN, np.int32),
+           inputs])
+      e = slice(enc_at, enc_at + len(inputs))
+      d = slice(dec_at, dec_at + len(targets))
+      batch['encoder_input_tokens'][r, e] = inputs
+      batch['encoder_segment_ids'][r, e] = segment
+      batch['encoder_positions'][r, e] = np.arange(len(inputs))
+      batch['encoder_task_ids'][r, e] = task
+      batch['decoder_target_tokens'][r, d] = targets
+      batch['decoder_input_tokens'][r, d] = np.concatenate([[0],
+                                                            targets[:-1]])
+      batch['decoder_loss_weights'][r, d] = 1
+      batch['decoder_segment_ids'][r, d] = segment
+      batch['decoder_positions'][r, d] = np.arange(len(targets))
+      batch['decoder_task_ids'][r, d] = task
+      where[i] = (r, dec_at)
+      enc_at, dec_at = e.stop, d.stop
+  return batch, where
+
+
+def _logits(model, params, batch):
+  return model.apply({'params': params}, batch['encoder_input_tokens'],
+                     batch['decoder_input_tokens'],
+                     batch['decoder_target_tokens'], enable_dropout=False,
+                     **trainer.model_inputs(batch))
+
+
+@pytest.fixture(scope='module', params=sorted(PACKING_VARIANTS))
+def variant_outputs(request):
+  """Logits, loss and gradients of the examples unpacked and packed."""
+  cfg = _config(request.param)
+  model = network.Transformer(cfg)
+  n_slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
+  examples = _examples(0)
+  unpacked = _unpacked(examples, 8, 5)
+  packed, where = _packed(examples, ROWS, 22, 10, n_slots)
+  params = network.init_variables(model, jax.random.PRNGKey(1))['params']
+  # Non-zero everywhere (zero-initialised parts would compare trivially).
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+  params = jax.tree.unflatten(tree, [
+      leaf + 0.05 * jax.random.normal(k, leaf.shape)
+      for leaf, k in zip(leaves, keys)])
+  logits = jax.jit(lambda p, b: _logits(model, p, b))
+
+  @jax.jit
+  def loss_grads_logits(p, b):
+    def loss(p):
+      out = _logits(model, p, b)
+      terms = losses.cross_entropy_with_z_loss(
+          out, b['decoder_target_tokens'], b['decoder_loss_weights'], 1e-4)
+      return terms['loss'], out
+    return jax.value_and_grad(loss, has_aux=True)(p)
+
+  out = {}
+  for name, batch in (('unpacked', unpacked), ('packed', packed)):
+    (loss, batch_logits), grads = loss_grads_logits(params, batch)
+    out[name] = dict(logits=np.asarray(batch_logits), loss=float(loss),
+                     grads=grads)
+  return dict(variant=request.param, model=model, params=params,
+              examples=examples, packed_batch=packed, where=where, logits=logits,
+              n_slots=n_slots, **out)
+
+
+def test_packed_logits_are_the_unpacked_logits(variant_outputs):
+  o = variant_outputs
+  for i, (_, targets, _) in enumerate(o['examples']):
+    row, start = o['where'][i]
+    np.testing.assert_allclose(
+        o['packed']['logits'][row, start:start + len(targets)],
+        o['unpacked']['logits'][i, :len(targets)], rtol=2e-5, atol=2e-5,
+        err_msg=f"{o['variant']}: example {i}")
+
+
+def test_packed_loss_and_gradients_are_the_unpacked_ones(variant_outputs):
+  o = variant_outputs
+  np.testing.assert_allclose(o['packed']['loss'], o['unpacked']['loss'],
+                             rtol=1e-5)
+  flat = lambda g: dict(jax.tree_util.tree_flatten_with_path(g)[0])
+  packed, unpacked = flat(o['packed']['grads']), flat(o['unpacked']['grads'])
+  for path, grad in unpacked.items():
+    scale = float(np.abs(grad).max()) + 1e-6
+    np.testing.assert_allclose(
+        packed[path], grad, rtol=1e-4, atol=1e-4 * scale,
+        err_msg=f"{o['variant']}: {jax.tree_util.keystr(path)}")
+
+
+def test_other_segments_do_not_reach_a_segment(variant_outputs):
+  """Row 0's first example keeps its logits when its row-mates change
+  tokens and tasks."""
+  o = variant_outputs
+  changed = {k: v.copy() for k, v in o['packed_batch'].items()}
+  rng = np.random.default_rng(7)
+  for stack, tokens in (('encoder', 'encoder_input_tokens'),
+                        ('decoder', 'decoder_target_tokens')):
+    others = changed[f'{stack}_segment_ids'][0] > 1
+    changed[tokens][0, others] = rng.integers(2, 384, size=others.sum())
+    changed[f'{stack}_task_ids'][0, others] = (
+        changed[f'{stack}_task_ids'][0, others] + 1) % TASKS
+  if o['n_slots']:  # the placeholders stay where the packer put them
+    slots = o['packed_batch']['encoder_input_tokens'][0] == (
+        feature_converter.PROMPT_SLOT_TOKEN)
+    changed['encoder_input_tokens'][0, slots] = (
+        feature_converter.PROMPT_SLOT_TOKEN)
+  targets = changed['decoder_target_tokens']
+  changed['decoder_input_tokens'] = np.where(
+      changed['decoder_positions'] > 0, np.roll(targets, 1, axis=1), 0)
+  logits = np.asarray(o['logits'](o['params'], changed))
+  length = len(o['examples'][0][1])
+  np.testing.assert_allclose(logits[0, :length],
+                             o['packed']['logits'][0, :length], rtol=1e-6,
+                             atol=1e-6)
+
+
+# -- refusals and bad input -----------------------------------------------
+
+
+@pytest.mark.parametrize('variant', ['lg', 'l', 'output_gating'])
+def test_gating_refuses_packed_rows(variant):
+  cfg = dataclasses.replace(
+      T5X_TINY_CONFIG, num_tasks=TASKS, hypergrid=hypergrid.HyperGridConfig(
+          variant=variant, grid_rows=4, grid_cols=8))
+  batch, _ = _packed(_examples(0), ROWS, 22, 10)
+  model = network.Transformer(cfg)
+  with pytest.raises(ValueError, match='PACK = False'):
+    jax.eval_shape(lambda: model.init(
+        jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        enable_dropout=False, **trainer.model_inputs(batch)))
+
+
+def test_packed_rows_need_per_token_task_ids():
+  model = network.Transformer(_config('hyperprompt_global'))
+  batch, _ = _packed(_examples(0), ROWS, 22, 10)
+  with pytest.raises(ValueError, match='per-token task ids'):
+    model.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+               batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+               encoder_segment_ids=batch['encoder_segment_ids'],
+               decoder_segment_ids=batch['decoder_segment_ids'],
+               enable_dropout=False, task_ids=np.zeros(2, np.int32))
+
+
+def test_a_segment_with_two_task_ids_is_refused():
+  batch, _ = _packed(_examples(0), ROWS, 22, 10)
+  batch['encoder_task_ids'][0, 1] = (batch['encoder_task_ids'][0, 0] + 1) % 3
+  with pytest.raises(ValueError, match='segment 1 of row 0 carries task ids'):
+    batches.validate_batch(batch, TASKS, 384,
+                           required=batches.required_features(True))
+  model = network.Transformer(_config('adapter'))
+  with pytest.raises(ValueError, match='segment 1 of row 0 carries task ids'):
+    model.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+               batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+               enable_dropout=False, **trainer.model_inputs(batch))
+
+
+# -- the converter ---------------------------------------------------------
+
+
+def _dataset(examples):
+  return tf.data.Dataset.from_generator(
+      lambda: ({'inputs': np.array(i, np.int32),
+                'targets': np.array(t, np.int32), 'task_ids': np.int32(k)}
+               for i, t, k in examples),
+      output_signature={'inputs': tf.TensorSpec([None], tf.int32),
+                        'targets': tf.TensorSpec([None], tf.int32),
+                        'task_ids': tf.TensorSpec([], tf.int32)})
+
+
+MIXTURE = (([7, 8, 5, 1], [3, 9, 1], 2), ([8, 4, 9, 3, 1], [4, 1], 0),
+           ([6, 1], [5, 1], 1))
+
+
+def test_converter_packs_per_token_task_ids():
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=True)
+  (row,) = list(converter(_dataset(MIXTURE),
+                          {'inputs': 12, 'targets': 7}).as_numpy_iterator())
+  expected = {
+      'encoder_input_tokens': [7, 8, 5, 1, 8, 4, 9, 3, 1, 6, 1, 0],
+      'encoder_segment_ids': [1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 0],
+      'encoder_positions': [0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 0],
+      'encoder_task_ids': [2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 0],
+      'decoder_target_tokens': [3, 9, 1, 4, 1, 5, 1],
+      'decoder_input_tokens': [0, 3, 9, 0, 4, 0, 5],
+      'decoder_loss_weights': [1, 1, 1, 1, 1, 1, 1],
+      'decoder_segment_ids': [1, 1, 1, 2, 2, 3, 3],
+      'decoder_positions': [0, 1, 2, 0, 1, 0, 1],
+      'decoder_task_ids': [2, 2, 2, 0, 0, 1, 1],
+  }
+  assert sorted(row) == sorted(expected)
+  for k, v in expected.items():
+    np.testing.assert_array_equal(row[k], v, err_msg=k)
+  assert converter.get_model_feature_lengths(
+      {'inputs': 12, 'targets': 7})['encoder_task_ids'] == 12
+
+
+def test_converter_reserves_prompt_tuning_slots():
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(
+      pack=True, input_prompt_length=2)
+  rows = list(converter(_dataset(MIXTURE),
+                        {'inputs': 12, 'targets': 7}).as_numpy_iterator())
+  slot = feature_converter.PROMPT_SLOT_TOKEN
+  np.testing.assert_array_equal(
+      rows[0]['encoder_input_tokens'],
+      [slot, slot, 7, 8, 5, 1, 0, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(
+      rows[1]['encoder_input_tokens'],
+      [slot, slot, 8, 4, 9, 3, 1, slot, slot, 6, 1, 0])
+  np.testing.assert_array_equal(rows[1]['encoder_positions'],
+                                [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 0])
+  np.testing.assert_array_equal(rows[1]['encoder_task_ids'],
+                                [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0])
+
+
+def test_converter_without_task_ids_says_so():
+  ds = _dataset(MIXTURE).map(lambda ex: {'inputs': ex['inputs'],
+                                         'targets': ex['targets']})
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=True)
+  with pytest.raises(ValueError, match="no 'task_ids' feature"):
+    converter(ds, {'inputs': 12, 'targets': 7})
+
+
+def test_unpacked_converter_keeps_task_ids_per_example():
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=False)
+  rows = list(converter(_dataset(MIXTURE),
+                        {'inputs': 12, 'targets': 7}).as_numpy_iterator())
+  assert [int(r['task_ids']) for r in rows] == [2, 0, 1]
+  assert 'encoder_segment_ids' not in rows[0]
