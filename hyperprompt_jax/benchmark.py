@@ -8,6 +8,8 @@ r"""Training-step time and peak memory of each variant relative to MTL T5.
         [--table_model=models/t5_1_1_base.gin] [--flops_batch_size=128]
     python -m hyperprompt_jax.benchmark --decode --batch_sizes=16 \
         [--target_length=32]
+    python -m hyperprompt_jax.benchmark --packing --batch_sizes=8 \
+        [--lengths=fixture,glue_super_glue]
 
 For every batch size, one jit-compiled training step (`trainer.train_step`,
 the built-in runner's own: forward, backward, `make_optimizer`'s Adafactor
@@ -35,6 +37,10 @@ autoregressive cache of `--target_length`, `--input_length` encoder tokens)
 at the first batch size, beside MTL's: what the cache holds per task and
 `encoded` (hyper-prompts, HyperGrid's decoder gates) is computed when the
 cache is created, not at every step.
+
+`--packing` compares real target tokens per second of packed and unpacked
+rows for MTL and every variant that packs, on two length distributions, at
+the first batch size (`packing_benchmark.py`).
 """
 
 import dataclasses
@@ -128,7 +134,7 @@ def random_batch(rng: np.random.Generator, batch: int, input_length: int,
   }
 
 
-def _fresh_params(model: network.Transformer, input_length: int,
+def fresh_params(model: network.Transformer, input_length: int,
                   target_length: int):
   """The runners' initialisation (`network.init_variables`), seed 0."""
   return jax.jit(lambda rng: network.init_variables(
@@ -136,7 +142,7 @@ def _fresh_params(model: network.Transformer, input_length: int,
           jax.random.PRNGKey(0))
 
 
-def _timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
+def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
                         rounds: int, steps: int) -> dict[str, float]:
   """Median seconds per call of each runner (`i -> output`), in interleaved
   rounds: each round starts at another model, so no model always runs first
@@ -176,7 +182,7 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
     runners, peaks = {}, {}
     for name, cfg in configs.items():
       model = network.Transformer(cfg)
-      params = _fresh_params(model, input_length, target_length)
+      params = fresh_params(model, input_length, target_length)
       state = {'step': jnp.zeros((), jnp.int32), 'params': params,
                'opt_state': optimizer.init(params)}
       rng = jax.random.PRNGKey(1)
@@ -192,7 +198,7 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
         return terms['loss']
 
       runners[name], peaks[name] = run, peak_bytes(step)
-    seconds = _timed_side_by_side(runners, rounds, steps)
+    seconds = timed_side_by_side(runners, rounds, steps)
     for name in configs:
       rows.append({'batch_size': batch_size, 'model': name,
                    'seconds_per_step': seconds[name],
@@ -220,7 +226,7 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
     model = network.Transformer(variant_config(base, name, placement))
     task_ids = rng.integers(0, model.config.num_tasks, (batch_size,),
                             dtype=np.int32)
-    params = _fresh_params(model, input_length, target_length)
+    params = fresh_params(model, input_length, target_length)
     encoded = jax.jit(lambda p, m=model, ids=task_ids: m.apply(
         {'params': p}, tokens, enable_dropout=False, task_ids=ids,
         method=m.encode))(params)
@@ -238,7 +244,7 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
     jax.block_until_ready(step(params, cache, encoded))  # warm up
     runners[name] = (lambda i, step=step, p=params, c=cache, e=encoded:
                      step(p, c, e)[0])
-  seconds = _timed_side_by_side(runners, rounds, steps)
+  seconds = timed_side_by_side(runners, rounds, steps)
   return [{'model': name, 'seconds_per_step': s,
            'ratio_to_mtl': s / seconds['mtl']} for name, s in seconds.items()]
 
@@ -356,6 +362,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         '--decode', action='store_true',
         help='time one incremental decode step of each model against its '
              'cache (ratio over MTL) at the first batch size')
+    parser.add_argument(
+        '--packing', action='store_true',
+        help='real target tokens per second, packed against unpacked rows, '
+             'of MTL and each variant that packs, at the first batch size')
+    parser.add_argument('--lengths', default='fixture,glue_super_glue',
+                        help='--packing: length distributions, of '
+                             'fixture, glue_super_glue')
     parser.add_argument('--flops_batch_size', type=int, default=128,
                         help="batch of the FLOPs count (the papers' 128): "
                              'per-task parts are computed once per batch')
@@ -388,6 +401,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
             f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
             f'{r["faster"]}')
+    return 0
+  if args.packing:
+    # Imported here: it builds on this module's timing helpers.
+    from hyperprompt_jax import packing_benchmark  # pylint: disable=g-import-not-at-top
+    configs = {'mtl': variant_config(base, 'mtl', args.placement)}
+    for name in variants:
+      cfg = variant_config(base, name, args.placement)
+      try:
+        methods.check_packing(cfg)
+      except ValueError:
+        print(f'{name}: refuses packed rows (skipped)')
+        continue
+      configs[name] = cfg
+    print(f'devices: {jax.devices()}')
+    for distribution in args.lengths.split(','):
+      rows = packing_benchmark.packing_benchmark(
+          configs, batch_sizes[0], args.input_length, args.target_length,
+          distribution, args.rounds, args.steps)
+      print(f'{distribution} lengths: batch {batch_sizes[0]} rows of '
+            f'{args.input_length} / {args.target_length} tokens')
+      print(packing_benchmark.format_packing(rows))
     return 0
   if args.decode:
     rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,

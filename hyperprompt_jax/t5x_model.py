@@ -3,7 +3,8 @@
 t5x's `models.EncoderDecoderModel` calls the network without task ids; this
 subclass passes each batch's `task_ids` (int32 `[batch]`, added by
 `hyperprompt_jax.tasks.TaskIdsEncDecFeatureConverter`, its
-`FEATURE_CONVERTER_CLS`) to every network call:
+`FEATURE_CONVERTER_CLS`; packed training rows carry per-token
+`encoder_task_ids` / `decoder_task_ids` instead) to every network call:
 
 - `get_initial_variables`: task id 0 per example (shapes only);
 - `loss_fn`, `eval_fn`, `score_batch`: through `_compute_logits`;
@@ -38,6 +39,7 @@ from t5x import models
 from t5x import optimizers
 
 from hyperprompt_jax import network
+from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 
@@ -50,8 +52,11 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
 
   Takes `EncoderDecoderModel`'s arguments; `module` is a
   `hyperprompt_jax.network.Transformer`. Batches carry `task_ids` (int32
-  `[batch]`) beside t5x's features; a task-conditioned network refuses a
-  batch without them.
+  `[batch]`) beside t5x's features, or, packed (`DatasetConfig.pack =
+  True`), per-token `encoder_task_ids` / `decoder_task_ids`; a
+  task-conditioned network refuses a batch without them. The default
+  feature converter reserves Prompt-Tuning's prompt positions in packed
+  rows (`input_prompt_length`).
 
   Raises:
     ValueError: at construction, when the network's `num_tasks` (gin:
@@ -76,6 +81,11 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     # t5x builds the model after parsing gin, so the run's task list is
     # known: an id space smaller than it would clamp ids silently in jit.
     task_ids_lib.check_num_tasks(module.config.num_tasks)
+    if feature_converter_cls is None:
+      feature_converter_cls = functools.partial(
+          feature_converter.TaskIdsEncDecFeatureConverter,
+          input_prompt_length=prompt_tuning.prompt_length(
+              module.config.prompt_tuning))
     super().__init__(
         module, input_vocabulary, output_vocabulary, optimizer_def,
         decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
@@ -95,9 +105,17 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           f"The batch has no '{TASK_IDS}' (features: {sorted(batch)}), and "
           'the network is task-conditioned. Feed it tasks registered with '
           'hyperprompt_jax.tasks through the feature converter '
-          f'{self.FEATURE_CONVERTER_CLS.__name__} (do not set '
-          'feature_converter_cls to another converter).')
+          'TaskIdsEncDecFeatureConverter (do not set feature_converter_cls '
+          'to another converter).')
     return ids
+
+  def _task_id_inputs(self, batch: Mapping[str, jax.Array]
+                      ) -> dict[str, Optional[jax.Array]]:
+    """The network's task-id arguments: per-token ids of packed rows, else
+    `task_ids`."""
+    if 'encoder_task_ids' in batch:
+      return {k: batch[k] for k in ('encoder_task_ids', 'decoder_task_ids')}
+    return {'task_ids': self._task_ids(batch)}
 
   def get_initial_variables(
       self,
@@ -143,7 +161,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         enable_dropout=rngs is not None,
         rngs=rngs,
         mutable=mutable,
-        task_ids=self._task_ids(batch),
+        **self._task_id_inputs(batch),
     )
 
   def _compute_logits_from_slice(

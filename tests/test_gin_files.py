@@ -35,7 +35,7 @@ EXPERIMENTS = sorted(p.stem for p in (GIN_DIR / 'experiments').glob('*.gin'))
 # What a paper setup fixes besides the network.
 PAPER_MACROS = ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'NUM_TASKS',
                 'INITIAL_CHECKPOINT_PATH', 'TRAIN_STEPS', 'BATCH_SIZE',
-                'SAVE_PERIOD', 'LEARNING_RATE', 'FREEZE_EMBEDDINGS')
+                'SAVE_PERIOD', 'LEARNING_RATE', 'FREEZE_EMBEDDINGS', 'PACK')
 
 
 @pytest.fixture(autouse=True)
@@ -94,8 +94,12 @@ def test_t5x_gin_file_parses(name):
       '@t5x_model.TaskIdsEncoderDecoderModel()')
   if name.startswith('t5x/hyper'):  # the papers' runs
     assert gin.query_parameter('USE_CACHED_TASKS/macro.value') is False
-    assert gin.query_parameter('train/utils.DatasetConfig.pack') is False
-    assert gin.query_parameter('train_eval/utils.DatasetConfig.pack') is False
+    # Packed, except HyperGrid's setup (its gates are per example).
+    assert gin.query_parameter('PACK/macro.value') is (
+        'glue_super_glue' not in name)
+    for dataset in ('train', 'train_eval'):
+      assert str(gin.query_parameter(
+          f'{dataset}/utils.DatasetConfig.pack')) == '%PACK'
     assert gin.query_parameter('SAVE_PERIOD/macro.value') == 2000
     assert gin.query_parameter('BATCH_SIZE/macro.value') == 128
     assert gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value') == {
@@ -203,6 +207,15 @@ def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
   gin_utils.parse_gin([f'runs/{name}.gin'], [])
   builtin_config, builtin_macros = _bound_setup()
   assert set(builtin_macros) == set(PAPER_MACROS)
+  assert str(gin.query_parameter('train.train.pack')) == '%PACK'
+  # HyperPrompt's setup trains packed; HyperGrid's cannot (per-example
+  # gates), and its MTL baseline trains on the same unpacked rows.
+  assert builtin_macros['PACK'] is ('glue_super_glue' not in name)
+  if builtin_macros['PACK']:
+    methods.check_packing(builtin_config)
+  elif not name.startswith('mtl'):
+    with pytest.raises(ValueError, match='PACK = False'):
+      methods.check_packing(builtin_config)
   gin.clear_config()
   try:
     t5x_root = _t5x_root()

@@ -252,7 +252,8 @@ def test_bad_inputs_raise():
     apply(task_ids=np.array([0, 1, 3, 0], np.int32))
   with pytest.raises(ValueError, match='HyperPrompt needs task_ids'):
     apply()
-  with pytest.raises(ValueError, match='pack = False'):
+  # Packed rows need each token's task (tests/test_packing.py packs).
+  with pytest.raises(ValueError, match='per-token task ids'):
     apply(task_ids=task_ids, encoder_segment_ids=np.ones_like(enc),
           decoder_segment_ids=np.ones_like(tgt))
 

@@ -1,0 +1,246 @@
+"""Real-token throughput of packed against unpacked training rows.
+
+    python -m hyperprompt_jax.benchmark --packing [--batch_sizes=8]
+        [--input_length=512] [--target_length=32] [--lengths=both]
+        [--variants=global,share,sep,adapter,hyperformer_pp,prompt_tuning]
+
+For each model (MTL and every variant that packs) the built-in runner's
+training step (`trainer.train_step`) is compiled twice, for `batch` rows of
+one example each and for `batch` packed rows, and timed side by side in one
+process (`benchmark.timed_side_by_side`). A step's work is its real target
+tokens (the loss's tokens); throughput is real target tokens per second.
+
+Both batches come out of the project's own feature converter
+(`TaskIdsEncDecFeatureConverter`, seqio's packer) over a stream of examples
+whose lengths follow one of two distributions:
+
+- 'fixture': the offline fixture mixture of the 16 GLUE + SuperGLUE tasks
+  (`fixture_glue_super_glue_proportional`), its real examples and their
+  byte-vocabulary lengths;
+- 'glue_super_glue': T5's proportional GLUE + SuperGLUE mixture (rates: the
+  training-set sizes of `tasks/glue.py` and `tasks/super_glue.py`) with
+  per-task input lengths drawn from a log-normal (sigma 0.5, an assumption)
+  around the means of `GLUE_SUPER_GLUE_LENGTHS`. Those means are estimates,
+  not measurements of tokenised data (no GLUE data or SentencePiece model is
+  available offline): each task's mean characters per training example (the
+  TFDS / Hugging Face `dataset_infos.json` train `num_bytes` / `num_examples`,
+  less ~30 bytes of labels and ids) at ~4.3 characters per SentencePiece
+  piece, plus T5's field prefixes and EOS; targets are the label words'
+  pieces plus EOS.
+
+Token ids are random (the step's cost does not depend on them); each
+example's task id is its task's index modulo the model's `num_tasks` (the
+variant's paper setup has T = 8: only the id range matters to the cost).
+"""
+
+from typing import Iterator, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import benchmark
+from hyperprompt_jax import methods
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax import tasks
+from hyperprompt_jax import trainer
+from hyperprompt_jax.tasks import glue
+from hyperprompt_jax.tasks import super_glue
+
+FIXTURE_MIXTURE = 'fixture_glue_super_glue_proportional'
+LENGTH_SIGMA = 0.5
+# Task -> (mean input pieces, target pieces): estimates (module docstring).
+GLUE_SUPER_GLUE_LENGTHS = {
+    'glue_cola': (14, 3), 'glue_sst2': (18, 2), 'glue_mrpc': (64, 4),
+    'glue_stsb': (37, 4), 'glue_qqp': (37, 4), 'glue_mnli': (48, 4),
+    'glue_qnli': (60, 5), 'glue_rte': (84, 5),
+    'super_glue_boolq': (156, 2), 'super_glue_cb': (84, 4),
+    'super_glue_copa': (35, 2), 'super_glue_multirc': (397, 2),
+    'super_glue_record': (300, 5), 'super_glue_rte': (84, 5),
+    'super_glue_wic': (30, 2), 'super_glue_wsc': (33, 4),
+}
+LENGTH_DISTRIBUTIONS = ('fixture', 'glue_super_glue')
+
+
+def _training_rates() -> dict[str, float]:
+  """Task name -> its proportional rate (training-set size), for the tasks
+  of `GLUE_SUPER_GLUE_LENGTHS`."""
+  rates = {s.name: float(s.rate) for s in (*glue.GLUE, *super_glue.SUPER_GLUE)}
+  missing = set(GLUE_SUPER_GLUE_LENGTHS) - set(rates)
+  if missing:
+    raise ValueError(f'No training rate for {sorted(missing)}.')
+  return {name: rates[name] for name in GLUE_SUPER_GLUE_LENGTHS}
+
+
+def _glue_super_glue_lengths(rng: np.random.Generator, count: int
+                             ) -> Iterator[tuple[int, int, int]]:
+  """`(input length, target length, task index)` of `count` examples of the
+  estimated GLUE + SuperGLUE distribution."""
+  rates = _training_rates()
+  names = list(rates)
+  p = np.array([rates[n] for n in names])
+  for task in rng.choice(len(names), size=count, p=p / p.sum()):
+    mean, target = GLUE_SUPER_GLUE_LENGTHS[names[task]]
+    # A log-normal with this mean: mu = log(mean) - sigma^2 / 2.
+    length = rng.lognormal(np.log(mean) - LENGTH_SIGMA**2 / 2, LENGTH_SIGMA)
+    yield max(2, int(round(length))), target, int(task)
+
+
+def _fixture_lengths(count: int, seed: int) -> list[tuple[int, int, int]]:
+  """`(input length, target length, task id)` of `count` shuffled examples
+  of the fixture mixture (byte vocabulary, untruncated), with the ids of its
+  16-task list."""
+  binding = 'hyperprompt_jax.tasks.task_ids.run_task_list.benchmark'
+  try:
+    previous = gin.query_parameter(binding)
+  except ValueError:
+    previous = None
+  with gin.unlock_config():
+    gin.bind_parameter(binding, 'glue_super_glue')
+  try:
+    dataset = seqio.get_mixture_or_task(FIXTURE_MIXTURE).get_dataset(
+        {'inputs': 1 << 16, 'targets': 1 << 16}, split='train', shuffle=True,
+        seed=seed, num_epochs=None)
+    return [(len(ex['inputs']), len(ex['targets']), int(ex['task_ids']))
+            for ex in dataset.take(count).as_numpy_iterator()]
+  finally:
+    with gin.unlock_config():
+      gin.bind_parameter(binding, previous or 'glue')
+
+
+def example_lengths(distribution: str, count: int, seed: int = 0
+                    ) -> list[tuple[int, int, int]]:
+  """`count` examples' `(input length, target length, task)` (EOS included)."""
+  if distribution == 'fixture':
+    return _fixture_lengths(count, seed)
+  if distribution == 'glue_super_glue':
+    return list(_glue_super_glue_lengths(np.random.default_rng(seed), count))
+  raise ValueError(f'Unknown length distribution {distribution!r}: choose '
+                   f'from {LENGTH_DISTRIBUTIONS}.')
+
+
+def converted_batch(lengths: Sequence[tuple[int, int, int]], pack: bool,
+                    batch_size: int, input_length: int, target_length: int,
+                    vocab_size: int, num_tasks: int, input_prompt_length: int,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+  """The first `batch_size` rows of these examples (random tokens, task ids
+  modulo `num_tasks`) after the project's feature converter."""
+  rng = np.random.default_rng(seed)
+
+  def examples():  # truncated to the row, as seqio's trim would
+    for inputs, targets, task in lengths:
+      inputs = min(inputs, input_length - input_prompt_length)
+      targets = min(targets, target_length)
+      yield {'inputs': rng.integers(2, vocab_size, inputs, dtype=np.int32),
+             'targets': rng.integers(2, vocab_size, targets, dtype=np.int32),
+             'task_ids': np.int32(task % num_tasks)}
+
+  dataset = tf.data.Dataset.from_generator(
+      examples, output_signature={
+          'inputs': tf.TensorSpec([None], tf.int32),
+          'targets': tf.TensorSpec([None], tf.int32),
+          'task_ids': tf.TensorSpec([], tf.int32)})
+  converter = tasks.TaskIdsEncDecFeatureConverter(
+      pack=pack, input_prompt_length=input_prompt_length)
+  converted = converter(dataset, {'inputs': input_length,
+                                  'targets': target_length})
+  rows = list(converted.take(batch_size).as_numpy_iterator())
+  if len(rows) < batch_size:
+    raise ValueError(f'{len(lengths)} examples fill only {len(rows)} of '
+                     f'{batch_size} rows: draw more.')
+  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def tasks_per_row(batch: dict[str, np.ndarray]) -> np.ndarray:
+  """Distinct tasks in each packed row."""
+  ids, segments = batch['encoder_task_ids'], batch['encoder_segment_ids']
+  return np.array([len(np.unique(i[s > 0])) for i, s in zip(ids, segments)])
+
+
+def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
+                      input_length: int, target_length: int,
+                      distribution: str, rounds: int, steps: int,
+                      z_loss: float = 1e-4) -> list[dict]:
+  """One row per model: seconds per step and real target tokens per second,
+  unpacked and packed, on the same example stream, timed side by side.
+
+  Args:
+    configs: model name -> its configuration ('mtl' first); every model
+      must pack (`methods.check_packing`).
+  """
+  optimizer = optimizers.make_optimizer()
+  # Enough examples for `batch_size` packed rows of the shortest examples.
+  lengths = example_lengths(distribution, batch_size * input_length // 4)
+  runners, info = {}, {}
+  for name, cfg in configs.items():
+    methods.check_packing(cfg)
+    model = network.Transformer(cfg)
+    params = benchmark.fresh_params(model, input_length, target_length)
+    for pack in (False, True):
+      batch = converted_batch(
+          lengths, pack, batch_size, input_length, target_length,
+          cfg.vocab_size, cfg.num_tasks,
+          prompt_tuning.prompt_length(cfg.prompt_tuning) if pack else 0)
+      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+               'opt_state': optimizer.init(params)}
+      step = jax.jit(lambda s, b, r, m=model: trainer.train_step(
+          m, optimizer, s, b, r, z_loss)).lower(
+              state, batch, jax.random.PRNGKey(0)).compile()
+      jax.block_until_ready(step(state, batch, jax.random.PRNGKey(0)))
+      key = (name, pack)
+      runners[key] = (lambda i, step=step, s=state, b=batch:
+                      step(s, b, jax.random.PRNGKey(i))[1]['loss'])
+      info[key] = {
+          'examples': int(batch['decoder_segment_ids'].max(axis=1).sum()
+                          if pack else batch['decoder_target_tokens'].shape[0]),
+          'target_tokens': int((batch['decoder_target_tokens'] > 0).sum()),
+          'efficiency': float(
+              ((batch['encoder_input_tokens'] > 0).sum()
+               + (batch['decoder_target_tokens'] > 0).sum())
+              / (batch['encoder_input_tokens'].size
+                 + batch['decoder_target_tokens'].size)),
+      }
+      if pack and name == 'mtl':
+        info[key]['tasks_per_row'] = tasks_per_row(batch)
+  seconds = benchmark.timed_side_by_side(runners, rounds, steps)
+  rows = []
+  for name in configs:
+    row = {'model': name, 'num_tasks': configs[name].num_tasks}
+    for pack, label in ((False, 'unpacked'), (True, 'packed')):
+      key = (name, pack)
+      row[f'{label}_seconds'] = seconds[key]
+      row[f'{label}_examples'] = info[key]['examples']
+      row[f'{label}_efficiency'] = info[key]['efficiency']
+      row[f'{label}_tokens_per_second'] = (info[key]['target_tokens']
+                                           / seconds[key])
+    row['speedup'] = (row['packed_tokens_per_second']
+                      / row['unpacked_tokens_per_second'])
+    row['packed_step_to_mtl'] = (seconds[(name, True)]
+                                 / seconds[('mtl', True)])
+    rows.append(row)
+  rows[0]['tasks_per_row'] = info[('mtl', True)]['tasks_per_row']
+  return rows
+
+
+def format_packing(rows: list[dict]) -> str:
+  lines = [f'{"model":<15}{"unpacked tok/s":>15}{"packed tok/s":>14}'
+           f'{"speedup":>9}{"packed step / MTL packed":>26}']
+  for r in rows:
+    lines.append(f'{r["model"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
+                 f'{r["packed_tokens_per_second"]:>14.1f}'
+                 f'{r["speedup"]:>8.2f}x{r["packed_step_to_mtl"]:>25.3f}x')
+  mtl = rows[0]
+  per_row = mtl['tasks_per_row']
+  lines.append(
+      f'examples per step: unpacked {mtl["unpacked_examples"]}, packed '
+      f'{mtl["packed_examples"]}; rows filled: unpacked '
+      f'{100 * mtl["unpacked_efficiency"]:.0f}%, packed '
+      f'{100 * mtl["packed_efficiency"]:.0f}%; tasks per packed row: mean '
+      f'{per_row.mean():.1f}, max {per_row.max()} (of T = '
+      f'{mtl["num_tasks"]})')
+  return '\n'.join(lines)
