@@ -68,6 +68,7 @@ def validate_batch(
     num_tasks: int,
     vocab_size: Optional[int] = None,
     required: tuple[str, ...] = tuple(MODEL_FEATURE_RANKS),
+    input_prompt_length: int = 0,
 ) -> None:
   """Raises ValueError naming the first feature that is missing or malformed.
 
@@ -77,6 +78,9 @@ def validate_batch(
     vocab_size: if given, token ids must lie in `[0, vocab_size)`.
     required: features that must be present (default: the unpacked
       model features; packed batches: `required_features(True)`).
+    input_prompt_length: Prompt-Tuning's n: packed rows must hold the n
+      reserved slots in front of every example (else the soft prompt would
+      overwrite real tokens).
   """
   missing = [k for k in required if k not in batch]
   if missing:
@@ -129,3 +133,16 @@ def validate_batch(
     if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
       check_one_task_per_segment(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
+  if input_prompt_length and is_packed(batch):
+    # Imported here: the feature converter imports TensorFlow.
+    from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
+    positions = np.asarray(batch['encoder_positions'])
+    slots = (positions < input_prompt_length) & (
+        np.asarray(batch['encoder_segment_ids']) > 0)
+    tokens = np.asarray(batch['encoder_input_tokens'])[slots]
+    if (tokens != feature_converter.PROMPT_SLOT_TOKEN).any():
+      raise ValueError(
+          f'Packed rows lack the {input_prompt_length} Prompt-Tuning slots in '
+          'front of each example (the soft prompt would overwrite real '
+          'tokens): build the feature converter with input_prompt_length='
+          f'{input_prompt_length} (TaskIdsEncDecFeatureConverter).')

@@ -415,10 +415,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         continue
       configs[name] = cfg
     print(f'devices: {jax.devices()}')
-    for distribution in args.lengths.split(','):
-      rows = packing_benchmark.packing_benchmark(
-          configs, batch_sizes[0], args.input_length, args.target_length,
-          distribution, args.rounds, args.steps)
+    tables = packing_benchmark.packing_benchmark(
+        configs, batch_sizes[0], args.input_length, args.target_length,
+        args.lengths.split(','), args.rounds, args.steps)
+    for distribution, rows in tables.items():
       print(f'{distribution} lengths: batch {batch_sizes[0]} rows of '
             f'{args.input_length} / {args.target_length} tokens')
       print(packing_benchmark.format_packing(rows))

@@ -162,69 +162,84 @@ def tasks_per_row(batch: dict[str, np.ndarray]) -> np.ndarray:
   return np.array([len(np.unique(i[s > 0])) for i, s in zip(ids, segments)])
 
 
+def _batch_info(batch: dict[str, np.ndarray], pack: bool) -> dict:
+  """Examples, real target tokens and filled fraction of a batch."""
+  info = {
+      'examples': int(batch['decoder_segment_ids'].max(axis=1).sum()
+                      if pack else batch['decoder_target_tokens'].shape[0]),
+      'target_tokens': int((batch['decoder_target_tokens'] > 0).sum()),
+      'efficiency': float(
+          ((batch['encoder_input_tokens'] > 0).sum()
+           + (batch['decoder_target_tokens'] > 0).sum())
+          / (batch['encoder_input_tokens'].size
+             + batch['decoder_target_tokens'].size)),
+  }
+  if pack:
+    info['tasks_per_row'] = tasks_per_row(batch)
+  return info
+
+
 def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
                       input_length: int, target_length: int,
-                      distribution: str, rounds: int, steps: int,
-                      z_loss: float = 1e-4) -> list[dict]:
-  """One row per model: seconds per step and real target tokens per second,
-  unpacked and packed, on the same example stream, timed side by side.
+                      distributions: Sequence[str], rounds: int, steps: int,
+                      z_loss: float = 1e-4) -> dict[str, list[dict]]:
+  """Per length distribution, one row per model: seconds per step and real
+  target tokens per second, unpacked and packed, on the same example
+  stream. Each (model, layout) step is compiled once (the shapes do not
+  depend on the distribution) and every step is timed side by side.
 
   Args:
     configs: model name -> its configuration ('mtl' first); every model
       must pack (`methods.check_packing`).
   """
   optimizer = optimizers.make_optimizer()
-  # Enough examples for `batch_size` packed rows of the shortest examples.
-  lengths = example_lengths(distribution, batch_size * input_length // 4)
+  # Enough examples for `batch_size` packed rows of short examples.
+  lengths = {d: example_lengths(d, batch_size * input_length // 4)
+             for d in distributions}
   runners, info = {}, {}
   for name, cfg in configs.items():
     methods.check_packing(cfg)
     model = network.Transformer(cfg)
     params = benchmark.fresh_params(model, input_length, target_length)
+    state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+             'opt_state': optimizer.init(params)}
     for pack in (False, True):
-      batch = converted_batch(
-          lengths, pack, batch_size, input_length, target_length,
+      batches = {d: converted_batch(
+          lengths[d], pack, batch_size, input_length, target_length,
           cfg.vocab_size, cfg.num_tasks,
           prompt_tuning.prompt_length(cfg.prompt_tuning) if pack else 0)
-      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
-               'opt_state': optimizer.init(params)}
+                 for d in distributions}
       step = jax.jit(lambda s, b, r, m=model: trainer.train_step(
           m, optimizer, s, b, r, z_loss)).lower(
-              state, batch, jax.random.PRNGKey(0)).compile()
-      jax.block_until_ready(step(state, batch, jax.random.PRNGKey(0)))
-      key = (name, pack)
-      runners[key] = (lambda i, step=step, s=state, b=batch:
-                      step(s, b, jax.random.PRNGKey(i))[1]['loss'])
-      info[key] = {
-          'examples': int(batch['decoder_segment_ids'].max(axis=1).sum()
-                          if pack else batch['decoder_target_tokens'].shape[0]),
-          'target_tokens': int((batch['decoder_target_tokens'] > 0).sum()),
-          'efficiency': float(
-              ((batch['encoder_input_tokens'] > 0).sum()
-               + (batch['decoder_target_tokens'] > 0).sum())
-              / (batch['encoder_input_tokens'].size
-                 + batch['decoder_target_tokens'].size)),
-      }
-      if pack and name == 'mtl':
-        info[key]['tasks_per_row'] = tasks_per_row(batch)
+              state, batches[distributions[0]],
+              jax.random.PRNGKey(0)).compile()
+      for d, batch in batches.items():
+        jax.block_until_ready(step(state, batch, jax.random.PRNGKey(0)))
+        runners[(d, name, pack)] = (
+            lambda i, step=step, s=state, b=batch:
+            step(s, b, jax.random.PRNGKey(i))[1]['loss'])
+        info[(d, name, pack)] = _batch_info(batch, pack)
   seconds = benchmark.timed_side_by_side(runners, rounds, steps)
-  rows = []
-  for name in configs:
-    row = {'model': name, 'num_tasks': configs[name].num_tasks}
-    for pack, label in ((False, 'unpacked'), (True, 'packed')):
-      key = (name, pack)
-      row[f'{label}_seconds'] = seconds[key]
-      row[f'{label}_examples'] = info[key]['examples']
-      row[f'{label}_efficiency'] = info[key]['efficiency']
-      row[f'{label}_tokens_per_second'] = (info[key]['target_tokens']
-                                           / seconds[key])
-    row['speedup'] = (row['packed_tokens_per_second']
-                      / row['unpacked_tokens_per_second'])
-    row['packed_step_to_mtl'] = (seconds[(name, True)]
-                                 / seconds[('mtl', True)])
-    rows.append(row)
-  rows[0]['tasks_per_row'] = info[('mtl', True)]['tasks_per_row']
-  return rows
+  tables = {}
+  for d in distributions:
+    rows = []
+    for name in configs:
+      row = {'model': name, 'num_tasks': configs[name].num_tasks}
+      for pack, label in ((False, 'unpacked'), (True, 'packed')):
+        key = (d, name, pack)
+        row[f'{label}_seconds'] = seconds[key]
+        row[f'{label}_examples'] = info[key]['examples']
+        row[f'{label}_efficiency'] = info[key]['efficiency']
+        row[f'{label}_tokens_per_second'] = (info[key]['target_tokens']
+                                             / seconds[key])
+      row['speedup'] = (row['packed_tokens_per_second']
+                        / row['unpacked_tokens_per_second'])
+      row['packed_step_to_mtl'] = (seconds[(d, name, True)]
+                                   / seconds[(d, 'mtl', True)])
+      rows.append(row)
+    rows[0]['tasks_per_row'] = info[(d, 'mtl', True)]['tasks_per_row']
+    tables[d] = rows
+  return tables
 
 
 def format_packing(rows: list[dict]) -> str:

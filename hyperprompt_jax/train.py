@@ -106,11 +106,11 @@ def train(
                      f"mesh's {mesh.shape['data']} data shards.")
   if pack:
     methods.check_packing(model.config)
+  prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
       pack=pack, use_cached=use_cached_tasks,
-      input_prompt_length=prompt_tuning.prompt_length(
-          model.config.prompt_tuning))
+      input_prompt_length=prompt_length if pack else 0)
   iterator = iter(dataset)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
                                 z_loss=z_loss, seed=seed)
@@ -154,7 +154,8 @@ def train(
       # Inside jit an out-of-range task or token id would clamp silently.
       batches.validate_batch(local, model.config.num_tasks,
                              model.config.vocab_size,
-                             required=batches.required_features(pack))
+                             required=batches.required_features(pack),
+                             input_prompt_length=prompt_length)
       batch = trainer.global_batch(local)
       state, terms = trainer.step(state, batch)
       step += 1

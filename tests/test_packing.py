@@ -329,3 +329,14 @@ def test_unpacked_converter_keeps_task_ids_per_example():
                         {'inputs': 12, 'targets': 7}).as_numpy_iterator())
   assert [int(r['task_ids']) for r in rows] == [2, 0, 1]
   assert 'encoder_segment_ids' not in rows[0]
+
+
+def test_packed_rows_without_prompt_slots_are_refused():
+  required = batches.required_features(True)
+  without, _ = _packed(_examples(0), ROWS, 22, 10)
+  with pytest.raises(ValueError, match='input_prompt_length=2'):
+    batches.validate_batch(without, TASKS, 384, required=required,
+                           input_prompt_length=2)
+  with_slots, _ = _packed(_examples(0), ROWS, 22, 10, n_slots=2)
+  batches.validate_batch(with_slots, TASKS, 384, required=required,
+                         input_prompt_length=2)

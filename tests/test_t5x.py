@@ -540,3 +540,30 @@ def test_t5x_train_step_equals_the_builtin_step():
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4,
                                  atol=1e-10)
   trainer.close()
+
+
+@pytest.mark.parametrize('kind', ['hyperprompt_global', 'prompt_tuning',
+                                  'hypergrid_lg'])
+def test_packed_loss_fn_equals_the_unpacked_one(kind):
+  """t5x's loss on packed rows (per-token task ids, from the model's own
+  converter for Prompt-Tuning's slots) is the loss of the same examples one
+  per row; HyperGrid refuses packed rows."""
+  import test_packing  # pylint: disable=g-import-not-at-top
+  model = _t5x_model(kind)
+  n_slots = prompt_tuning.prompt_length(model.module.config.prompt_tuning)
+  converter = model.FEATURE_CONVERTER_CLS(pack=True)
+  assert converter._input_prompt_length == n_slots  # pylint: disable=protected-access
+  examples = test_packing._examples(0)  # pylint: disable=protected-access
+  unpacked = test_packing._unpacked(examples, 8, 5)  # pylint: disable=protected-access
+  packed, _ = test_packing._packed(  # pylint: disable=protected-access
+      examples, test_packing.ROWS, 22, 10, n_slots)
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
+  if kind == 'hypergrid_lg':
+    with pytest.raises(ValueError, match='PACK = False'):
+      model.loss_fn(params, packed, None)
+    return
+  want, _ = jax.jit(model.loss_fn)(params, unpacked, None)
+  loss, _ = jax.jit(model.loss_fn)(params, packed, None)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)

@@ -17,11 +17,13 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
+from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
+from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import train as train_lib
 from hyperprompt_jax import trainer as trainer_lib
 
@@ -237,9 +239,29 @@ def test_unwritable_model_dir_is_a_clear_error(tmp_path):
         tmp_path, model_dir=str(blocker / 'run')))
 
 
-def test_packing_a_task_conditioned_run_is_refused(tmp_path):
-  with pytest.raises(ValueError, match=r'DatasetConfig\.pack = False'):
-    train_lib.train(_tiny_glue_model(), **_train_kwargs(tmp_path, pack=True))
+def test_packing_a_hypergrid_run_is_refused_before_any_step(tmp_path):
+  model = network.Transformer(network.T5Config(**{
+      **vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8,
+      'hypergrid': hypergrid.HyperGridConfig(grid_rows=4, grid_cols=8)}))
+  with pytest.raises(ValueError, match='PACK = False'):
+    train_lib.train(model, **_train_kwargs(tmp_path, pack=True))
+  assert not (tmp_path / 'run').exists() or not list(
+      (tmp_path / 'run').glob('checkpoint_*'))
+
+
+def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
+  """The runner reserves the soft prompt's slots (validate_batch would
+  refuse rows without them) and logs how full the rows are."""
+  model = network.Transformer(network.T5Config(**{
+      **vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8,
+      'prompt_tuning': prompt_tuning.PromptTuningConfig(prompt_length=3)}))
+  with caplog.at_level('INFO'):
+    result = train_lib.train(model, **_train_kwargs(
+        tmp_path, pack=True, train_steps=2, batch_size=2))
+  assert result['step'] == 2 and np.isfinite(result['loss'])
+  filled = [r.getMessage() for r in caplog.records
+            if 'of rows filled' in r.getMessage()]
+  assert filled, [r.getMessage() for r in caplog.records]
 
 
 def test_num_tasks_smaller_than_the_task_list_is_refused(tmp_path):
