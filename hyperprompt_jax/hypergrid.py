@@ -93,13 +93,19 @@ VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
 # row, float32, what the backward pass keeps:
 #   MTL: about 25k values per token (scores and softmax 2 x 12 x 512, FFN
 #     3 x 2048, ~8 x 768 of projections and norms): ~51 MB per row;
-#   fold per segment, `[S, 2048, 768]`: 6.3 MB per example, ~63 MB per row
-#     at GLUE's ~10 examples per row: ~2.2x MTL;
+#   fold per segment, `[S, 2048, 768]`: 6.3 MB per example, ~30 MB per row
+#     at ~5 examples per row (GLUE + SuperGLUE at 512 / 32), more with its
+#     gradient: ~1.6-2x MTL;
 #   blockwise per token, `min(k_out d_in, k_in d_out)` = 32 x 2048 = 65k
-#     values per token: ~3.6x MTL;
-# against the bound of 1.3x (T5.1.1-small, 512 / 32: fold ~1.8x,
-# blockwise ~3.5x; measured in the README's packing section). So HyperGrid
-# and Output Gating refuse packed rows.
+#     values per token: ~3.6x MTL.
+# Measured at T5.1.1-small, 512 / 32, batch 8 (XLA's peak of the train step):
+# MTL packed 4.3 GB; LG with the per-token blockwise route 9.0 GB (2.09x);
+# LG folded per example 4.8 GB for 8 rows of one example, so the batch's 38
+# packed examples (32 MiB of folded `wo` each over 16 layers) need >= 5.7 GB
+# (>= 1.33x), growing with the examples per row. Both exceed the 1.3x
+# budget, so HyperGrid refuses packed rows.
+# (The L variant and Output Gating gate elementwise, 1.05x; packing them needs
+# a per-segment task query, not built.)
 PACKING_REFUSAL = (
     'HyperGrid / Output Gating cannot train on packed rows: each example '
     'gates the FFN weights with its own conditioning vector, so a row of S '

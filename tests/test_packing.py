@@ -145,8 +145,6 @@ def variant_outputs(request):
   params = jax.tree.unflatten(tree, [
       leaf + 0.05 * jax.random.normal(k, leaf.shape)
       for leaf, k in zip(leaves, keys)])
-  logits = jax.jit(lambda p, b: _logits(model, p, b))
-
   @jax.jit
   def loss_grads_logits(p, b):
     def loss(p):
@@ -162,7 +160,8 @@ def variant_outputs(request):
     out[name] = dict(logits=np.asarray(batch_logits), loss=float(loss),
                      grads=grads)
   return dict(variant=request.param, model=model, params=params,
-              examples=examples, packed_batch=packed, where=where, logits=logits,
+              examples=examples, packed_batch=packed, where=where,
+              logits=lambda p, b: loss_grads_logits(p, b)[0][1],
               n_slots=n_slots, **out)
 
 
