@@ -43,11 +43,12 @@ def _hyperprompt(variant, placement='both', **kwargs):
 
 PACKING_VARIANTS = {
     'mtl': {},
-    'hyperprompt_share': _hyperprompt('share'),
+    # Each variant once, each placement once (and the cross-attention
+    # option, which reuses the decoder's prompts).
+    'hyperprompt_share_decoder': _hyperprompt('share', 'decoder'),
     'hyperprompt_sep_encoder': _hyperprompt('sep', 'encoder'),
-    'hyperprompt_global_decoder': _hyperprompt(
-        'global', 'decoder', cross_attention_prompts=True),
-    'hyperprompt_global': _hyperprompt('global'),
+    'hyperprompt_global': _hyperprompt('global',
+                                       cross_attention_prompts=True),
     'prompt_tuning': dict(prompt_tuning=prompt_tuning.PromptTuningConfig(
         prompt_length=PROMPT_TUNING_LENGTH)),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),

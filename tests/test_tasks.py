@@ -337,7 +337,7 @@ def test_mixture_batches_pass_the_converter_with_task_ids():
   assert set(seen) == set(range(8))  # all eight tasks, by id
 
 
-def test_converter_takes_lengths_without_task_ids_and_refuses_packing():
+def test_converter_takes_lengths_without_task_ids():
   ds = seqio.get_mixture_or_task('fixture_glue_rte').get_dataset(
       LENGTHS, split='validation', shuffle=False)
   # t5x's evaluator passes the task's lengths, which have no 'task_ids'.
@@ -345,8 +345,9 @@ def test_converter_takes_lengths_without_task_ids_and_refuses_packing():
   ex = next(iter(conv(ds, LENGTHS).as_numpy_iterator()))
   assert ex['task_ids'] == 7 and ex['task_ids'].shape == ()
   assert conv.get_model_feature_lengths(LENGTHS)['encoder_input_tokens'] == 128
-  with pytest.raises(ValueError, match=r'DatasetConfig\.pack = False'):
-    tasks.TaskIdsEncDecFeatureConverter(pack=True)
+  # Packed rows carry per-token ids instead (tests/test_packing.py).
+  assert 'encoder_task_ids' in tasks.TaskIdsEncDecFeatureConverter(
+      pack=True).get_model_feature_lengths(LENGTHS)
 
 
 def test_plain_seqio_mixture_dropping_ids_is_a_clear_error():
