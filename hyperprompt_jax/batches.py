@@ -17,6 +17,7 @@ MODEL_FEATURE_RANKS = {
     'decoder_loss_weights': 2,
     'task_ids': 1,
 }
+# What packed rows add (also the network's keyword arguments for them).
 PACKING_FEATURES = (
     'encoder_segment_ids', 'decoder_segment_ids',
     'encoder_positions', 'decoder_positions',

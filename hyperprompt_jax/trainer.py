@@ -25,11 +25,6 @@ from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
 
 State = dict[str, Any]
-# The network's keyword arguments a packed batch adds (and `task_ids` [batch]
-# an unpacked one).
-_PACKED_INPUTS = ('encoder_segment_ids', 'decoder_segment_ids',
-                  'encoder_positions', 'decoder_positions',
-                  'encoder_task_ids', 'decoder_task_ids')
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -37,7 +32,7 @@ def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
   `task_ids`, or for packed rows the segment ids, positions and per-token
   task ids."""
   if batches.is_packed(batch):
-    return {k: batch[k] for k in _PACKED_INPUTS}
+    return {k: batch[k] for k in batches.PACKING_FEATURES}
   return {'task_ids': batch['task_ids']}
 
 
