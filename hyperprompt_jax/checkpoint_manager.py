@@ -1,21 +1,29 @@
 """The built-in runner's checkpoints: orbax, in `checkpoint_<step>` folders.
 
-Each checkpoint holds two items, written atomically together by orbax (into a
-temporary folder renamed when complete):
+Each checkpoint holds three items, written atomically together by orbax
+(into a temporary folder renamed when complete):
 
   checkpoint_<step>/state/    the train state (step, params, optimizer state),
                               orbax's standard PyTree layout
   checkpoint_<step>/dataset/  the tf.data iterator's position, one file per
                               host (`tf.train.Checkpoint`)
+  checkpoint_<step>/run/      the record of the run that wrote it (JSON,
+                              `run_record`): model and data settings, gin
+                              config (absent in older checkpoints)
 
 so a killed run resumes from its last complete checkpoint and, with the
 data's position restored, continues exactly as an uninterrupted run would.
-Folders are named like t5x's, so one evaluator reads both runners' output.
+A newest checkpoint that cannot be read (a disk that filled up, a copy cut
+short) is moved to `MODEL_DIR/unreadable/` and the run resumes from the
+newest one that restores (`restore_newest`). Folders are named like t5x's,
+so one evaluator reads both runners' output.
 """
 
 import dataclasses
+import logging
 import os
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
 import jax
@@ -24,7 +32,19 @@ import tensorflow as tf
 
 STATE = 'state'
 DATASET = 'dataset'
+RUN = 'run'
 PREFIX = 'checkpoint'
+UNREADABLE = 'unreadable'  # where checkpoints that fail to restore are kept
+
+log = logging.getLogger('hyperprompt_jax.train')
+
+
+class ResumeMismatchError(ValueError):
+  """The checkpoint was written by another model or data configuration."""
+
+
+class UnreadableCheckpointsError(RuntimeError):
+  """No checkpoint of the directory restores."""
 
 
 class DatasetIteratorHandler(ocp.CheckpointHandler):
@@ -74,19 +94,79 @@ def make_manager(model_dir: str, save_period: int,
   return ocp.CheckpointManager(
       epath.Path(model_dir), options=options,
       item_handlers={STATE: ocp.StandardCheckpointHandler(),
-                     DATASET: DatasetIteratorHandler()})
+                     DATASET: DatasetIteratorHandler(),
+                     RUN: ocp.JsonCheckpointHandler()})
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator,
-         force: bool = False) -> bool:
-  """Saves if `step` is due (or `force`); returns whether it saved."""
+         record: dict[str, Any], force: bool = False) -> bool:
+  """Saves if `step` is due (or `force`), with the run's `record`; returns
+  whether it saved."""
   return manager.save(
       step,
       args=ocp.args.Composite(**{
           STATE: ocp.args.StandardSave(state),
           DATASET: DatasetIteratorSave(iterator),
+          RUN: ocp.args.JsonSave(record),
       }),
       force=force)
+
+
+def read_record(manager: ocp.CheckpointManager, step: int
+                ) -> Optional[dict[str, Any]]:
+  """The run record saved with `step` (None for checkpoints older than
+  records)."""
+  directory = manager.directory / f'{PREFIX}_{step}' / RUN
+  if not directory.exists():
+    return None
+  return manager.restore(
+      step, args=ocp.args.Composite(**{RUN: ocp.args.JsonRestore()}))[RUN]
+
+
+def state_shapes(manager: ocp.CheckpointManager, step: int
+                 ) -> dict[str, tuple[int, ...]]:
+  """`{'params/encoder/...': shape}` of the saved state, from its metadata
+  (no array is read)."""
+  tree = manager.item_metadata(step)[STATE]
+  return state_shapes_of(getattr(tree, 'tree', tree))
+
+
+def check_shapes(saved: dict[str, tuple[int, ...]], abstract_state: Any,
+                 checkpoint: str) -> None:
+  """Raises ResumeMismatchError naming every array the model lacks, adds or
+  shapes differently from the checkpoint."""
+  wanted = state_shapes_of(abstract_state)
+  missing = sorted(set(wanted) - set(saved))
+  extra = sorted(set(saved) - set(wanted))
+  reshaped = sorted(k for k in set(saved) & set(wanted)
+                    if saved[k] != wanted[k])
+  if not (missing or extra or reshaped):
+    return
+  def some(names, fmt=str):
+    return ', '.join(fmt(n) for n in names[:6]) + (
+        f' (+{len(names) - 6} more)' if len(names) > 6 else '')
+  lines = []
+  if reshaped:
+    lines.append('shapes differ: ' + some(
+        reshaped, lambda k: f'{k} {saved[k]} -> {wanted[k]}'))
+  if missing:
+    lines.append(f'new in this configuration: {some(missing)}')
+  if extra:
+    lines.append(f'in the checkpoint only: {some(extra)}')
+  raise ResumeMismatchError(
+      f'{checkpoint} was written by a different model or optimizer '
+      f'configuration; {"; ".join(lines)}. Resume with the configuration '
+      'that wrote it (its config.gin), or train the new configuration in a '
+      'new MODEL_DIR (INITIAL_CHECKPOINT_PATH can load this checkpoint\'s '
+      'backbone).')
+
+
+def state_shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
+  """`{'params/encoder/...': shape}` of a state of arrays or
+  `jax.ShapeDtypeStruct`s, keyed like `state_shapes`."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', getattr(
+      k, 'name', k)))) for k in path): tuple(v.shape) for path, v in flat}
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
@@ -100,3 +180,85 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
           DATASET: DatasetIteratorRestore(iterator),
       }))
   return restored[STATE]
+
+
+def _set_aside(manager: ocp.CheckpointManager, step: int) -> str:
+  """Moves `checkpoint_<step>` into `MODEL_DIR/unreadable/` (never deletes:
+  the user may want to inspect or repair it); returns where it went."""
+  source = manager.directory / f'{PREFIX}_{step}'
+  target_dir = manager.directory / UNREADABLE
+  target_dir.mkdir(parents=True, exist_ok=True)
+  target = target_dir / source.name
+  if target.exists():
+    target = target_dir / f'{source.name}-{time.strftime("%Y%m%d-%H%M%S")}'
+  source.rename(target)
+  return os.fspath(target)
+
+
+def restore_newest(
+    manager: ocp.CheckpointManager, abstract_state: Any,
+    make_iterator: Callable[[], Iterator],
+    check: Callable[[int, Optional[dict[str, Any]]], None],
+) -> Optional[tuple[int, Any, Iterator]]:
+  """Restores the newest checkpoint that can be read.
+
+  Newer checkpoints that fail to restore are moved to `MODEL_DIR/unreadable/`
+  (with a warning naming the error), so the run goes on from the one before
+  and later saves do not collide with them. A checkpoint of another
+  configuration is an error, not a fallback.
+
+  Args:
+    manager: the run's manager (`make_manager`).
+    abstract_state: the state's shapes and shardings.
+    make_iterator: a fresh data iterator (one per attempt: a failed restore
+      may leave an iterator half-moved).
+    check: `(step, record)` raises ResumeMismatchError when the checkpoint's
+      run record (None: no record) does not match this run.
+
+  Returns:
+    `(step, state, iterator)`, or None when the directory has no checkpoint.
+
+  Raises:
+    ResumeMismatchError: the newest readable checkpoint is of another model
+      or data configuration.
+    UnreadableCheckpointsError: checkpoints exist and none restores.
+  """
+  failures = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    name = f'checkpoint_{step}'
+    try:
+      saved = state_shapes(manager, step)
+      record = read_record(manager, step)
+    except Exception as e:  # pylint: disable=broad-except
+      failures.append((step, e))
+      continue
+    check(step, record)  # names settings, so before the shapes
+    check_shapes(saved, abstract_state, name)
+    iterator = make_iterator()
+    try:
+      state = restore(manager, step, abstract_state, iterator)
+    except Exception as e:  # pylint: disable=broad-except
+      failures.append((step, e))
+      continue
+    if failures and jax.process_index() == 0:
+      for bad, error in failures:
+        where = _set_aside(manager, bad)
+        log.warning('checkpoint_%d cannot be restored (%s: %s); moved it to '
+                    '%s and resumed from checkpoint_%d.', bad,
+                    type(error).__name__, _first_line(error), where, step)
+    if failures:
+      manager.reload()
+    return step, state, iterator
+  if failures:
+    raise UnreadableCheckpointsError(
+        f'None of the checkpoints in {manager.directory} can be restored: ' +
+        '; '.join(f'checkpoint_{s}: {type(e).__name__}: {_first_line(e)}'
+                  for s, e in failures) +
+        '. Nothing was moved or deleted. Check the file system; to start '
+        'afresh, use a new MODEL_DIR.')
+  return None
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return text[0][:300] if text else ''

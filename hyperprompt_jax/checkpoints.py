@@ -25,6 +25,10 @@ import numpy as np
 PyTree = Any
 
 
+class CheckpointMismatchError(ValueError):
+  """A readable checkpoint of another model (shapes or parameters differ)."""
+
+
 def checkpoint_layout(path: str) -> str:
   """Returns 'orbax' or 'legacy' for a t5x `checkpoint_<step>` directory."""
   from etils import epath  # pylint: disable=g-import-not-at-top
@@ -158,8 +162,8 @@ def restore_params(
     place (missing ones are `None`), and the '/'-joined missing paths.
 
   Raises:
-    ValueError: naming every parameter whose shape differs, and the missing
-      ones unless `allow_missing`.
+    CheckpointMismatchError: naming every parameter whose shape differs,
+      and the missing ones unless `allow_missing`.
   """
   loaded = load_t5x_params(path)
   wanted = traverse_util.flatten_dict(flax.core.unfreeze(abstract_params),
@@ -170,14 +174,14 @@ def restore_params(
       if k in loaded and tuple(loaded[k].shape) != tuple(v.shape)
   ]
   if mismatched:
-    raise ValueError(
+    raise CheckpointMismatchError(
         f'Checkpoint {path} does not match the model (check the model gin '
         'file is the one the checkpoint was trained with):\n  '
         + '\n  '.join(mismatched)
     )
   missing = sorted(k for k in wanted if k not in loaded)
   if missing and not allow_missing:
-    raise ValueError(
+    raise CheckpointMismatchError(
         f'Checkpoint {path} lacks {len(missing)} model parameters: '
         + ', '.join(missing[:10]) + (' ...' if len(missing) > 10 else '')
     )

@@ -179,8 +179,10 @@ def make_optimizer(
                       'multiply_by_parameter_scale')
   floors = _per_group(min_parameter_scale, T5_MIN_SCALE,
                       'min_parameter_scale')
-  if learning_rate <= 0:
-    raise ValueError(f'learning_rate must be positive, got {learning_rate}.')
+  _check_number('learning_rate', learning_rate, 'LEARNING_RATE')
+  _check_number('decay_rate', decay_rate)
+  if clipping_threshold is not None:
+    _check_number('clipping_threshold', clipping_threshold)
   for key, value in floors.items():
     if not value > 0:
       raise ValueError(f'min_parameter_scale of {key!r} must be positive, '
@@ -209,6 +211,17 @@ def make_optimizer(
       lambda params: parameter_labels(params, train_only_task_conditioned,
                                       freeze_embeddings),
   )
+
+
+def _check_number(name: str, value: Any, macro: Optional[str] = None
+                  ) -> None:
+  """A positive real number, or a ValueError before any step is compiled
+  (a quoted gin value, `'1e-3'`, would otherwise fail in the first step)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+      0 < value < float('inf')):
+    hint = f' (--gin.{macro}=1e-3, unquoted)' if macro else ''
+    raise ValueError(f'make_optimizer.{name} must be a positive number, got '
+                     f'{value!r} ({type(value).__name__}){hint}.')
 
 
 def _names(path) -> tuple[str, ...]:

@@ -10,8 +10,12 @@ Macros: MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
 BATCH_SIZE, INITIAL_CHECKPOINT_PATH (a pretrained t5x checkpoint: backbone
 loaded, new parameters fresh, step 0, fresh optimizer state), SAVE_PERIOD,
 KEEP_CHECKPOINTS, SEED. A run whose MODEL_DIR holds checkpoints resumes from
-the newest (the initial checkpoint is then ignored, as in t5x), data position
-included. The operative gin config is written to MODEL_DIR.
+the newest that restores (the initial checkpoint is then ignored, as in
+t5x), data position included, and refuses one written with other model or
+data settings. SIGTERM / SIGINT save a checkpoint at the next step, then
+exit with status 128 + the signal. One trainer per MODEL_DIR (`train.lock`).
+The gin config and operative config are written to MODEL_DIR with the
+run's first checkpoint.
 """
 
 import importlib
@@ -34,7 +38,10 @@ from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
+from hyperprompt_jax import preemption
 from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax import run_lock
+from hyperprompt_jax import run_record
 from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
@@ -48,6 +55,59 @@ class NonFiniteLossError(RuntimeError):
 def _eta(seconds: float) -> str:
   seconds = int(seconds)
   return f'{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s'
+
+
+def _check_int(macro: str, value: Any, minimum: int = 1,
+               example: int = 1000) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f'{macro} must be an integer >= {minimum}, got {value!r} '
+        f'({type(value).__name__}): e.g. --gin.{macro}={example}.')
+
+
+def check_settings(*, model_dir, mixture_or_task_name, task_feature_lengths,
+                   train_steps, batch_size, initial_checkpoint_path,
+                   save_period, keep_checkpoints, log_period, seed, z_loss,
+                   pack) -> None:
+  """Raises ValueError, naming the macro and a fix, on any setting a run
+  cannot use: before anything is written, loaded or compiled."""
+  for macro, value in (('MODEL_DIR', model_dir),
+                       ('MIXTURE_OR_TASK_NAME', mixture_or_task_name)):
+    if not isinstance(value, str) or not value:
+      raise ValueError(f"{macro} must be a non-empty string, got {value!r}: "
+                       f"--gin.{macro}=\"'...'\" (quoted).")
+  if (not isinstance(task_feature_lengths, Mapping)
+      or set(task_feature_lengths) != {'inputs', 'targets'}):
+    raise ValueError(
+        'TASK_FEATURE_LENGTHS must be {"inputs": L_in, "targets": L_out}, '
+        f'got {task_feature_lengths!r}.')
+  for key, length in task_feature_lengths.items():
+    _check_int(f'TASK_FEATURE_LENGTHS[{key!r}]', length, example=512)
+  _check_int('TRAIN_STEPS', train_steps)
+  _check_int('BATCH_SIZE', batch_size, example=128)
+  _check_int('SAVE_PERIOD', save_period, example=2000)
+  _check_int('train.log_period', log_period, example=100)
+  _check_int('SEED', seed, minimum=0, example=0)
+  if keep_checkpoints is not None:
+    if (isinstance(keep_checkpoints, bool)
+        or not isinstance(keep_checkpoints, int) or keep_checkpoints < 1):
+      raise ValueError(
+          f'KEEP_CHECKPOINTS must be None (keep all) or an integer >= 1, got '
+          f'{keep_checkpoints!r}: 0 would delete every checkpoint in '
+          'MODEL_DIR.')
+  if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or (
+      not 0 <= z_loss < float('inf')):
+    raise ValueError(f'train.z_loss must be a number >= 0, got {z_loss!r}.')
+  if not isinstance(pack, bool):
+    raise ValueError(f'PACK must be True or False, got {pack!r}.')
+  if initial_checkpoint_path is not None:
+    if not isinstance(initial_checkpoint_path, str):
+      raise ValueError('INITIAL_CHECKPOINT_PATH must be a quoted path or '
+                       f'None, got {initial_checkpoint_path!r}.')
+    if '://' not in initial_checkpoint_path and not os.path.isdir(
+        initial_checkpoint_path):
+      raise ValueError(f'INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} '
+                       'does not exist: give a t5x checkpoint_<step> folder.')
 
 
 @gin.configurable(denylist=['model'])
@@ -73,6 +133,12 @@ def train(
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
 
+  Every setting is checked before anything is written or compiled. The run
+  holds `MODEL_DIR/train.lock` while it runs (`run_lock`), resumes from the
+  newest checkpoint that restores (`checkpoint_manager.restore_newest`), and
+  on SIGTERM / SIGINT / preemption saves at the next step and returns
+  (`preemption`).
+
   Args:
     model: the network; None builds `network.Transformer` from gin.
     model_dir: checkpoints, summaries and the gin config go here.
@@ -82,7 +148,7 @@ def train(
     batch_size: the global batch size.
     initial_checkpoint_path: a pretrained t5x `checkpoint_<step>`.
     save_period: steps between checkpoints (papers: 2000).
-    keep_checkpoints: how many to keep (None: all).
+    keep_checkpoints: how many to keep (None: all; at least 1).
     log_period: steps between progress lines and summaries.
     seed: parameters, dropout (`fold_in(seed, step)`) and data order.
     z_loss: t5x's z-loss coefficient.
@@ -94,11 +160,17 @@ def train(
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
   Returns:
-    {'step', 'loss', 'params'}: the final step, last logged loss and the
-    final parameters (host numpy).
+    {'step', 'loss', 'params', 'stopped_by'}: the final step, last logged
+    loss, the final parameters (host numpy), and the signal that stopped
+    the run early ('SIGTERM', 'SIGINT', 'preemption'; None if it finished).
   """
+  check_settings(
+      model_dir=model_dir, mixture_or_task_name=mixture_or_task_name,
+      task_feature_lengths=task_feature_lengths, train_steps=train_steps,
+      batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
+      save_period=save_period, keep_checkpoints=keep_checkpoints,
+      log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
   model = model or gin.get_configurable(network.Transformer)()
-  paths.check_writable_dir(model_dir, 'MODEL_DIR')
   task_ids.check_num_tasks(model.config.num_tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
@@ -106,34 +178,85 @@ def train(
                      f"mesh's {mesh.shape['data']} data shards.")
   if pack:
     methods.check_packing(model.config)
+  paths.check_writable_dir(model_dir, 'MODEL_DIR')
+  lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
+  if lock:
+    lock.acquire()
+  try:
+    return _train(model, model_dir, mixture_or_task_name,
+                  task_feature_lengths, train_steps, batch_size,
+                  initial_checkpoint_path, save_period, keep_checkpoints,
+                  log_period, seed, z_loss, mesh, pack, use_cached_tasks,
+                  optimizer)
+  finally:
+    if lock:
+      lock.release()
+
+
+def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
+           train_steps, batch_size, initial_checkpoint_path, save_period,
+           keep_checkpoints, log_period, seed, z_loss, mesh, pack,
+           use_cached_tasks, optimizer) -> dict[str, Any]:
+  """`train` once the settings are checked and the directory is locked."""
   prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
       pack=pack, use_cached=use_cached_tasks,
       input_prompt_length=prompt_length if pack else 0)
-  iterator = iter(dataset)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
                                 z_loss=z_loss, seed=seed)
   manager = checkpoint_manager.make_manager(model_dir, save_period,
                                             keep_checkpoints)
-  latest = manager.latest_step()
-  if latest is not None:
-    state = checkpoint_manager.restore(manager, latest,
-                                       trainer.abstract_state(), iterator)
-    log.info('Resumed from %s/checkpoint_%d.', model_dir, latest)
-  elif initial_checkpoint_path:
-    params, fresh = trainer.params_from_t5x(initial_checkpoint_path)
-    state = trainer.new_state(params)
-    log.info('Loaded %s; %d new parameters initialised.',
-             initial_checkpoint_path, len(fresh))
+  data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
+                                  batch_size, pack, seed)
+
+  def check_resume(step, record):
+    if record is not None:
+      run_record.check_resume(record, model.config, data,
+                              f'checkpoint_{step}')
+
+  restored = checkpoint_manager.restore_newest(
+      manager, trainer.abstract_state(), lambda: iter(dataset), check_resume)
+  if restored is not None:
+    latest, state, iterator = restored
+    if latest > train_steps:
+      raise ValueError(
+          f'MODEL_DIR {model_dir} is at step {latest}, past TRAIN_STEPS='
+          f'{train_steps}: raise TRAIN_STEPS to train on, or use a new '
+          'MODEL_DIR.')
+    log.info('Resuming from %s/checkpoint_%d (TRAIN_STEPS=%d).', model_dir,
+             latest, train_steps)
   else:
-    state = trainer.new_state(trainer.fresh_params())
+    iterator = iter(dataset)
+    if initial_checkpoint_path:
+      params, fresh = trainer.params_from_t5x(initial_checkpoint_path)
+      state = trainer.new_state(params)
+      log.info('Starting in %s from %s; %d new parameters initialised.',
+               model_dir, initial_checkpoint_path, len(fresh))
+    else:
+      state = trainer.new_state(trainer.fresh_params())
+      log.info('Starting in %s from fresh parameters.', model_dir)
   start = int(state['step'])
+  if start == train_steps:
+    log.info('Already at TRAIN_STEPS=%d: nothing to train.', train_steps)
+    return {'step': start, 'loss': float('nan'),
+            'params': jax.device_get(state['params']), 'stopped_by': None}
 
   writer = metric_writers.create_default_writer(
       model_dir, just_logging=jax.process_index() > 0)
-  with open(os.path.join(model_dir, 'config.gin'), 'w') as f:
-    f.write(gin.config_str())
+  record = None  # made at the first save, once the operative config is known
+
+  def save(step, force=False):
+    nonlocal record
+    if record is None:
+      record = run_record.make(model.config, data, start)
+    saved = checkpoint_manager.save(manager, step, state, iterator, record,
+                                    force=force)
+    if saved:
+      if step == manager.latest_step() and jax.process_index() == 0:
+        run_record.write_gin_files(model_dir, record)
+      log.info('Saving %s/checkpoint_%d.', model_dir, step)
+    return saved
 
   def check_finite(terms_history, step):
     if not all(bool(t['finite']) for t in terms_history):
@@ -148,52 +271,60 @@ def train(
   pending, last_loss = [], float('nan')
   tick, tick_step = time.time(), start
   step = start
+  stop = preemption.StopRequest(manager.reached_preemption,
+                                catch_sigterm=jax.process_count() == 1)
+  stopped_by = None
   try:
-    while step < train_steps:
-      local = input_pipeline.as_numpy(next(iterator))
-      # Inside jit an out-of-range task or token id would clamp silently.
-      batches.validate_batch(local, model.config.num_tasks,
-                             model.config.vocab_size,
-                             required=batches.required_features(pack),
-                             input_prompt_length=prompt_length)
-      batch = trainer.global_batch(local)
-      state, terms = trainer.step(state, batch)
-      step += 1
-      pending.append(terms)
-      if step == start + 1:
-        with open(os.path.join(model_dir, 'operative_config.gin'), 'w') as f:
-          f.write(gin.operative_config_str())
-      due_save = step % save_period == 0 or step == train_steps
-      if step % log_period == 0 or due_save:
-        check_finite(pending, step)
-        metrics = {k: float(np.mean([float(t[k]) for t in pending]))
-                   for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy')}
-        # Real (non-padding) tokens, inputs and targets.
-        tokens = sum(float(t['tokens']) + float(t['input_tokens'])
-                     for t in pending)
-        capacity = sum(float(t['capacity']) for t in pending)
-        elapsed = time.time() - tick
-        steps_per_s = (step - tick_step) / max(elapsed, 1e-9)
-        metrics.update(steps_per_sec=steps_per_s,
-                       tokens_per_sec=tokens / max(elapsed, 1e-9),
-                       packing_efficiency=tokens / max(capacity, 1.0))
-        writer.write_scalars(step, metrics)
-        last_loss = metrics['loss']
-        log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
-                 '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
-                 train_steps, metrics['loss'], metrics['accuracy'],
-                 steps_per_s, metrics['tokens_per_sec'],
-                 100 * metrics['packing_efficiency'],
-                 _eta((train_steps - step) / max(steps_per_s, 1e-9)))
-        pending, tick, tick_step = [], time.time(), step
-      if due_save:
-        checkpoint_manager.save(manager, step, state, iterator,
-                                force=step == train_steps)
+    with stop:
+      while step < train_steps:
+        local = input_pipeline.as_numpy(next(iterator))
+        # Inside jit an out-of-range task or token id would clamp silently.
+        batches.validate_batch(local, model.config.num_tasks,
+                               model.config.vocab_size,
+                               required=batches.required_features(pack),
+                               input_prompt_length=prompt_length)
+        batch = trainer.global_batch(local)
+        state, terms = trainer.step(state, batch)
+        step += 1
+        pending.append(terms)
+        due_save = step % save_period == 0 or step == train_steps
+        stopping = stop.due(step)
+        if step % log_period == 0 or due_save or stopping:
+          check_finite(pending, step)
+          metrics = {k: float(np.mean([float(t[k]) for t in pending]))
+                     for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy')}
+          # Real (non-padding) tokens, inputs and targets.
+          tokens = sum(float(t['tokens']) + float(t['input_tokens'])
+                       for t in pending)
+          capacity = sum(float(t['capacity']) for t in pending)
+          elapsed = time.time() - tick
+          steps_per_s = (step - tick_step) / max(elapsed, 1e-9)
+          metrics.update(steps_per_sec=steps_per_s,
+                         tokens_per_sec=tokens / max(elapsed, 1e-9),
+                         packing_efficiency=tokens / max(capacity, 1.0))
+          writer.write_scalars(step, metrics)
+          last_loss = metrics['loss']
+          log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
+                   '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
+                   train_steps, metrics['loss'], metrics['accuracy'],
+                   steps_per_s, metrics['tokens_per_sec'],
+                   100 * metrics['packing_efficiency'],
+                   _eta((train_steps - step) / max(steps_per_s, 1e-9)))
+          pending, tick, tick_step = [], time.time(), step
+        if due_save or stopping:
+          save(step, force=step == train_steps or stopping)
+        if stopping and step < train_steps:
+          stopped_by = stop.name
+          break
   finally:
     manager.wait_until_finished()
     writer.flush()
+  if stopped_by:
+    log.info('Stopped by %s at step %d with checkpoint_%d saved; run the same '
+             'command again to resume.', stopped_by, step, step)
   params = jax.device_get(state['params'])
-  return {'step': step, 'loss': last_loss, 'params': params}
+  return {'step': step, 'loss': last_loss, 'params': params,
+          'stopped_by': stopped_by}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -209,6 +340,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   # Under `python -m` this file is `__main__`; gin configures the function
   # of the importable module (`hyperprompt_jax.train.train`).
   result = importlib.import_module('hyperprompt_jax.train').train()
+  if result['stopped_by']:
+    return preemption.exit_status(result['stopped_by'])
   log.info('Finished at step %d, loss %.4f.', result['step'], result['loss'])
   return 0
 

@@ -1,8 +1,9 @@
-"""The built-in runner: exact resume after SIGKILL, restoring real t5x
-checkpoints, sharding, and clear errors on bad input."""
+"""The built-in runner: exact resume after SIGKILL and SIGTERM, restoring
+real t5x checkpoints, sharding, and clear errors on bad input."""
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -53,31 +54,54 @@ def _env():
   return dict(os.environ, JAX_PLATFORMS='cpu')
 
 
-def test_sigkilled_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+def _start(model_dir, steps, wait_for):
+  """Starts a run and returns it once `model_dir/wait_for` exists (orbax
+  renames a checkpoint into place when it is complete)."""
+  proc = subprocess.Popen(_train_cmd(model_dir, steps), env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  deadline = time.time() + 300
+  while not (model_dir / wait_for).exists():
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.02)
+  return proc
+
+
+def test_killed_and_terminated_runs_resume_to_the_uninterrupted_parameters(
+    tmp_path):
+  """SIGKILL loses the steps since the last checkpoint; SIGTERM (a
+  preemption) saves at the next step and exits 128 + 15; either way the
+  resumed run ends with the uninterrupted run's parameters, bit for bit."""
   steps = 24
   straight = tmp_path / 'straight'
   subprocess.run(_train_cmd(straight, steps), check=True, env=_env(),
                  capture_output=True, timeout=600)
 
-  killed = tmp_path / 'killed'
-  proc = subprocess.Popen(_train_cmd(killed, steps), env=_env(),
-                          stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  # orbax renames a checkpoint into place when it is complete.
-  while not (killed / 'checkpoint_8').exists():
-    assert proc.poll() is None, 'the run ended before it could be killed'
-    assert time.time() < deadline
-    time.sleep(0.05)
+  run = tmp_path / 'run'
+  proc = _start(run, steps, 'checkpoint_8')
   proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  saved = sorted(p.name for p in killed.glob('checkpoint_*'))
-  assert f'checkpoint_{steps}' not in saved, 'killed too late to test resume'
+  proc.communicate()
+  assert not (run / f'checkpoint_{steps}').exists(), 'killed too late'
 
-  out = subprocess.run(_train_cmd(killed, steps), check=True, env=_env(),
+  # The killed run's lock is stale (its pid is gone): taken over.
+  proc = _start(run, steps, 'checkpoint_12')
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+  stopped = re.search(r'Stopped by SIGTERM at step (\d+) with '
+                      r'checkpoint_(\d+) saved', out)
+  assert stopped, out[-3000:]
+  at = int(stopped[1])
+  assert 12 <= at < steps, 'terminated too late to test resume'
+  newest = max(int(p.name.split('_')[1]) for p in run.glob('checkpoint_*'))
+  assert newest == at
+  assert not (run / 'train.lock').exists()
+
+  out = subprocess.run(_train_cmd(run, steps), check=True, env=_env(),
                        capture_output=True, text=True, timeout=600)
-  assert 'Resumed from' in out.stdout
-  want, got = _saved_params(straight, steps), _saved_params(killed, steps)
+  assert f'Resuming from {run}/checkpoint_{at}' in out.stdout, out.stdout
+  want, got = _saved_params(straight, steps), _saved_params(run, steps)
   assert want.keys() == got.keys()
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)

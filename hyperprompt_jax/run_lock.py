@@ -1,0 +1,180 @@
+"""One trainer per MODEL_DIR: the `MODEL_DIR/train.lock` file.
+
+Two trainers writing one directory would interleave their checkpoints (or
+die on an orbax internal error), so a run takes the lock before it writes
+anything and refuses a directory another live run holds, naming it. A run
+killed with SIGKILL cannot remove its lock, so a lock is stale, and is taken
+over, when its holder is gone:
+
+  - same host, and its pid no longer runs; or
+  - its heartbeat (the file's mtime, touched every `HEARTBEAT_S` by a daemon
+    thread of the holder) is older than `STALE_AFTER_S` (any host: the only
+    sign a run on another host can leave, and the cure for a reused pid).
+
+The lock is a plain file created with `O_CREAT | O_EXCL` (atomic on local
+and NFS-style file systems); no library offers a stale-aware file lock that
+works across hosts (`fcntl` locks vanish with the process but are not
+honoured across NFS clients, which is where several hosts meet).
+"""
+
+import datetime
+import getpass
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+LOCK_FILE = 'train.lock'
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 120.0
+
+log = logging.getLogger('hyperprompt_jax.train')
+
+
+class DirectoryInUseError(ValueError):
+  """Another live trainer holds the MODEL_DIR."""
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, another user's
+    return True
+  return True
+
+
+def _read(path: str) -> Optional[dict[str, Any]]:
+  """The holder's record, None if the lock vanished; unreadable or partly
+  written records read as `{}` (stale only by heartbeat)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except FileNotFoundError:
+    return None
+  try:
+    return json.loads(text)
+  except ValueError:
+    return {}
+
+
+class RunLock:
+  """Holds `model_dir/train.lock` while a run writes the directory.
+
+  Usage: `with RunLock(model_dir): ...`, or `acquire()` / `release()`.
+
+  Args:
+    model_dir: the run's directory (must exist).
+    stale_after_s: a heartbeat older than this frees the lock.
+    heartbeat_s: how often the holder touches the lock.
+  """
+
+  def __init__(self, model_dir: str, stale_after_s: float = STALE_AFTER_S,
+               heartbeat_s: float = HEARTBEAT_S):
+    self.path = os.path.join(model_dir, LOCK_FILE)
+    self.stale_after_s = stale_after_s
+    self.heartbeat_s = heartbeat_s
+    self._record = {
+        'host': socket.gethostname(),
+        'pid': os.getpid(),
+        'user': getpass.getuser(),
+        'started': datetime.datetime.now().isoformat(timespec='seconds'),
+        'command': ' '.join(sys.argv),
+        'token': uuid.uuid4().hex,
+    }
+    self._stop = threading.Event()
+    self._thread = None
+
+  def __enter__(self) -> 'RunLock':
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+  def _create(self) -> bool:
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'w') as f:
+      json.dump(self._record, f)
+    return True
+
+  def stale_reason(self, holder: dict[str, Any], age_s: float
+                   ) -> Optional[str]:
+    """Why the lock of `holder`, last touched `age_s` ago, is stale (None:
+    it is live)."""
+    if age_s > self.stale_after_s:
+      return f'no heartbeat for {age_s:.0f} s'
+    if (holder.get('host') == self._record['host']
+        and isinstance(holder.get('pid'), int)
+        and not _pid_alive(holder['pid'])):
+      return f'process {holder["pid"]} no longer runs'
+    return None
+
+  def acquire(self) -> None:
+    """Takes the lock, or raises DirectoryInUseError naming the holder."""
+    for _ in range(3):  # a lock can vanish or be replaced between checks
+      if self._create():
+        break
+      holder = _read(self.path)
+      if holder is None:
+        continue
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except FileNotFoundError:
+        continue
+      reason = self.stale_reason(holder, age)
+      if reason is None:
+        raise DirectoryInUseError(
+            f'MODEL_DIR {os.path.dirname(self.path)} is in use by another '
+            f'trainer: pid {holder.get("pid")} on {holder.get("host")} '
+            f'(user {holder.get("user")}, started {holder.get("started")}, '
+            f'heartbeat {age:.0f} s ago): {holder.get("command")}. Wait for '
+            'it, stop it, or use another MODEL_DIR. If that run is surely '
+            f'gone, delete {self.path}.')
+      # Move the stale lock aside under a name only this run uses: of two
+      # runs taking over at once, one renames it and the other finds it
+      # gone and retries.
+      aside = f'{self.path}.stale-{self._record["token"]}'
+      try:
+        os.rename(self.path, aside)
+      except FileNotFoundError:
+        continue
+      if _read(aside) != holder:  # renamed a fresh lock by mistake: undo
+        os.rename(aside, self.path)
+        continue
+      os.remove(aside)
+      log.warning('Took over a stale lock on %s (%s; it was held by pid %s '
+                  'on %s since %s).', os.path.dirname(self.path), reason,
+                  holder.get('pid'), holder.get('host'), holder.get('started'))
+    else:
+      raise DirectoryInUseError(
+          f'Could not take {self.path}: other runs keep taking it.')
+    self._thread = threading.Thread(target=self._beat, daemon=True,
+                                    name='run-lock-heartbeat')
+    self._thread.start()
+
+  def _beat(self) -> None:
+    while not self._stop.wait(self.heartbeat_s):
+      try:
+        os.utime(self.path)
+      except OSError:
+        pass  # the directory vanished: nothing left to protect
+
+  def release(self) -> None:
+    """Stops the heartbeat and removes the lock if it is still this run's."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    holder = _read(self.path)
+    if holder and holder.get('token') == self._record['token']:
+      os.remove(self.path)

@@ -1,0 +1,261 @@
+"""Faults and mistakes of the built-in runner: unreadable checkpoints, resume
+with other settings, a second trainer, settings that cannot work, and the
+run's record (SIGTERM and SIGKILL: test_train.py)."""
+
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import time
+
+import gin
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from hyperprompt_jax import checkpoint_manager
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import run_lock
+from hyperprompt_jax import train as train_lib
+
+import conftest
+
+LENGTHS = {'inputs': 64, 'targets': 8}
+STEPS = 6
+
+
+def _model(encoder_prompt_length=4):
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=encoder_prompt_length,
+      decoder_prompt_length=2, hypernet_reduction=8, task_embed_dim=8,
+      task_hidden_dim=16, layer_task_embed_dim=8))
+  return network.Transformer(network.T5Config(**cfg))
+
+
+def _kwargs(model_dir, **overrides):
+  kwargs = dict(
+      model_dir=str(model_dir), train_steps=STEPS, batch_size=2,
+      mixture_or_task_name='fixture_glue_proportional',
+      task_feature_lengths=LENGTHS, save_period=2, log_period=2,
+      optimizer=optimizers.make_optimizer())
+  kwargs.update(overrides)
+  return kwargs
+
+
+def _flat(params):
+  return {k: np.asarray(v) for k, v in
+          traverse_util.flatten_dict(params, sep='/').items()}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A finished run (checkpoints 2, 4, 6) and its final parameters."""
+  model_dir = tmp_path_factory.mktemp('faults') / 'run'
+  gin.clear_config()
+  # A binding only this run has, to tell its config record from others'.
+  gin.bind_parameter('hyperprompt_jax.train.train.use_cached_tasks', False)
+  try:
+    result = train_lib.train(_model(), **_kwargs(model_dir))
+  finally:
+    gin.clear_config()
+  return model_dir, _flat(result['params'])
+
+
+def _copy(trained, tmp_path):
+  model_dir = tmp_path / 'run'
+  shutil.copytree(trained[0], model_dir)
+  return model_dir
+
+
+def _files(directory):
+  return sorted(str(p.relative_to(directory))
+                for p in pathlib.Path(directory).rglob('*'))
+
+
+# ------------------------------------------------- unreadable checkpoints --
+
+def _truncate(checkpoint):
+  """A save cut short: every array file of the state half written."""
+  data = [p for p in (checkpoint / 'state').rglob('*')
+          if p.is_file() and p.parent.name == 'd']
+  assert data
+  for p in data:
+    with open(p, 'r+b') as f:
+      f.truncate(p.stat().st_size // 2)
+
+
+def _empty(checkpoint):
+  shutil.rmtree(checkpoint)
+  checkpoint.mkdir()
+
+
+@pytest.mark.parametrize('damage', [_truncate, _empty])
+def test_resume_skips_an_unreadable_newest_checkpoint(trained, tmp_path,
+                                                      damage, caplog):
+  model_dir = _copy(trained, tmp_path)
+  damage(model_dir / f'checkpoint_{STEPS}')
+  with caplog.at_level('INFO'):
+    result = train_lib.train(_model(), **_kwargs(model_dir))
+  log = '\n'.join(r.getMessage() for r in caplog.records)
+  assert f'checkpoint_{STEPS} cannot be restored' in log, log
+  assert 'resumed from checkpoint_4' in log, log
+  # Kept aside, not deleted; the run redid steps 5 and 6 exactly.
+  assert (model_dir / 'unreadable' / f'checkpoint_{STEPS}').is_dir()
+  got, want = _flat(result['params']), trained[1]
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert (model_dir / f'checkpoint_{STEPS}' / 'state').is_dir()
+
+
+def test_all_checkpoints_unreadable_is_an_error_that_moves_nothing(
+    trained, tmp_path):
+  model_dir = _copy(trained, tmp_path)
+  for step in (2, 4, STEPS):
+    _empty(model_dir / f'checkpoint_{step}')
+  before = _files(model_dir)
+  with pytest.raises(checkpoint_manager.UnreadableCheckpointsError,
+                     match='None of the checkpoints .* can be restored'):
+    train_lib.train(_model(), **_kwargs(model_dir))
+  assert _files(model_dir) == before
+
+
+# ------------------------------------------------- resume and the record --
+
+def test_resume_with_other_settings_is_refused_naming_them(trained,
+                                                           tmp_path):
+  model_dir = _copy(trained, tmp_path)
+  record = (model_dir / 'config.gin').read_text()
+  assert 'use_cached_tasks' in record
+  before = _files(model_dir)
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r"MIXTURE_OR_TASK_NAME: 'fixture_glue_proportional'"
+                     r" -> 'fixture_glue_rte'"):
+    train_lib.train(_model(), **_kwargs(
+        model_dir, train_steps=8,
+        mixture_or_task_name='fixture_glue_rte'))
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r'T5Config.hyperprompt.encoder_prompt_length: '
+                     r'4 -> 6'):
+    train_lib.train(_model(encoder_prompt_length=6),
+                    **_kwargs(model_dir, train_steps=8))
+  # A failed start leaves the record of the run that wrote the checkpoints.
+  assert (model_dir / 'config.gin').read_text() == record
+  assert _files(model_dir) == before
+  # Checkpoints without a record (older ones): the shapes name the change.
+  for run in model_dir.glob('checkpoint_*/run'):
+    shutil.rmtree(run)
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r'shapes differ: params/encoder/.*prompt.* -> '):
+    train_lib.train(_model(encoder_prompt_length=6),
+                    **_kwargs(model_dir, train_steps=8))
+
+
+def test_train_steps_at_or_below_the_resumed_step(trained, tmp_path, caplog):
+  model_dir = _copy(trained, tmp_path)
+  with pytest.raises(ValueError, match=f'at step {STEPS}, past TRAIN_STEPS=4'):
+    train_lib.train(_model(), **_kwargs(model_dir, train_steps=4))
+  with caplog.at_level('INFO'):
+    result = train_lib.train(_model(), **_kwargs(model_dir))
+  assert result['step'] == STEPS
+  assert 'nothing to train' in caplog.text
+
+
+def test_checkpoints_record_their_run(trained):
+  model_dir = trained[0]
+  manager = checkpoint_manager.make_manager(str(model_dir), 2, None)
+  record = checkpoint_manager.read_record(manager, STEPS)
+  assert record['data']['MIXTURE_OR_TASK_NAME'] == 'fixture_glue_proportional'
+  assert record['model']['T5Config.num_tasks'] == '8'
+  assert 'use_cached_tasks' in record['config_gin']
+  assert record['operative_config_gin'] == (
+      model_dir / 'operative_config.gin').read_text()
+
+
+# ---------------------------------------------------- settings and locks --
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'keep_checkpoints': 0}, 'KEEP_CHECKPOINTS must be None'),
+    ({'save_period': 0}, 'SAVE_PERIOD must be an integer >= 1'),
+    ({'train_steps': 'sixty'}, r"TRAIN_STEPS must be .* got 'sixty' \(str\)"),
+    ({'train_steps': 0}, 'TRAIN_STEPS must be an integer >= 1'),
+    ({'batch_size': 32.5}, r'BATCH_SIZE must be .* got 32.5 \(float\)'),
+    ({'task_feature_lengths': {'inputs': 64}}, 'TASK_FEATURE_LENGTHS'),
+])
+def test_settings_that_cannot_work_fail_before_anything(tmp_path, overrides,
+                                                        message):
+  # An earlier run's checkpoint: KEEP_CHECKPOINTS = 0 deleted it.
+  old = tmp_path / 'run' / 'checkpoint_2'
+  old.mkdir(parents=True)
+  (old / 'keep.txt').write_text('x')
+  with pytest.raises(ValueError, match=message):
+    train_lib.train(_model(), **_kwargs(tmp_path / 'run', **overrides))
+  assert _files(tmp_path / 'run') == ['checkpoint_2', 'checkpoint_2/keep.txt']
+
+
+def test_a_quoted_learning_rate_fails_at_once():
+  with pytest.raises(ValueError, match=r"learning_rate must be a positive "
+                     r"number, got '1e-3' \(str\) \(--gin.LEARNING_RATE"):
+    optimizers.make_optimizer(learning_rate='1e-3')
+
+
+def _dead_pid() -> int:
+  proc = subprocess.Popen(['true'])
+  proc.wait()
+  return proc.pid
+
+
+def _write_lock(model_dir, host, pid, age_s=0.0):
+  path = model_dir / run_lock.LOCK_FILE
+  path.write_text(f'{{"host": "{host}", "pid": {pid}, "user": "someone", '
+                  '"started": "2026-11-23T10:00:00", "command": "train", '
+                  '"token": "other"}')
+  stamp = time.time() - age_s
+  os.utime(path, (stamp, stamp))
+  return path
+
+
+def test_a_second_trainer_is_refused_naming_the_first(tmp_path):
+  with run_lock.RunLock(str(tmp_path)):
+    with pytest.raises(run_lock.DirectoryInUseError,
+                       match=f'in use by another trainer: pid {os.getpid()} '
+                       f'on {socket.gethostname()}'):
+      train_lib.train(_model(), **_kwargs(tmp_path))
+    assert _files(tmp_path) == [run_lock.LOCK_FILE]
+  assert _files(tmp_path) == []  # released
+
+
+@pytest.mark.parametrize('host,pid,age_s,taken', [
+    ('this', 'dead', 0, True),          # killed on this host
+    ('elsewhere', 1, 0, False),         # live on another host
+    ('elsewhere', 1, 600, True),        # another host, no heartbeat
+    ('this', 'self', 0, False),         # alive here
+])
+def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path, host, pid,
+                                                          age_s, taken):
+  host = socket.gethostname() if host == 'this' else host
+  pid = {'dead': _dead_pid(), 'self': os.getpid()}.get(pid, pid)
+  path = _write_lock(tmp_path, host, pid, age_s)
+  lock = run_lock.RunLock(str(tmp_path))
+  if taken:
+    with lock:
+      assert f'"pid": {os.getpid()}' in path.read_text()
+    assert not path.exists()
+  else:
+    with pytest.raises(run_lock.DirectoryInUseError, match=f'pid {pid} on '
+                       f'{host}'):
+      lock.acquire()
+    assert '"token": "other"' in path.read_text()
+
+
+def test_the_lock_has_a_heartbeat(tmp_path):
+  path = tmp_path / run_lock.LOCK_FILE
+  with run_lock.RunLock(str(tmp_path), heartbeat_s=0.05):
+    os.utime(path, (0, 0))
+    deadline = time.time() + 10
+    while path.stat().st_mtime == 0:
+      assert time.time() < deadline, 'no heartbeat'
+      time.sleep(0.05)
