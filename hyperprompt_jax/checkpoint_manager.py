@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
@@ -247,6 +248,8 @@ def restore_newest(
                     '%s and resumed from checkpoint_%d.', bad,
                     type(error).__name__, _first_line(error), where, step)
     if failures:
+      if jax.process_count() > 1:  # every host lists what process 0 moved
+        multihost_utils.sync_global_devices('unreadable checkpoints moved')
       manager.reload()
     return step, state, iterator
   if failures:
