@@ -43,6 +43,7 @@ rows for MTL and every variant that packs, on two length distributions, at
 the first batch size (`packing_benchmark.py`).
 """
 
+import argparse
 import dataclasses
 import functools
 import os
@@ -51,12 +52,64 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
+from hyperprompt_jax import gin_utils
+
+_PROG = 'python -m hyperprompt_jax.benchmark'
+
+
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument('--batch_sizes', default='4,8,16')
+  parser.add_argument('--input_length', type=int, default=512)
+  parser.add_argument('--target_length', type=int, default=32)
+  # Checked in `main` against VARIANTS and hyperprompt.PLACEMENTS, which
+  # --help does not import.
+  parser.add_argument('--variants',
+                      help='comma-separated (default: every method of '
+                      'methods.REGISTRY)')
+  parser.add_argument('--placement', default='both',
+                      help="HyperPrompt's prompt placement (default: both)")
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=3)
+  parser.add_argument(
+      '--gated_matmul', action='store_true',
+      help="only time HyperGrid's blockwise and fold routes of a gated wo "
+           'at lengths 1, 8, 32, 128 and --input_length, at the first '
+           'batch size')
+  parser.add_argument(
+      '--table', action='store_true',
+      help='the variant table: parameter ratio and forward FLOPs per '
+           'example of the --table_model network (at --input_length / '
+           '--target_length, batch --flops_batch_size), and the step-time '
+           'ratio over MTL of the --gin_file network at the first batch '
+           'size')
+  parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
+                      help='model gin file of the --table parameter and '
+                           'FLOPs columns')
+  parser.add_argument(
+      '--decode', action='store_true',
+      help='time one incremental decode step of each model against its '
+           'cache (ratio over MTL) at the first batch size')
+  parser.add_argument(
+      '--packing', action='store_true',
+      help='real target tokens per second, packed against unpacked rows, '
+           'of MTL and each variant that packs, at the first batch size')
+  parser.add_argument('--lengths', default='fixture,glue_super_glue',
+                      help='--packing: length distributions, of '
+                           'fixture, glue_super_glue')
+  parser.add_argument('--flops_batch_size', type=int, default=128,
+                      help="batch of the FLOPs count (the papers' 128): "
+                           'per-task parts are computed once per batch')
+
+
+# Before the heavy imports: --help needs none of them.
+gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import methods
@@ -65,6 +118,7 @@ from hyperprompt_jax import optimizers
 from hyperprompt_jax import param_table
 from hyperprompt_jax import paths
 from hyperprompt_jax import trainer
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 Z_LOSS = 1e-4
 
@@ -334,53 +388,20 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  def add_flags(parser):
-    parser.add_argument('--batch_sizes', default='4,8,16')
-    parser.add_argument('--input_length', type=int, default=512)
-    parser.add_argument('--target_length', type=int, default=32)
-    parser.add_argument('--variants', default=','.join(VARIANTS))
-    parser.add_argument('--placement', default='both',
-                        choices=hyperprompt.PLACEMENTS)
-    parser.add_argument('--rounds', type=int, default=3)
-    parser.add_argument('--steps', type=int, default=3)
-    parser.add_argument(
-        '--gated_matmul', action='store_true',
-        help="only time HyperGrid's blockwise and fold routes of a gated wo "
-             'at lengths 1, 8, 32, 128 and --input_length, at the first '
-             'batch size')
-    parser.add_argument(
-        '--table', action='store_true',
-        help='the variant table: parameter ratio and forward FLOPs per '
-             'example of the --table_model network (at --input_length / '
-             '--target_length, batch --flops_batch_size), and the step-time '
-             'ratio over MTL of the --gin_file network at the first batch '
-             'size')
-    parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
-                        help='model gin file of the --table parameter and '
-                             'FLOPs columns')
-    parser.add_argument(
-        '--decode', action='store_true',
-        help='time one incremental decode step of each model against its '
-             'cache (ratio over MTL) at the first batch size')
-    parser.add_argument(
-        '--packing', action='store_true',
-        help='real target tokens per second, packed against unpacked rows, '
-             'of MTL and each variant that packs, at the first batch size')
-    parser.add_argument('--lengths', default='fixture,glue_super_glue',
-                        help='--packing: length distributions, of '
-                             'fixture, glue_super_glue')
-    parser.add_argument('--flops_batch_size', type=int, default=128,
-                        help="batch of the FLOPs count (the papers' 128): "
-                             'per-task parts are computed once per batch')
-
-  args = gin_utils.parse_command_line(
-      'python -m hyperprompt_jax.benchmark', __doc__, argv,
-      add_flags=add_flags, parse_gin_files=False)
-  variants = [v for v in args.variants.split(',') if v]
+  args = gin_utils.parse_command_line(_PROG, __doc__, argv,
+                                      add_flags=_add_flags,
+                                      parse_gin_files=False)
+  if args.variants is None:
+    variants = list(VARIANTS)
+  else:
+    variants = [v for v in args.variants.split(',') if v]
   bad = set(variants) - set(VARIANTS)
   if bad:
     raise ValueError(f'Unknown variants {sorted(bad)}: choose from '
                      f'{VARIANTS}.')
+  if args.placement not in hyperprompt.PLACEMENTS:
+    raise ValueError(f'--placement={args.placement}: choose from '
+                     f'{hyperprompt.PLACEMENTS}.')
   if args.flops_batch_size <= 0:
     raise ValueError('--flops_batch_size must be positive.')
   table_base = None
@@ -403,7 +424,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f'{r["faster"]}')
     return 0
   if args.packing:
-    # Imported here: it builds on this module's timing helpers.
+    # Imported here: it builds on this module's timing helpers (and reads
+    # its data with TensorFlow).
+    gin_utils.import_tensorflow_quietly()
     from hyperprompt_jax import packing_benchmark  # pylint: disable=g-import-not-at-top
     configs = {'mtl': variant_config(base, 'mtl', args.placement)}
     for name in variants:

@@ -44,7 +44,7 @@ class ResumeMismatchError(ValueError):
   """The checkpoint was written by another model or data configuration."""
 
 
-class UnreadableCheckpointsError(RuntimeError):
+class UnreadableCheckpointsError(ValueError):
   """No checkpoint of the directory restores."""
 
 

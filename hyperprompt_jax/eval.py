@@ -13,7 +13,9 @@ Writes, in EVAL_OUTPUT_DIR, seqio's `inference_eval/<task>-metrics.jsonl`
 (the files t5x writes), `summary.json`, `best_per_task.json` and
 `task_scores.png` (`eval_summary`), and prints the per-task table with the
 GLUE / SuperGLUE averages and, over several checkpoints, each task's best
-step (the papers' convention).
+step (the papers' convention). A checkpoint that cannot be read is skipped
+and listed in `summary.json` (`unreadable_checkpoints`); the others are
+still summarised, and the command then exits with status 1.
 
 t5x users who evaluated on TPU get the same summary from t5x's output:
 
@@ -21,8 +23,10 @@ t5x users who evaluated on TPU get the same summary from t5x's output:
     --output_dir=/tmp/summary
 """
 
+import argparse
 import collections
 import importlib
+import json
 import logging
 import math
 import os
@@ -31,6 +35,24 @@ import time
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
+from hyperprompt_jax import gin_utils
+
+_PROG = 'python -m hyperprompt_jax.eval'
+
+
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
+                      'output (<task>-metrics.jsonl files) instead of '
+                      'evaluating; no gin needed')
+  parser.add_argument('--output_dir', help='where --metrics_dir writes the '
+                      'summary (default: the metrics directory)')
+
+
+# Before the heavy imports: --help needs none of them, and TensorFlow's
+# start-up lines are held back while it loads.
+gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags, tensorflow=True)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
 import scipy.stats
 import seqio
@@ -39,7 +61,6 @@ import tensorflow as tf
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import decoding
 from hyperprompt_jax import eval_summary
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
@@ -47,6 +68,7 @@ from hyperprompt_jax import paths
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 log = logging.getLogger('hyperprompt_jax.eval')
 _CHECKPOINT = re.compile(r'^checkpoint_(\d+)$')
@@ -199,34 +221,93 @@ def evaluate(
 
   predictor, abstract_params = decoding.make_predictor(
       model, task_feature_lengths, mesh, batch_size)
-  results = {}
+  results, unreadable = {}, {}
   for step, path in checkpoints_found:
     tick = time.time()
-    params, _ = checkpoints.restore_params(path, abstract_params)
+    try:
+      params, _ = checkpoints.restore_params(path, abstract_params)
+    except checkpoints.CheckpointMismatchError:
+      raise  # another model's checkpoint: every one would fail alike
+    except Exception as e:  # pylint: disable=broad-except
+      # A damaged checkpoint (a save cut short, a truncated copy): report
+      # it and evaluate the others.
+      unreadable[str(step)] = f'{type(e).__name__}: {_first_line(e)}'
+      log.error('checkpoint_%d cannot be read, skipped (%s).', step,
+                unreadable[str(step)])
+      continue
     predictor.set_params(params)
     metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
                                     predict_fn=predictor.predict_fn)
     results[step] = metrics.result()
     log.info('checkpoint_%d evaluated in %.1fs.', step, time.time() - tick)
   evaluator.close()
+  if not results:
+    raise ValueError(
+        f'None of the {len(checkpoints_found)} checkpoint(s) in '
+        f'{checkpoint_path} can be read: ' + '; '.join(
+            f'checkpoint_{s}: {e}' for s, e in unreadable.items()))
 
   summary = eval_summary.summarize(results, majority)
+  if unreadable:
+    summary['unreadable_checkpoints'] = unreadable
   written = eval_summary.write(summary, eval_output_dir)
   print(eval_summary.table(summary))
   log.info('Wrote %s', ', '.join(written.values()))
+  if unreadable:
+    log.error('%d checkpoint(s) could not be read and are missing from the '
+              'summary: %s (listed in summary.json under '
+              'unreadable_checkpoints).', len(unreadable),
+              ', '.join(f'checkpoint_{s}' for s in unreadable))
   return summary
+
+
+def _first_line(error: Exception) -> str:
+  lines = str(error).strip().splitlines()
+  return lines[0][:300] if lines else ''
 
 
 def _json_logger_cls(write_n_results: Optional[int]):
   """seqio's JSONLogger (the files t5x writes), keeping `write_n_results`
-  predictions per task."""
+  predictions per task. Evaluating a step again (a re-run into the same
+  directory) replaces its line of `<task>-metrics.jsonl`; seqio appends."""
 
   class JSONLogger(seqio.JSONLogger):
 
     def __init__(self, output_dir):
       super().__init__(output_dir, write_n_results=write_n_results)
 
+    def __call__(self, task_name, step, metrics, *args, **kwargs):
+      if metrics:  # seqio writes a metrics line only then
+        _drop_step(os.path.join(self.output_dir,
+                                f'{task_name}-metrics.jsonl'),
+                   -1 if step is None else step)  # seqio's step for None
+      super().__call__(task_name, step, metrics, *args, **kwargs)
+
   return JSONLogger
+
+
+def _drop_step(metrics_file: str, step: int) -> None:
+  """Removes the lines of `step` from a metrics file (JSON lines with a
+  "step"), keeping every other line as it is."""
+  if not tf.io.gfile.exists(metrics_file):
+    return
+  with tf.io.gfile.GFile(metrics_file) as f:
+    lines = f.read().splitlines(keepends=True)
+  kept = [line for line in lines if _line_step(line) != step]
+  if len(kept) == len(lines):
+    return
+  # Written aside and renamed, as seqio writes it (GCS cannot append).
+  with tf.io.gfile.GFile(metrics_file + '.tmp', 'w') as f:
+    f.write(''.join(kept))
+  tf.io.gfile.rename(metrics_file + '.tmp', metrics_file, overwrite=True)
+
+
+def _line_step(line: str) -> Optional[int]:
+  try:
+    record = json.loads(line)
+  except ValueError:
+    return None  # not a metrics line: kept
+  return record.get('step') if isinstance(record, dict) else None
 
 
 def summarize_metrics_dir(metrics_dir: str, output_dir: str) -> dict:
@@ -240,23 +321,17 @@ def summarize_metrics_dir(metrics_dir: str, output_dir: str) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  def add_flags(parser):
-    parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
-                        'output (<task>-metrics.jsonl files) instead of '
-                        'evaluating; no gin needed')
-    parser.add_argument('--output_dir', help='where --metrics_dir writes the '
-                        'summary (default: the metrics directory)')
-
   args = gin_utils.parse_command_line(
-      'python -m hyperprompt_jax.eval', __doc__, argv, logger=log,
-      add_flags=add_flags, parse_gin_files=False)
+      _PROG, __doc__, argv, logger=log, add_flags=_add_flags,
+      parse_gin_files=False)
   if args.metrics_dir:
     summarize_metrics_dir(args.metrics_dir,
                           args.output_dir or args.metrics_dir)
     return 0
   gin_utils.parse_gin_flags(args)
-  importlib.import_module('hyperprompt_jax.eval').evaluate()
-  return 0
+  summary = importlib.import_module('hyperprompt_jax.eval').evaluate()
+  # Non-zero when a checkpoint was skipped, so scripts notice.
+  return 1 if summary.get('unreadable_checkpoints') else 0
 
 
 if __name__ == '__main__':

@@ -4,13 +4,19 @@
 `--gin.X=Y` (t5x's shorthand for a binding) and `--gin_search_paths=a,b`.
 The shipped gin directory is always searched, so `models/t5_1_1_base.gin`
 resolves from anywhere.
+
+Light (gin and the standard library), so that a tool calls `cli_preamble`
+before its heavy imports: `--help` answers at once, and TensorFlow loads
+without its start-up lines.
 """
 
 import argparse
+import contextlib
 import logging
 import os
 import re
 import sys
+import tempfile
 from typing import Callable, Optional, Sequence
 
 import gin
@@ -35,9 +41,104 @@ def parse_gin_flags(args: argparse.Namespace,
             [p for p in args.gin_search_paths.split(',') if p])
 
 
+AddFlags = Callable[[argparse.ArgumentParser], None]
+
+
+def _parser(prog: str, description: str,
+            add_flags: Optional[AddFlags]) -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog=prog, description=description,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_gin_flags(parser)
+  if add_flags is not None:
+    add_flags(parser)
+  return parser
+
+
+def cli_preamble(module_name: str, prog: str, description: str,
+                 add_flags: Optional[AddFlags] = None, *,
+                 tensorflow: bool = False) -> None:
+  """A command-line module's first call, before its heavy imports.
+
+  Run as a program (`module_name` is '__main__'), it answers `-h` / `--help`
+  from `description` and the flags, then exits, before TensorFlow or JAX
+  are imported (seconds); otherwise, with `tensorflow`, it imports
+  TensorFlow without its start-up lines (`import_tensorflow_quietly`).
+  Imported as a library, the module is left alone.
+
+  Args:
+    module_name: the module's `__name__`.
+    prog, description, add_flags: as `parse_command_line`, which the
+      module's `main` then calls with the same values.
+    tensorflow: the module imports TensorFlow.
+  """
+  if module_name != '__main__':
+    return
+  if any(arg in ('-h', '--help') for arg in sys.argv[1:]):
+    _parser(prog, description, add_flags).print_help()
+    sys.exit(0)
+  if tensorflow:
+    import_tensorflow_quietly()
+
+
+# What TensorFlow writes while it loads and probes its devices that is no
+# concern of a JAX program: absl's banner for logs before its set-up, INFO
+# lines (oneDNN, "Could not find cuda drivers", CPU instructions) and the
+# failed CUDA probe of a machine without a GPU. Other lines pass.
+_TF_STARTUP_NOISE = re.compile(
+    r'WARNING: All log messages before absl::InitializeLog\(\) is called'
+    r'|I\d{4} [\d:.]+ +\d+ \S+:\d+\] '
+    r'|E\d{4} [\d:.]+ +\d+ \S+:\d+\] failed call to cuInit'
+    r'|To enable the following instructions:')
+
+
+@contextlib.contextmanager
+def _stderr_without(noise: re.Pattern):
+  """Holds back what is written to file descriptor 2 (C++ logging too) and
+  then passes on the lines `noise` does not match."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      for line in held.read().decode(errors='replace').splitlines(True):
+        if not noise.match(line):
+          sys.stderr.write(line)
+      sys.stderr.flush()
+
+
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow, which only feeds data, and hides the GPUs from it.
+
+  JAX owns the accelerator (t5x hides the GPUs from TensorFlow too). The
+  start-up lines come from C++ logging that runs before
+  `TF_CPP_MIN_LOG_LEVEL` is read, so stderr is held back while TensorFlow
+  loads and probes its devices, and what `_TF_STARTUP_NOISE` does not match
+  is passed on. A user who sets TF_CPP_MIN_LOG_LEVEL (e.g. to 0) sees every
+  line.
+  """
+  if 'tensorflow' in sys.modules:
+    return  # loaded already: nothing left to hold back
+  if 'TF_CPP_MIN_LOG_LEVEL' in os.environ:
+    quiet = contextlib.nullcontext()
+  else:
+    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'  # its later INFO lines
+    quiet = _stderr_without(_TF_STARTUP_NOISE)
+  with quiet:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # Lists the devices, so the CUDA probe runs now, inside `quiet`.
+    tf.config.set_visible_devices([], 'GPU')
+
+
 def parse_command_line(
     prog: str, description: str, argv: Optional[Sequence[str]], *,
-    add_flags: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+    add_flags: Optional[AddFlags] = None,
     logger: Optional[logging.Logger] = None,
     parse_gin_files: bool = True) -> argparse.Namespace:
   """Every entry point's preamble: the gin flags (t5x's `--gin.X=Y`
@@ -58,13 +159,7 @@ def parse_command_line(
     The parsed flags.
   """
   argv = rewrite_gin_shorthand(sys.argv[1:] if argv is None else argv)
-  parser = argparse.ArgumentParser(
-      prog=prog, description=description,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_gin_flags(parser)
-  if add_flags is not None:
-    add_flags(parser)
-  args = parser.parse_args(argv)
+  args = _parser(prog, description, add_flags).parse_args(argv)
   if logger is not None:
     log_to_stdout(logger)
   if parse_gin_files:
@@ -140,12 +235,39 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
     _check_macros_exist(bindings)
     gin.parse_config_files_and_bindings([], list(bindings),
                                         finalize_config=False)
+  except SyntaxError as e:
+    # gin's own message starts with Python's AST wording; its last line
+    # names the token.
+    why = (e.msg or '').strip().splitlines()[-1:] or ['']
+    statement = (e.text or '').strip()
+    if e.filename:
+      where, hint = f'{e.filename}, line {e.lineno}', ''
+    else:
+      where, hint = 'a command-line binding', _string_hint(statement)
+    raise ValueError(f'gin cannot parse {statement!r} ({where}): '
+                     f'{why[0].strip().rstrip(".")}.{hint}') from None
   except (ValueError, IOError, TypeError) as e:
     raise ValueError(
         f'Invalid gin configuration: {e}\n(Check the spelling of the '
         'configurable, parameter or macro, and that the gin files exist in '
         f'the search paths {search_paths}.)'
     ) from e
+
+
+# A binding whose value starts like a bare word or a path, not like a gin
+# value (number, quoted string, list, dict, tuple, @reference, %macro).
+_UNQUOTED_STRING = re.compile(r'^\s*([\w./]+)\s*=\s*([A-Za-z_/~.][^\n]*?)\s*$')
+
+
+def _string_hint(statement: str) -> str:
+  """How to quote the value of `NAME = value` when it looks like an unquoted
+  string (a path, a task name); '' otherwise."""
+  match = _UNQUOTED_STRING.match(statement)
+  if not match or match.group(2) in ('True', 'False', 'None'):
+    return ''
+  name, value = match.groups()
+  return (f' If it is a string, quote it for gin inside the shell\'s '
+          f'quotes: --gin.{name}="\'{value}\'"')
 
 
 def resolve_gin_file(name: str, search_paths: Sequence[str]) -> str:

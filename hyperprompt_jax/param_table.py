@@ -27,15 +27,49 @@ import json
 import re
 from typing import Any, Optional, Sequence
 
+from hyperprompt_jax import gin_utils
+
+_PROG = 'python -m hyperprompt_jax.param_table'
+
+
+def _positive(flag: str):
+  def parse(value: str) -> int:
+    if not value.lstrip('-').isdigit() or int(value) <= 0:
+      raise argparse.ArgumentTypeError(
+          f'--{flag} must be a positive integer, got {value!r}')
+    return int(value)
+  return parse
+
+
+def _add_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument('--json', action='store_true',
+                      help='print one JSON object instead of the table')
+  parser.add_argument('--flops', action='store_true',
+                      help='add the forward FLOPs of one example (XLA cost '
+                      'analysis of the teacher-forced forward)')
+  for flag, default, help_ in (
+      ('input_length', 512, 'encoder tokens per example'),
+      ('target_length', 32, 'decoder tokens per example'),
+      ('batch_size', 1, 'examples per forward: the per-task work of '
+       'task-conditioned modules is done once per forward and shared by '
+       'the batch (the papers train at 128)')):
+    parser.add_argument(f'--{flag}', type=_positive(flag), default=default,
+                        help=f'with --flops: {help_} (default {default})')
+
+
+# Before the heavy imports: --help needs none of them.
+gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 from flax import traverse_util
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 
 def abstract_params(model: network.Transformer) -> dict[str, Any]:
@@ -143,24 +177,8 @@ def build_network() -> network.Transformer:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  def add_flags(parser):
-    parser.add_argument('--json', action='store_true',
-                        help='print one JSON object instead of the table')
-    parser.add_argument('--flops', action='store_true',
-                        help='add the forward FLOPs of one example (XLA cost '
-                        'analysis of the teacher-forced forward)')
-    for flag, default, help_ in (
-        ('input_length', 512, 'encoder tokens per example'),
-        ('target_length', 32, 'decoder tokens per example'),
-        ('batch_size', 1, 'examples per forward: the per-task work of '
-         'task-conditioned modules is done once per forward and shared by '
-         'the batch (the papers train at 128)')):
-      parser.add_argument(f'--{flag}', type=_positive(flag), default=default,
-                          help=f'with --flops: {help_} (default {default})')
-
-  args = gin_utils.parse_command_line(
-      'python -m hyperprompt_jax.param_table', __doc__, argv,
-      add_flags=add_flags)
+  args = gin_utils.parse_command_line(_PROG, __doc__, argv,
+                                      add_flags=_add_flags)
   model = build_network()
   summary = summarize(abstract_params(model))
   if args.flops:
@@ -172,15 +190,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         flops_batch_size=args.batch_size)
   print(json.dumps(summary) if args.json else format_table(summary))
   return 0
-
-
-def _positive(flag: str):
-  def parse(value: str) -> int:
-    if not value.lstrip('-').isdigit() or int(value) <= 0:
-      raise argparse.ArgumentTypeError(
-          f'--{flag} must be a positive integer, got {value!r}')
-    return int(value)
-  return parse
 
 
 if __name__ == '__main__':

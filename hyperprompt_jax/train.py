@@ -24,6 +24,24 @@ import os
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from hyperprompt_jax import gin_utils
+
+_PROG = 'python -m hyperprompt_jax.train'
+
+
+def _add_flags(parser) -> None:
+  parser.add_argument(
+      '--multiprocess', action='store_true',
+      help='call jax.distributed.initialize() (multi-host GPU; TPU pods '
+      'detect their hosts themselves)')
+
+
+# Before the heavy imports: --help needs none of them, and TensorFlow's
+# start-up lines are held back while it loads.
+gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags, tensorflow=True)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+
 from clu import metric_writers
 import gin
 import jax
@@ -31,7 +49,6 @@ import numpy as np
 
 from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoint_manager
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import methods
 from hyperprompt_jax import network
@@ -44,6 +61,7 @@ from hyperprompt_jax import run_lock
 from hyperprompt_jax import run_record
 from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 log = logging.getLogger('hyperprompt_jax.train')
 
@@ -328,12 +346,8 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  args = gin_utils.parse_command_line(
-      'python -m hyperprompt_jax.train', __doc__, argv, logger=log,
-      add_flags=lambda parser: parser.add_argument(
-          '--multiprocess', action='store_true',
-          help='call jax.distributed.initialize() (multi-host GPU; TPU pods '
-          'detect their hosts themselves)'))
+  args = gin_utils.parse_command_line(_PROG, __doc__, argv, logger=log,
+                                      add_flags=_add_flags)
   # Parsing gin computes nothing, so the hosts may join after it.
   if args.multiprocess or os.environ.get('JAX_COORDINATOR_ADDRESS'):
     jax.distributed.initialize()

@@ -6,6 +6,8 @@ and `execute` runs exactly that line with /bin/sh.
 """
 
 import argparse
+import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -140,11 +142,14 @@ def parse_args(parser: argparse.ArgumentParser,
 
 
 def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                   *, require_dirs: bool, gcs_only: bool) -> None:
-  """Fails early (exit 2, message naming the fix) on an unusable run."""
+                   *, require_dirs: bool, gcs_only: bool,
+                   remote: bool = False) -> None:
+  """Fails early (exit 2, message naming the fix) on an unusable run;
+  `remote`: the job runs on another host."""
   if not args.gin_file:
     parser.error('no --gin_file: name a run file, e.g. '
                  '--gin_file=runs/hyperprompt_glue.gin')
+  check_gin_files(parser, args, remote=remote)
   for binding in args.gin:
     if '=' not in binding:
       parser.error(f'--gin {binding!r} is not KEY=VALUE, e.g. '
@@ -177,6 +182,61 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             'hyperprompt/run1): the hosts of a TPU pod have separate local '
             'disks, so every host must read and write the same Cloud Storage '
             'folder')
+
+
+def gin_search_paths() -> list[str]:
+  """Where the jobs look for a --gin_file: the shipped gin directory, of the
+  installed package (`hyperprompt_jax.paths.gin_dir()`) and of this checkout
+  (the scripts also run where the package is not installed)."""
+  found = []
+  try:
+    from hyperprompt_jax import paths  # pylint: disable=g-import-not-at-top
+    found.append(paths.gin_dir())
+  except (ImportError, FileNotFoundError):
+    pass
+  checkout = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'gin')
+  if os.path.isdir(os.path.join(checkout, 'models')):
+    found.append(checkout)
+  return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+# t5x's own gin files (t5x/configs/..., t5x/examples/...), which gin reads
+# from the t5x package; the project's t5x run files are t5x/NAME.gin.
+_T5X_PACKAGE_FILE = re.compile(r't5x/[^/]+/.+')
+
+
+def check_gin_files(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace, *, remote: bool) -> None:
+  """Fails (exit 2) on a --gin_file found neither as given nor under the
+  search paths, before anything is created or run.
+
+  Not checked here: URLs (gs://...), t5x's own files where t5x is not
+  installed, and, for a job on another host (`remote`), absolute paths,
+  which may exist there only.
+  """
+  search_paths = gin_search_paths()
+  t5x_spec = importlib.util.find_spec('t5x')
+  if t5x_spec is not None and t5x_spec.submodule_search_locations:
+    # gin reads 't5x/configs/...' from the t5x package's parent folder.
+    search_paths.append(os.path.dirname(
+        list(t5x_spec.submodule_search_locations)[0]))
+  for name in args.gin_file:
+    if '://' in name or os.path.exists(name) or any(
+        os.path.exists(os.path.join(p, name)) for p in search_paths):
+      continue
+    if (args.runner == 't5x' and t5x_spec is None
+        and _T5X_PACKAGE_FILE.fullmatch(name)):
+      continue
+    if remote and os.path.isabs(name):
+      print(f'# --gin_file={name} is not on this machine: assuming it is on '
+            'the remote host', file=sys.stderr)
+      continue
+    parser.error(
+        f'--gin_file={name} not found, neither as given nor under the gin '
+        f'search paths {search_paths}. Shipped files: runs/*.gin (built-in '
+        'runner), t5x/*.gin (t5x runner), models/*.gin, variants/*.gin; a '
+        'file of your own: give its path, or a gs:// URL')
 
 
 def run_command(args: argparse.Namespace, python: str) -> Command:

@@ -72,7 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
     parser.error(f'--mem_fraction={args.mem_fraction} must be in (0, 1], '
                  'e.g. 0.9')
-  common.check_run_args(parser, args, require_dirs=True, gcs_only=False)
+  common.check_run_args(parser, args, require_dirs=True, gcs_only=False,
+                        remote=bool(args.host))
   return common.execute(commands(args), args.dry_run)
 
 

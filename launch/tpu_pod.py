@@ -117,7 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error('--create needs --accelerator, e.g. --accelerator=v4-32')
   if args.runtime_version and not args.create:
     parser.error('--runtime_version is used by --create only')
-  common.check_run_args(parser, args, require_dirs=True, gcs_only=True)
+  common.check_run_args(parser, args, require_dirs=True, gcs_only=True,
+                        remote=True)
   if args.accelerator:
     # On stderr: stdout holds only the commands.
     print(f'# {args.tpu}: {args.accelerator} in {args.zone}', file=sys.stderr)

@@ -22,9 +22,18 @@ examples carry it, and it joins
 `glue_proportional` (re-registered with the extra task) at rate 10 000. A
 task that should share another task's id and score (a second training set
 for it) passes `alias_of='glue_rte'`.
+
+A rate is a positive number (T5's: the task's number of training examples)
+or a function of the Task; a task that a mixture evaluates but never trains
+on takes rate `EVAL_ONLY`. Every argument is checked before anything is
+registered, so a refused call leaves nothing behind and can be retried.
 """
 
 import dataclasses
+import difflib
+import logging
+import math
+import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import seqio
@@ -35,6 +44,35 @@ from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 from hyperprompt_jax.tasks.feature_converter import TASK_IDS
 Rate = Union[float, Callable[[seqio.Task], float]]
+
+
+class _EvalOnlyRate(float):
+  """Rate 0 given on purpose (a plain 0 is refused as a likely mistake)."""
+
+
+# The rate of a task that a mixture evaluates but never samples for training
+# (T5's rate 0 for MNLI matched / mismatched and WSC): seqio's mixture
+# evaluator scores every task of the mixture.
+EVAL_ONLY = _EvalOnlyRate(0.)
+
+# seqio's warning for each task of a mixture that lacks the requested split.
+_SEQIO_NO_SPLIT = "Task %s has no '%s' split, skipping."
+
+
+class _DropNoSplitWarnings(logging.Filter):
+  """Drops seqio's no-split warning for the tasks `names`, keeping them."""
+
+  def __init__(self, names: set[str]):
+    super().__init__()
+    self.names = names
+    self.dropped = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if (record.msg == _SEQIO_NO_SPLIT and record.args
+        and record.args[0] in self.names):
+      self.dropped.append(record.args[0])
+      return False
+    return True
 
 
 class TaskIdsMixture(seqio.Mixture):
@@ -48,6 +86,62 @@ class TaskIdsMixture(seqio.Mixture):
                        *args, **kwargs) -> tf.data.Dataset:
     return super().get_task_dataset(
         task, set(output_feature_keys) | {TASK_IDS}, *args, **kwargs)
+
+  def get_dataset(self, *args, **kwargs) -> tf.data.Dataset:
+    # An evaluation-only task has no training split by design: seqio's
+    # warning for each of them becomes one INFO line. A task that trains
+    # (rate > 0) and lacks the split still warns.
+    quiet = _DropNoSplitWarnings({
+        name for name, rate in self.rate_per_task_name.items()
+        if isinstance(rate, _EvalOnlyRate)})
+    absl_logger = logging.getLogger('absl')
+    absl_logger.addFilter(quiet)
+    try:
+      dataset = super().get_dataset(*args, **kwargs)
+    finally:
+      absl_logger.removeFilter(quiet)
+    if quiet.dropped:
+      logging.getLogger(__name__).info(
+          'Mixture %s: evaluation-only tasks not sampled (no such split): '
+          '%s', self.name, ', '.join(quiet.dropped))
+    return dataset
+
+
+def _check_rate(task: str, mixture: str, rate: Any) -> None:
+  """Refuses a rate that is not a positive finite number or a function."""
+  if callable(rate) or isinstance(rate, _EvalOnlyRate):
+    return
+  if (isinstance(rate, numbers.Real) and not isinstance(rate, bool)
+      and math.isfinite(rate) and rate > 0):
+    return
+  raise ValueError(
+      f'task {task!r} in mixture {mixture!r}: rate {rate!r} is not a '
+      'positive finite number. Give the task its share of training examples '
+      '(T5 uses its number of training examples, e.g. 10_000) or a function '
+      'of the Task; for a task the mixture should only evaluate, pass '
+      'hyperprompt_jax.tasks.registration.EVAL_ONLY.')
+
+
+def _task_ids_mixture(name: str) -> TaskIdsMixture:
+  """The registered TaskIdsMixture `name`, or an error naming the fix."""
+  if name not in seqio.MixtureRegistry.names():
+    close = difflib.get_close_matches(name, seqio.MixtureRegistry.names(),
+                                      n=3)
+    hint = (f'did you mean {", ".join(close)}?' if close else
+            'register it first with hyperprompt_jax.tasks.add_mixture.')
+    raise ValueError(f'mixture {name!r} is not registered: {hint}')
+  mixture = seqio.MixtureRegistry.get(name)
+  if not isinstance(mixture, TaskIdsMixture):
+    raise ValueError(f'mixture {name!r} was not registered with '
+                     'hyperprompt_jax.tasks.add_mixture; it would drop task '
+                     'ids')
+  return mixture
+
+
+def _restore_mixtures(old: Mapping[str, seqio.Mixture]) -> None:
+  for name, mixture in old.items():
+    seqio.MixtureRegistry.remove(name)
+    seqio.MixtureRegistry.add_provider(name, mixture)
 
 
 def _with_task_ids(name: str, preprocessors: Sequence[Callable]) -> list:
@@ -89,6 +183,11 @@ def add_task(
   Returns:
     The registered Task.
   """
+  # Check what can be checked before registering anything.
+  mixtures = dict(mixtures or {})
+  for mixture, rate in mixtures.items():
+    _task_ids_mixture(mixture)
+    _check_rate(name, mixture, rate)
   task = seqio.TaskRegistry.add(
       name,
       source=source,
@@ -97,38 +196,58 @@ def add_task(
       postprocess_fn=postprocess_fn,
       metric_fns=list(metric_fns),
       **task_kwargs)
-  # Give the id once the Task is registered, and undo the registration if
-  # the id is refused: a failed call leaves neither behind.
-  canonical = task_ids_lib.canonical_task(name)
-  if alias_of is not None or canonical not in task_ids_lib.known_tasks():
-    try:
+  # The mixtures, then the id (last: `append_task` refuses before it changes
+  # anything); on a failure, the registrations made so far are undone, so a
+  # failed call leaves nothing behind.
+  old = {}
+  try:
+    for mixture, rate in mixtures.items():
+      old[mixture] = seqio.MixtureRegistry.get(mixture)
+      add_to_mixture(mixture, name, rate)
+    canonical = task_ids_lib.canonical_task(name)
+    if alias_of is not None or canonical not in task_ids_lib.known_tasks():
       task_ids_lib.append_task(name, alias_of=alias_of)
-    except ValueError:
-      seqio.TaskRegistry.remove(name)
-      raise
-  for mixture, rate in (mixtures or {}).items():
-    add_to_mixture(mixture, name, rate)
+  except Exception:
+    _restore_mixtures(old)
+    seqio.TaskRegistry.remove(name)
+    raise
   return task
 
 
 def add_mixture(name: str,
                 tasks: Sequence[Union[str, tuple[str, Rate]]],
                 default_rate: Optional[Rate] = None) -> seqio.Mixture:
-  """Registers a `TaskIdsMixture` (arguments as `seqio.MixtureRegistry.add`)."""
+  """Registers a `TaskIdsMixture` (arguments as `seqio.MixtureRegistry.add`);
+  every rate must be positive (or `EVAL_ONLY`, or a function of the Task)."""
+  tasks = list(tasks)
+  for entry in tasks:
+    if isinstance(entry, tuple):
+      task, rate = entry
+      _check_rate(getattr(task, 'name', task), name, rate)
+  if default_rate is not None:
+    _check_rate('(default_rate)', name, default_rate)
+  return _register_mixture(name, tasks, default_rate)
+
+
+def _register_mixture(name: str, tasks: Sequence[Any],
+                      default_rate: Optional[Rate] = None) -> seqio.Mixture:
   return seqio.MixtureRegistry.add(name, list(tasks), default_rate=default_rate,
                                    mixture_cls=TaskIdsMixture)
 
 
 def add_to_mixture(mixture: str, task: str, rate: Rate) -> seqio.Mixture:
-  """Re-registers mixture `mixture` with `task` added at `rate`."""
-  old = seqio.MixtureRegistry.get(mixture)
-  if not isinstance(old, TaskIdsMixture):
-    raise ValueError(f'mixture {mixture!r} was not registered with '
-                     'hyperprompt_jax.tasks.add_mixture; it would drop task '
-                     'ids')
+  """Re-registers mixture `mixture` with `task` added at `rate`; on a
+  failure the mixture is left as it was."""
+  old = _task_ids_mixture(mixture)
+  _check_rate(task, mixture, rate)
+  # The other entries were checked when they were added.
   entries = [(n, r) for n, r in old.rate_per_task_name.items() if n != task]
   seqio.MixtureRegistry.remove(mixture)
-  return add_mixture(mixture, entries + [(task, rate)])
+  try:
+    return _register_mixture(mixture, entries + [(task, rate)])
+  except Exception:
+    _restore_mixtures({mixture: old})
+    raise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,11 +307,11 @@ def register_spec(spec: TaskSpec) -> None:
 
 
 def proportional_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
-  return [(s.name, float(s.rate)) for s in specs]
+  return [(s.name, float(s.rate) if s.rate else EVAL_ONLY) for s in specs]
 
 
 def fixture_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
   """Each fixture's own training-set size (read when the mixture is first
-  used); 0 for evaluation-only tasks."""
-  return [(s.fixture_name, _fixture_train_size if s.rate else 0.)
+  used); `EVAL_ONLY` for evaluation-only tasks."""
+  return [(s.fixture_name, _fixture_train_size if s.rate else EVAL_ONLY)
           for s in specs]

@@ -3,6 +3,7 @@ inference, and bad input."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -261,6 +262,24 @@ def test_empty_checkpoint_directory_is_a_clear_error(tmp_path):
     _evaluate(tmp_path, checkpoint_path=str(tmp_path / 'nowhere'))
 
 
+def test_an_unreadable_checkpoint_is_skipped_and_reported(run_dir, tmp_path):
+  """A damaged checkpoint (its array files cut short) among good ones: the
+  good one is still evaluated and summarised, the bad one listed."""
+  checkpoints = tmp_path / 'run'
+  shutil.copytree(run_dir / 'checkpoint_100', checkpoints / 'checkpoint_100')
+  shutil.copytree(run_dir / 'checkpoint_200', checkpoints / 'checkpoint_200')
+  for p in (checkpoints / 'checkpoint_200' / 'state').rglob('*'):
+    if p.is_file() and p.parent.name == 'd':
+      os.truncate(p, p.stat().st_size // 2)
+  summary = _evaluate(tmp_path, checkpoint_path=str(checkpoints),
+                      mixture_or_task_name='fixture_glue_rte')
+  assert list(summary['steps']) == ['100']
+  assert list(summary['unreadable_checkpoints']) == ['200']
+  written = json.loads((tmp_path / 'out' / 'summary.json').read_text())
+  assert written['unreadable_checkpoints'] == summary['unreadable_checkpoints']
+  assert 'fixture_glue_rte' in written['steps']['100']['metrics']
+
+
 def test_unknown_task_is_a_clear_error(run_dir, tmp_path):
   with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_rt'"):
     _evaluate(tmp_path, checkpoint_path=str(run_dir),
@@ -315,3 +334,22 @@ def test_quickstart_eval_and_infer_files_build_the_trained_model():
                                    ['CHECKPOINT_PATH'])
   assert inferred == trained
   assert macros['CHECKPOINT_PATH'].endswith('/checkpoint_1500')
+
+
+def test_evaluating_a_step_again_replaces_its_metrics_line(tmp_path):
+  # A re-run into the same EVAL_OUTPUT_DIR: seqio's JSONLogger would append
+  # a second line for the step.
+  path = tmp_path / 'glue_rte-metrics.jsonl'
+  path.write_text('{"step": 100, "accuracy": 40.0}\n'
+                  '{"step": 200, "accuracy": 45.0}\n')
+  logger = eval_lib._json_logger_cls(0)(str(tmp_path))  # pylint: disable=protected-access
+  for accuracy in (50.0, 60.0):
+    logger(task_name='glue_rte', step=200,
+           metrics={'accuracy': seqio.metrics.Scalar(accuracy)},
+           dataset=None, inferences=None, targets=None)
+  logger(task_name='glue_rte', step=300,
+         metrics={'accuracy': seqio.metrics.Scalar(70.0)},
+         dataset=None, inferences=None, targets=None)
+  assert [json.loads(line) for line in path.read_text().splitlines()] == [
+      {'step': 100, 'accuracy': 40.0}, {'step': 200, 'accuracy': 60.0},
+      {'step': 300, 'accuracy': 70.0}]

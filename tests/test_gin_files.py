@@ -255,3 +255,24 @@ def test_a_task_file_s_num_tasks_is_its_task_list_s_length(name):
   assert num_tasks == len(task_ids.BENCHMARKS[benchmark])
   assert gin.get_configurable(network.T5Config)(vocab_size=1).num_tasks == (
       num_tasks)
+
+
+@pytest.mark.parametrize('flag,fix', [
+    ('--gin.MODEL_DIR=/tmp/x', '--gin.MODEL_DIR="\'/tmp/x\'"'),
+    ('--gin.MODEL_DIR=gs://b/run', '--gin.MODEL_DIR="\'gs://b/run\'"'),
+    ('--gin.MIXTURE_OR_TASK_NAME=glue_rte',
+     '--gin.MIXTURE_OR_TASK_NAME="\'glue_rte\'"'),
+])
+def test_an_unquoted_string_binding_is_an_error_naming_the_quotes(flag, fix):
+  args = gin_utils.parse_command_line(
+      'prog', '', ['--gin_file=runs/quickstart.gin', flag],
+      parse_gin_files=False)
+  with pytest.raises(ValueError, match='cannot parse') as info:
+    gin_utils.parse_gin_flags(args)
+  assert fix in str(info.value)
+
+
+def test_a_binding_typo_that_is_no_string_gets_no_quoting_hint():
+  with pytest.raises(ValueError, match='cannot parse') as info:
+    gin_utils.parse_gin(['runs/quickstart.gin'], ['TRAIN_STEPS = 10x'])
+  assert 'quote' not in str(info.value)

@@ -111,8 +111,8 @@ def test_tpu_v4_32_create_install_train_with_t5x():
 
 def test_tpu_gin_bindings_project_and_tfds_data_dir():
   (line,) = _dry_run(
-      'tpu_pod.py', *TPU, '--project=my-proj', '--gin_file=t5x/a.gin',
-      '--gin_file=t5x/b.gin', '--model_dir=gs://b/run',
+      'tpu_pod.py', *TPU, '--project=my-proj', '--gin_file=t5x/mtl_glue.gin',
+      '--gin_file=t5x/adapter_glue.gin', '--model_dir=gs://b/run',
       '--tfds_data_dir=gs://b/tfds', '--gin', 'TRAIN_STEPS=1000',
       '--gin', "MIXTURE_OR_TASK_NAME='glue_rte'", '--gin.BATCH_SIZE=64')
   assert line.startswith('gcloud compute tpus tpu-vm ssh hp-pod '
@@ -121,7 +121,7 @@ def test_tpu_gin_bindings_project_and_tfds_data_dir():
   assert shlex.split(_remote(line)) == [
       'python3', '-m', 't5x.train',
       '--gin_search_paths=$(python3 -m hyperprompt_jax.paths gin)',
-      '--gin_file=t5x/a.gin', '--gin_file=t5x/b.gin',
+      '--gin_file=t5x/mtl_glue.gin', '--gin_file=t5x/adapter_glue.gin',
       "--gin.MODEL_DIR='gs://b/run'", '--tfds_data_dir=gs://b/tfds',
       '--gin.TRAIN_STEPS=1000', "--gin.MIXTURE_OR_TASK_NAME='glue_rte'",
       '--gin.BATCH_SIZE=64']
@@ -131,13 +131,13 @@ def test_tpu_gin_bindings_project_and_tfds_data_dir():
                                         ('infer', 'INFER_OUTPUT_DIR')])
 def test_tpu_eval_and_infer_with_t5x(mode, macro):
   (line,) = _dry_run('tpu_pod.py', *TPU, f'--mode={mode}',
-                     '--gin_file=t5x/a.gin',
+                     '--gin_file=t5x/mtl_glue.gin',
                      '--checkpoint_path=gs://b/run/checkpoint_1000',
                      f'--output_dir=gs://b/{mode}')
   assert shlex.split(_remote(line)) == [
       'python3', '-m', f't5x.{mode}',
       '--gin_search_paths=$(python3 -m hyperprompt_jax.paths gin)',
-      '--gin_file=t5x/a.gin',
+      '--gin_file=t5x/mtl_glue.gin',
       "--gin.CHECKPOINT_PATH='gs://b/run/checkpoint_1000'",
       f"--gin.{macro}='gs://b/{mode}'"]
 
@@ -165,13 +165,13 @@ def test_tpu_package_and_python():
   lines = _dry_run('tpu_pod.py', *TPU, '--runner=builtin', '--install',
                    '--package=git+https://github.com/me/hp.git#egg=hp[tpu]',
                    '--python=~/venv/bin/python', '--mode=infer',
-                   '--gin_file=runs/a.gin', '--checkpoint_path=gs://b/c',
+                   '--gin_file=runs/mtl_glue.gin', '--checkpoint_path=gs://b/c',
                    '--output_dir=gs://b/o')
   assert lines[0] == SSH + ('"~/venv/bin/python -m pip install '
                             '\'git+https://github.com/me/hp.git#egg=hp[tpu]\'"')
   # `~/` stays bare so that each worker expands it to its own home.
   assert _remote(lines[1]).startswith(
-      '~/venv/bin/python -m hyperprompt_jax.infer --gin_file=runs/a.gin ')
+      '~/venv/bin/python -m hyperprompt_jax.infer --gin_file=runs/mtl_glue.gin ')
 
 
 @pytest.mark.parametrize('accelerator,version', [
@@ -182,13 +182,13 @@ def test_tpu_package_and_python():
 ])
 def test_tpu_create_runtime_version_per_generation(accelerator, version):
   lines = _dry_run('tpu_pod.py', *TPU, '--project=p', '--create',
-                   f'--accelerator={accelerator}', '--gin_file=t5x/a.gin',
+                   f'--accelerator={accelerator}', '--gin_file=t5x/mtl_glue.gin',
                    '--model_dir=gs://b/run')
   assert lines[0] == (
       'gcloud compute tpus tpu-vm create hp-pod --zone=us-central2-b '
       f'--project=p --accelerator-type={accelerator} --version={version}')
   lines = _dry_run('tpu_pod.py', *TPU, '--create', '--runtime_version=mine',
-                   f'--accelerator={accelerator}', '--gin_file=t5x/a.gin',
+                   f'--accelerator={accelerator}', '--gin_file=t5x/mtl_glue.gin',
                    '--model_dir=gs://b/run')
   assert lines[0].endswith(' --version=mine')
 
@@ -212,7 +212,7 @@ def test_tpu_create_runtime_version_per_generation(accelerator, version):
     (['--model_dir=gs://b/r', '--bogus'], 'unrecognized argument: --bogus'),
 ])
 def test_tpu_bad_input_fails_naming_the_fix(args, fix):
-  result = _launch('tpu_pod.py', *TPU, '--gin_file=t5x/a.gin', *args,
+  result = _launch('tpu_pod.py', *TPU, '--gin_file=t5x/mtl_glue.gin', *args,
                    '--dry-run')
   assert result.returncode == 2
   assert fix in result.stderr
@@ -233,7 +233,7 @@ def test_tpu_runs_commands_in_order_and_stops_at_the_first_failure(tmp_path):
   env = dict(os.environ, PATH=f'{tmp_path}:{os.environ["PATH"]}',
              FAKE_LOG=str(log))
   args = [*TPU, '--accelerator=v4-32', '--create', '--install',
-          '--gin_file=t5x/a.gin', '--model_dir=gs://b/run']
+          '--gin_file=t5x/mtl_glue.gin', '--model_dir=gs://b/run']
   expected = [shlex.split(line) for line in _dry_run('tpu_pod.py', *args)]
   result = _launch('tpu_pod.py', *args, env=env)
   assert result.returncode == 7
@@ -261,13 +261,13 @@ def test_tpu_run_command_through_ssh_and_the_workers_shell(tmp_path):
         '  sys.exit(0)\n' + _log_argv('python3'))
   env = dict(os.environ, PATH=f'{tmp_path}:{os.environ["PATH"]}',
              FAKE_LOG=str(log))
-  result = _launch('tpu_pod.py', *TPU, '--gin_file=t5x/a.gin',
+  result = _launch('tpu_pod.py', *TPU, '--gin_file=t5x/mtl_glue.gin',
                    '--model_dir=gs://b/my run', '--gin',
                    """X='it''s "odd" $HOME !'""", env=env)
   assert result.returncode == 0, result.stderr
   assert _read_log(log)[1] == [
       'python3', '-m', 't5x.train',
-      '--gin_search_paths=/site/hyperprompt_jax/gin', '--gin_file=t5x/a.gin',
+      '--gin_search_paths=/site/hyperprompt_jax/gin', '--gin_file=t5x/mtl_glue.gin',
       "--gin.MODEL_DIR='gs://b/my run'", """--gin.X='it''s "odd" $HOME !'"""]
 
 
@@ -289,7 +289,7 @@ def test_gpu_here_install_and_train():
 
 def test_gpu_over_ssh_with_t5x():
   lines = _dry_run('gpu.py', '--host=me@gpu-box', '--install', '--runner=t5x',
-                   '--mode=eval', '--gin_file=t5x/a.gin',
+                   '--mode=eval', '--gin_file=t5x/mtl_glue.gin',
                    '--checkpoint_path=/data/run', '--output_dir=/data/eval')
   assert lines[0] == ('ssh me@gpu-box "set -e; '
                       + T5X_INSTALL.replace('[tpu]', '[gpu]') + '"')
@@ -297,7 +297,7 @@ def test_gpu_over_ssh_with_t5x():
   assert shlex.split(shlex.split(lines[1])[2]) == [
       'python3', '-m', 't5x.eval',
       '--gin_search_paths=$(python3 -m hyperprompt_jax.paths gin)',
-      '--gin_file=t5x/a.gin', "--gin.CHECKPOINT_PATH='/data/run'",
+      '--gin_file=t5x/mtl_glue.gin', "--gin.CHECKPOINT_PATH='/data/run'",
       "--gin.EVAL_OUTPUT_DIR='/data/eval'"]
 
 
@@ -307,7 +307,7 @@ def test_gpu_over_ssh_with_t5x():
     ([], '--mode=train needs --model_dir'),
 ])
 def test_gpu_bad_input(args, fix):
-  result = _launch('gpu.py', '--gin_file=runs/a.gin', *args, '--dry-run')
+  result = _launch('gpu.py', '--gin_file=runs/mtl_glue.gin', *args, '--dry-run')
   assert result.returncode == 2
   assert fix in result.stderr
 
@@ -334,8 +334,8 @@ def test_local_overrides_and_t5x():
                   '--gin_file=runs/quickstart.gin '
                   '--gin.MODEL_DIR="\'/tmp/q\'" --gin.TRAIN_STEPS=20')
   (line,) = _dry_run('local.py', '--python=python3', '--runner=t5x',
-                     '--gin_file=t5x/a.gin', '--model_dir=/tmp/q')
-  assert line == (f'python3 -m t5x.train {SEARCH_PATHS} --gin_file=t5x/a.gin '
+                     '--gin_file=t5x/mtl_glue.gin', '--model_dir=/tmp/q')
+  assert line == (f'python3 -m t5x.train {SEARCH_PATHS} --gin_file=t5x/mtl_glue.gin '
                   '--gin.MODEL_DIR="\'/tmp/q\'"')
   result = _launch('local.py', '--runner=t5x', '--dry-run')
   assert result.returncode == 2
@@ -356,3 +356,50 @@ def test_local_runs_the_job_and_exits_with_its_code(tmp_path, code):
   assert _read_log(log) == [[
       'python', '-m', 'hyperprompt_jax.train',
       '--gin_file=runs/quickstart.gin', "--gin.MODEL_DIR='/tmp/q r'"]]
+
+
+# Gin files are checked before anything is created or run.
+
+
+def test_a_missing_gin_file_fails_before_the_pod_is_touched(tmp_path):
+  log = tmp_path / 'log'
+  _fake(tmp_path, 'gcloud', _log_argv('gcloud'))
+  env = dict(os.environ, PATH=f'{tmp_path}:{os.environ["PATH"]}',
+             FAKE_LOG=str(log))
+  result = _launch('tpu_pod.py', *TPU, '--accelerator=v4-32', '--create',
+                   '--gin_file=t5x/hyperprompt_globl_glue.gin',
+                   '--model_dir=gs://b/run', env=env)
+  assert result.returncode == 2
+  assert '--gin_file=t5x/hyperprompt_globl_glue.gin not found' in result.stderr
+  assert str(ROOT / 'gin') in result.stderr  # the search path
+  assert not log.exists()  # gcloud never ran
+
+
+@pytest.mark.parametrize('script,args', [
+    ('local.py', []),
+    ('local.py', ['--runner=t5x']),
+    ('gpu.py', ['--model_dir=/d']),
+    ('gpu.py', ['--host=me@gpu-box', '--model_dir=/d']),
+])
+def test_a_missing_gin_file_is_refused_by_every_script(script, args):
+  for missing in ('runs/hyperprompt_glu.gin', '/nowhere/run.gin'):
+    if missing.startswith('/') and '--host=me@gpu-box' in args:
+      continue  # may exist on the remote host: see below
+    result = _launch(script, *args, f'--gin_file={missing}', '--dry-run')
+    assert result.returncode == 2, missing
+    assert f'--gin_file={missing} not found' in result.stderr
+    assert not result.stdout
+
+
+def test_gin_files_that_exist_elsewhere_pass(tmp_path):
+  own = tmp_path / 'my_run.gin'
+  own.write_text('')
+  # Our own file, a URL, and an absolute path on the remote host.
+  for script, args in (
+      ('local.py', [f'--gin_file={own}']),
+      ('tpu_pod.py', [*TPU, '--gin_file=gs://b/my_run.gin',
+                      '--model_dir=gs://b/r']),
+      ('gpu.py', ['--host=me@gpu-box', '--gin_file=/home/me/my_run.gin',
+                  '--model_dir=/d'])):
+    result = _launch(script, *args, '--dry-run')
+    assert result.returncode == 0, result.stderr

@@ -522,3 +522,126 @@ def test_refused_task_leaves_nothing_registered():
                    alias_of='glue_nonexistent')
   assert 'my_bad_alias' not in seqio.TaskRegistry.names()
   assert 'my_bad_alias' not in task_ids.ALIASES
+
+
+# ------------------------------------------------ refused user registrations --
+
+def _small_task_kwargs():
+  source = seqio.FunctionDataSource(
+      lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensors(
+          {'inputs': 'a', 'targets': 'b'}),
+      splits=('train', 'validation'))
+  return dict(source=source, preprocessors=[seqio.preprocessors.tokenize],
+              output_features=tasks.FIXTURE_OUTPUT_FEATURES)
+
+
+@pytest.fixture
+def restore_fixture_mixture():
+  """Puts fixture_glue_proportional and the task registry back as they were."""
+  mixture = seqio.MixtureRegistry.get('fixture_glue_proportional')
+  appended = list(task_ids._APPENDED)  # pylint: disable=protected-access
+  before = set(seqio.TaskRegistry.names())
+  yield mixture
+  for name in set(seqio.TaskRegistry.names()) - before:
+    seqio.TaskRegistry.remove(name)
+  task_ids._APPENDED[:] = appended  # pylint: disable=protected-access
+  seqio.MixtureRegistry.remove('fixture_glue_proportional')
+  seqio.MixtureRegistry.add_provider('fixture_glue_proportional', mixture)
+
+
+def test_add_task_with_a_mixture_typo_registers_nothing_and_can_be_retried(
+    restore_fixture_mixture):
+  rates = dict(restore_fixture_mixture.rate_per_task_name)
+  with pytest.raises(ValueError, match='did you mean fixture_glue_proportional'):
+    tasks.add_task('my_retried_task', **_small_task_kwargs(),
+                   mixtures={'fixture_glue_proportional': 3.0,
+                             'fixture_glue_proportionl': 3.0})
+  assert 'my_retried_task' not in seqio.TaskRegistry.names()
+  assert 'my_retried_task' not in task_ids.known_tasks()
+  assert seqio.MixtureRegistry.get(
+      'fixture_glue_proportional').rate_per_task_name == rates
+
+  tasks.add_task('my_retried_task', **_small_task_kwargs(),
+                 mixtures={'fixture_glue_proportional': 3.0})
+  mixture = seqio.MixtureRegistry.get('fixture_glue_proportional')
+  assert mixture.rate_per_task_name['my_retried_task'] == 3.0
+  assert task_ids.known_tasks()[-1] == 'my_retried_task'
+
+
+def test_add_task_refused_by_the_mixture_leaves_nothing(
+    restore_fixture_mixture):
+  # A task whose features differ from the mixture's: seqio refuses the
+  # mixture after the task is registered; both are undone.
+  kwargs = _small_task_kwargs()
+  kwargs['output_features'] = {'inputs': tasks.FIXTURE_OUTPUT_FEATURES[
+      'inputs']}
+  with pytest.raises(ValueError, match='different output features'):
+    tasks.add_task('my_odd_task', **kwargs,
+                   mixtures={'fixture_glue_proportional': 3.0})
+  assert 'my_odd_task' not in seqio.TaskRegistry.names()
+  assert 'my_odd_task' not in task_ids.known_tasks()
+  assert seqio.MixtureRegistry.get(
+      'fixture_glue_proportional') is restore_fixture_mixture
+
+
+_BAD_RATES = [-1, 0, 0.0, float('nan'), float('inf'), '10', True, None]
+
+
+@pytest.mark.parametrize('rate', _BAD_RATES, ids=repr)
+def test_bad_rates_are_refused_naming_the_task_rate_and_fix(
+    rate, restore_fixture_mixture):
+  def check(call):
+    with pytest.raises(ValueError) as info:
+      call()
+    message = str(info.value)
+    assert "'my_rated_task'" in message and repr(rate) in message
+    assert 'positive' in message and 'EVAL_ONLY' in message
+
+  check(lambda: tasks.add_task(
+      'my_rated_task', **_small_task_kwargs(),
+      mixtures={'fixture_glue_proportional': rate}))
+  assert 'my_rated_task' not in seqio.TaskRegistry.names()
+
+  tasks.add_task('my_rated_task', **_small_task_kwargs())
+  check(lambda: tasks.add_to_mixture('fixture_glue_proportional',
+                                     'my_rated_task', rate))
+  assert seqio.MixtureRegistry.get(
+      'fixture_glue_proportional') is restore_fixture_mixture
+  check(lambda: tasks.add_mixture('my_rated_mixture',
+                                  [('my_rated_task', rate)]))
+  assert 'my_rated_mixture' not in seqio.MixtureRegistry.names()
+
+
+def test_evaluation_only_tasks_join_a_mixture_at_eval_only():
+  tasks.add_mixture('my_eval_mixture',
+                    [('fixture_glue_rte', 2.0),
+                     ('fixture_glue_mnli_matched',
+                      tasks.registration.EVAL_ONLY)])
+  try:
+    mixture = seqio.MixtureRegistry.get('my_eval_mixture')
+    rte, matched = sorted(mixture.tasks, key=lambda t: t.name)[::-1]
+    assert (mixture.get_rate(rte), mixture.get_rate(matched)) == (2.0, 0.0)
+  finally:
+    seqio.MixtureRegistry.remove('my_eval_mixture')
+
+
+def test_training_split_of_a_mixture_with_evaluation_only_tasks_is_quiet(
+    caplog):
+  def no_split_warnings(mixture):
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+      seqio.MixtureRegistry.get(mixture).get_dataset(
+          LENGTHS, split='train', shuffle=False)
+    return [r.getMessage() for r in caplog.records
+            if "has no 'train' split" in r.getMessage()]
+
+  # MNLI matched / mismatched are evaluation-only: no training split.
+  assert not no_split_warnings('fixture_glue_proportional')
+  # A task that should train but has no training split still warns.
+  tasks.add_mixture('my_loud_mixture', [('fixture_glue_rte', 2.0),
+                                        ('fixture_super_glue_wsc', 1.0)])
+  try:
+    assert no_split_warnings('my_loud_mixture') == [
+        "Task fixture_super_glue_wsc has no 'train' split, skipping."]
+  finally:
+    seqio.MixtureRegistry.remove('my_loud_mixture')
