@@ -126,6 +126,9 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
         # task 0's ids (`_convert_example` subtracts the 1 again).
         ex[f'{feature}_task_ids'] = tf.fill(
             tf.shape(ex[feature]), tf.cast(ex[TASK_IDS], tf.int32) + 1)
+      # Spread over the tokens now; left in, seqio's packer would drop it
+      # with a warning on every run.
+      del ex[TASK_IDS]
       return ex
 
     ds = ds.map(per_token_ids, num_parallel_calls=tf.data.AUTOTUNE)
