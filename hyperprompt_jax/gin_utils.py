@@ -173,7 +173,10 @@ def run(main: Callable[[], int]) -> None:
   try:
     sys.exit(main())
   except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
+    # gin appends "In call to configurable 'train' (<function ...>)": the
+    # message already says what to fix.
+    message = re.split(r'\n\s*In call to configurable', str(e))[0]
+    print(f'error: {message}', file=sys.stderr)
     sys.exit(2)
 
 
