@@ -231,8 +231,10 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
   configs = {name: variant_config(base, name, placement)
              for name in ['mtl', *variants]}
   for batch_size in batch_sizes:
+    # One batch for every model: ids every one of them has.
     batch = random_batch(np.random.default_rng(0), batch_size, input_length,
-                         target_length, base.vocab_size)
+                         target_length, base.vocab_size,
+                         min(cfg.num_tasks for cfg in configs.values()))
     runners, peaks = {}, {}
     for name, cfg in configs.items():
       model = network.Transformer(cfg)

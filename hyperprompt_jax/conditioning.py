@@ -24,6 +24,7 @@ token refuse packed rows (`methods.check_packing`).
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 from flax import linen as nn
@@ -138,15 +139,30 @@ class LayerConditioning:
 NONE = LayerConditioning()
 
 
-def check_task_ids(cfg, task_ids: Optional[Array], tokens: Array,
-                   segment_ids: Optional[Array] = None) -> None:
-  """Checks the task ids against the tokens and, when concrete, their values.
+def check_task_ids(cfg, task_ids, tokens: Array,
+                   segment_ids: Optional[Array] = None) -> Optional[Array]:
+  """Checks the task ids against the tokens and their values against
+  `[0, num_tasks)`; returns them as an array.
 
   Unpacked: int32 `[batch]`. Packed (`segment_ids` given): int32 `[batch,
   length]` like `tokens`, one id per segment, and every configured method
-  must support packed rows. Inside `jax.jit` the values are abstract and an
-  out-of-range gather would clamp silently, so runners also validate batches
-  on the host (`hyperprompt_jax.batches.validate_batch`).
+  must support packed rows. A list or numpy array of ids is converted with
+  `jnp.asarray`.
+
+  Concrete ids are checked here, on the host. Traced ids (inside `jax.jit`,
+  `jax.grad`, a decoding loop, t5x's steps) are checked by the compiled
+  program, which then fails with a `jax.errors.JaxRuntimeError` carrying the
+  same message: an out-of-range gather would otherwise clamp (another task's
+  output) or fill NaN, silently. Off with
+  `T5Config.check_traced_task_ids = False`, where every batch is validated
+  on the host first (`batches.validate_batch`).
+
+  Returns:
+    `task_ids` as an array (None stays None).
+
+  Raises:
+    ValueError: ids of the wrong type, shape or dtype, or concrete ids out of
+      range.
   """
   packed = segment_ids is not None
   if packed:
@@ -155,7 +171,14 @@ def check_task_ids(cfg, task_ids: Optional[Array], tokens: Array,
       raise ValueError(f'segment ids {tuple(segment_ids.shape)} must have the '
                        f'shape of the tokens {tuple(tokens.shape)}.')
   if task_ids is None:
-    return
+    return None
+  if not isinstance(task_ids, jax.Array):
+    try:
+      task_ids = jnp.asarray(task_ids)
+    except (TypeError, ValueError) as e:
+      raise ValueError(
+          'task_ids must be an int32 array (or a list of ints), got '
+          f'{type(task_ids).__name__}: {e}') from e
   expected = tuple(tokens.shape) if packed else tokens.shape[:1]
   if tuple(task_ids.shape) != expected:
     if packed:
@@ -171,19 +194,51 @@ def check_task_ids(cfg, task_ids: Optional[Array], tokens: Array,
             if task_ids.ndim == 2 else '') + '.')
   if not jnp.issubdtype(task_ids.dtype, jnp.integer):
     raise ValueError(f'task_ids must be integers, got {task_ids.dtype}.')
+  if task_ids.size == 0:
+    return task_ids
   if isinstance(task_ids, jax.core.Tracer):
-    return
+    if cfg.check_traced_task_ids:
+      _check_in_graph(cfg.num_tasks, task_ids)
+    return task_ids
   ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
-  low, high = int(ids.min()), int(ids.max())
-  if low < 0 or high >= cfg.num_tasks:
-    raise ValueError(
-        f'task_ids must lie in [0, num_tasks) = [0, {cfg.num_tasks}), got ids '
-        f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
-        'the task list.'
-    )
+  _check_task_id_range(cfg.num_tasks, ids.min(), ids.max())
   if packed and not isinstance(segment_ids, jax.core.Tracer):
     batches.check_one_task_per_segment('task_ids', ids,
                                        np.asarray(segment_ids))
+  return task_ids
+
+
+def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
+  """Makes the compiled program call `_check_task_id_range` on the host when
+  traced `task_ids` leave `[0, num_tasks)`; its raise fails the call with a
+  `JaxRuntimeError` carrying the message.
+
+  A host callback, not checkify, which would need every caller (t5x's
+  steps, a user's own `jit`) to wrap its function. The `cond` keeps Python
+  off the device path for valid ids (decode loops run it every step).
+  `partitioned`: with the batch sharded, every device gets the reduced
+  scalars and fails alike; a single failing device would leave the others
+  waiting at their next collective (a hang, then an abort).
+  """
+  low, high = jnp.min(task_ids), jnp.max(task_ids)
+  jax.lax.cond(
+      (low < 0) | (high >= num_tasks),
+      lambda: jax.debug.callback(
+          functools.partial(_check_task_id_range, num_tasks), low, high,
+          partitioned=True),
+      lambda: None)
+
+
+def _check_task_id_range(num_tasks: int, low, high) -> None:
+  """Raises ValueError unless the ids from `low` to `high` lie in `[0,
+  num_tasks)` (host side of `check_task_ids`, also its compiled callback;
+  under `vmap` `low` and `high` may come batched)."""
+  low, high = int(np.min(low)), int(np.max(high))
+  if low < 0 or high >= num_tasks:
+    raise ValueError(
+        f'task_ids must lie in [0, num_tasks) = [0, {num_tasks}), got ids '
+        f'from {low} to {high}. Raise NUM_TASKS (T5Config.num_tasks) or fix '
+        'the task list.')
 
 
 def input_valid(cfg, encoder_input_tokens: Array, packed: bool = False

@@ -25,13 +25,20 @@ import os
 import re
 from typing import Mapping, Optional, Sequence
 
+from hyperprompt_jax import gin_utils
+
+# Before the heavy imports: --help needs none of them, and TensorFlow's
+# start-up lines are held back while it loads.
+gin_utils.cli_preamble(__name__, 'python -m hyperprompt_jax.infer', __doc__,
+                       tensorflow=True)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
 import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import decoding
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning

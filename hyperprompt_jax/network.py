@@ -53,6 +53,11 @@ class T5Config:
   float32_attention_logits: bool = True
   # Size of the task-id space: ids must lie in [0, num_tasks).
   num_tasks: int = 8
+  # Traced ids out of range fail the compiled call (a host callback in the
+  # program: it costs jax's fast C++ dispatch path, ~1 ms a call on CPU).
+  # Turn off only where batches are validated on the host first
+  # (`batches.validate_batch`); concrete ids are always checked.
+  check_traced_task_ids: bool = True
   # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
   # method of `methods.REGISTRY` (its CONFIG_FIELD).
   hyperprompt: Optional[methods.hyperprompt.HyperPromptConfig] = None
@@ -286,11 +291,13 @@ class Decoder(nn.Module):
 
 
 def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
-                  segment_ids) -> None:
+                  segment_ids) -> Optional[Array]:
+  """Checks the tokens and task ids; returns the ids as an array (traced
+  ids are checked by the compiled program: `check_task_ids`)."""
   if tokens.ndim != 2:
     raise ValueError(f'{name} must be [batch, length], got shape '
                      f'{tokens.shape}.')
-  conditioning_lib.check_task_ids(cfg, task_ids, tokens, segment_ids)
+  return conditioning_lib.check_task_ids(cfg, task_ids, tokens, segment_ids)
 
 
 class Transformer(nn.Module):
@@ -323,8 +330,9 @@ class Transformer(nn.Module):
     (`[batch, length]`) and Prompt-Tuning reads `encoder_positions`.
     """
     cfg = self.config
-    _check_inputs(cfg, 'encoder_input_tokens', encoder_input_tokens, task_ids,
-                  encoder_segment_ids)
+    task_ids = _check_inputs(cfg, 'encoder_input_tokens',
+                             encoder_input_tokens, task_ids,
+                             encoder_segment_ids)
     valid = conditioning_lib.input_valid(cfg, encoder_input_tokens,
                                          encoder_segment_ids is not None)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
@@ -349,8 +357,9 @@ class Transformer(nn.Module):
     (segment ids given) take per-token `task_ids [batch, target_length]`.
     """
     cfg = self.config
-    _check_inputs(cfg, 'decoder_input_tokens', decoder_input_tokens, task_ids,
-                  decoder_segment_ids)
+    task_ids = _check_inputs(cfg, 'decoder_input_tokens',
+                             decoder_input_tokens, task_ids,
+                             decoder_segment_ids)
     # `encoded` covers the Prompt-Tuning prompt too (always valid).
     encoder_valid = conditioning_lib.input_valid(
         cfg, encoder_input_tokens, encoder_segment_ids is not None)

@@ -1,0 +1,178 @@
+"""Out-of-range task ids fail loudly at every public entry, traced or not.
+
+Inside `jax.jit` an out-of-range gather clamps (id -1: task T-1's output) or
+fills NaN (id 1000), silently; `conditioning.check_task_ids` makes the
+compiled program raise instead.
+"""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conftest
+from hyperprompt_jax import decoding
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import network
+from hyperprompt_jax import partitioning
+
+NUM_TASKS = 8  # the default run task list (GLUE) for the t5x model
+CFG = dataclasses.replace(
+    conftest.T5X_TINY_CONFIG, num_encoder_layers=1, num_decoder_layers=1,
+    num_tasks=NUM_TASKS, hyperprompt=hyperprompt.HyperPromptConfig(
+        variant='global', encoder_prompt_length=2, decoder_prompt_length=2,
+        hypernet_reduction=8, task_embed_dim=4, task_hidden_dim=8,
+        layer_task_embed_dim=4))
+VALID = np.array([0, 3, 1], np.int32)
+# (ids, their range as the error names it)
+BAD = [(np.array([0, 1000, 2], np.int32), (0, 1000)),
+       (np.array([-1, 1, 2], np.int32), (-1, 2))]
+
+
+def _out_of_range(low, high, error=jax.errors.JaxRuntimeError):
+  """Expects the check's error, naming the ids' range and the valid one."""
+  return pytest.raises(error, match=re.escape(
+      f'task_ids must lie in [0, num_tasks) = [0, {NUM_TASKS}), got ids '
+      f'from {low} to {high}. Raise NUM_TASKS'))
+
+
+@pytest.fixture(scope='module')
+def model_and_params():
+  model = network.Transformer(CFG)
+  return model, jax.jit(lambda rng: network.init_variables(
+      model, rng, batch_size=3)['params'])(jax.random.PRNGKey(0))
+
+
+def _tokens(seed=0):
+  rng = np.random.default_rng(seed)
+  enc = conftest.random_tokens(rng, (3, 6), pad_from=[6, 4, 2])
+  tgt = conftest.random_tokens(rng, (3, 4), pad_from=[4, 3, 1])
+  return enc, conftest.decoder_inputs(tgt), tgt
+
+
+def _assert_checked(fn):
+  """`fn(ids)` runs on valid ids and raises on each out-of-range set."""
+  assert np.isfinite(np.asarray(fn(VALID), np.float32)).all()
+  for ids, (low, high) in BAD:
+    with _out_of_range(low, high):
+      jax.block_until_ready(fn(ids))
+
+
+def test_call_encode_decode_under_jit(model_and_params):
+  model, params = model_and_params
+  enc, dec_in, tgt = _tokens()
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=VALID, method=model.encode)
+  _assert_checked(jax.jit(lambda ids: model.apply(
+      {'params': params}, enc, dec_in, tgt, enable_dropout=False,
+      task_ids=ids)))
+  _assert_checked(jax.jit(lambda ids: model.apply(
+      {'params': params}, enc, enable_dropout=False, task_ids=ids,
+      method=model.encode)))
+  _assert_checked(jax.jit(lambda ids: model.apply(
+      {'params': params}, encoded, enc, dec_in, tgt, enable_dropout=False,
+      task_ids=ids, method=model.decode)))
+
+
+def test_gradient_and_packed_per_token_ids(model_and_params):
+  model, params = model_and_params
+  enc, dec_in, tgt = _tokens(1)
+
+  def loss(p, ids):
+    return model.apply({'params': p}, enc, dec_in, tgt,
+                       enable_dropout=False, task_ids=ids).mean()
+
+  grad = jax.jit(jax.grad(loss))
+  _assert_checked(lambda ids: grad(params, ids)['decoder']['logits_dense']
+                  ['kernel'])
+  # Packed rows: one example per row here, ids per token (padding: id 0).
+  packed = jax.jit(lambda enc_ids, dec_ids: model.apply(
+      {'params': params}, enc, dec_in, tgt, (enc > 0).astype(jnp.int32),
+      (tgt > 0).astype(jnp.int32), enable_dropout=False,
+      encoder_task_ids=enc_ids, decoder_task_ids=dec_ids))
+  per_token = lambda ids, t: np.where(t > 0, ids[:, None], 0)
+  _assert_checked(lambda ids: packed(per_token(ids, enc),
+                                     per_token(VALID, tgt)))
+
+
+def test_greedy_decode_and_predictor(model_and_params):
+  model, params = model_and_params
+  enc, _, _ = _tokens(2)
+  greedy = jax.jit(lambda ids: decoding.greedy_decode(model, params, enc,
+                                                      ids, 3))
+  _assert_checked(greedy)
+  # Decode steps alone, against a cache made with valid ids.
+  encoded = model.apply({'params': params}, enc, enable_dropout=False,
+                        task_ids=VALID, method=model.encode)
+  cache = network.create_cache(model, params, encoded, enc, 3, VALID)
+  token = jnp.zeros((3, 1), jnp.int32)
+  _assert_checked(jax.jit(lambda ids: model.apply(
+      {'params': params, 'cache': cache}, encoded, enc, token, token,
+      enable_dropout=False, decode=True, max_decode_length=3, task_ids=ids,
+      mutable=['cache'], method=model.decode)[0]))
+  # The predictor refuses the batch on the host, before its compiled call.
+  predictor = decoding.Predictor(
+      model, network.abstract_variables(model)['params_axes'],
+      partitioning.create_mesh(1, 1), batch_size=3, max_decode_length=3)
+  predictor.set_params(params)
+  with pytest.raises(ValueError, match='1000'):
+    predictor.predict({'encoder_input_tokens': enc, 'task_ids': BAD[0][0]})
+
+
+def test_ids_as_a_list(model_and_params):
+  model, params = model_and_params
+  enc, dec_in, tgt = _tokens(3)
+  want = model.apply({'params': params}, enc, dec_in, tgt,
+                     enable_dropout=False, task_ids=jnp.asarray(VALID))
+  got = model.apply({'params': params}, enc, dec_in, tgt,
+                    enable_dropout=False, task_ids=VALID.tolist())
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  with _out_of_range(0, 1000, ValueError):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False,
+                task_ids=[0, 1000, 2])
+  with pytest.raises(ValueError, match='task_ids must be an int32 array'):
+    model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False,
+                task_ids=object())
+
+
+def test_off_switch_leaves_no_callback(model_and_params):
+  _, params = model_and_params
+  enc, _, _ = _tokens()
+
+  def lowered(check):
+    model = network.Transformer(dataclasses.replace(
+        CFG, check_traced_task_ids=check))
+    return jax.jit(lambda ids: model.apply(
+        {'params': params}, enc, enable_dropout=False, task_ids=ids,
+        method=model.encode)).lower(VALID).as_text()
+
+  assert 'callback' in lowered(True)
+  assert 'callback' not in lowered(False)
+
+
+def test_t5x_loss_and_predict(model_and_params):
+  pytest.importorskip('t5x')
+  from t5x import optimizers as t5x_optimizers  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax import optimizers  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax import t5x_model  # pylint: disable=g-import-not-at-top
+
+  vocabulary = seqio.ByteVocabulary()
+  model = t5x_model.TaskIdsEncoderDecoderModel(
+      module=network.Transformer(CFG), input_vocabulary=vocabulary,
+      output_vocabulary=vocabulary,
+      optimizer_def=t5x_optimizers.OptaxWrapper(optimizers.make_optimizer()))
+  params = model_and_params[1]  # get_initial_variables' (init_variables)
+  enc, dec_in, tgt = _tokens(4)
+  batch = {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in,
+           'decoder_target_tokens': tgt,
+           'decoder_loss_weights': (tgt > 0).astype(np.int32)}
+  loss = jax.jit(lambda ids: model.loss_fn(params, dict(batch, task_ids=ids),
+                                           None)[0])
+  _assert_checked(loss)
+  predict = jax.jit(lambda ids: model.predict_batch_with_aux(
+      params, dict(batch, task_ids=ids), num_decodes=1)[1]['scores'])
+  _assert_checked(predict)
