@@ -137,10 +137,12 @@ def check_shapes(saved: dict[str, tuple[int, ...]], abstract_state: Any,
   """Raises ResumeMismatchError naming every array the model lacks, adds or
   shapes differently from the checkpoint."""
   wanted = state_shapes_of(abstract_state)
-  missing = sorted(set(wanted) - set(saved))
-  extra = sorted(set(saved) - set(wanted))
-  reshaped = sorted(k for k in set(saved) & set(wanted)
-                    if saved[k] != wanted[k])
+  # Parameters first: the optimizer state only mirrors them.
+  order = lambda k: (not k.startswith('params/'), k)  # pylint: disable=unnecessary-lambda-assignment
+  missing = sorted(set(wanted) - set(saved), key=order)
+  extra = sorted(set(saved) - set(wanted), key=order)
+  reshaped = sorted((k for k in set(saved) & set(wanted)
+                     if saved[k] != wanted[k]), key=order)
   if not (missing or extra or reshaped):
     return
   def some(names, fmt=str):

@@ -113,7 +113,7 @@ def test_matches_plain_adafactor_and_multipliers(setup):
 def test_bad_arguments_raise():
   with pytest.raises(ValueError, match="Unknown learning_rate_multipliers"):
     optimizers.make_optimizer(learning_rate_multipliers={'prompts': 2.0})
-  with pytest.raises(ValueError, match='learning_rate must be positive'):
+  with pytest.raises(ValueError, match='learning_rate must be a positive number, got 0.0'):
     optimizers.make_optimizer(learning_rate=0.0)
   with pytest.raises(ValueError, match='Unknown min_parameter_scale groups'):
     optimizers.make_optimizer(min_parameter_scale={'adapters': 0.1})
