@@ -31,6 +31,8 @@ from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
+from hyperprompt_jax import checkpoints
+
 STATE = 'state'
 DATASET = 'dataset'
 RUN = 'run'
@@ -168,8 +170,8 @@ def state_shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
   """`{'params/encoder/...': shape}` of a state of arrays or
   `jax.ShapeDtypeStruct`s, keyed like `state_shapes`."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', getattr(
-      k, 'name', k)))) for k in path): tuple(v.shape) for path, v in flat}
+  return {jax.tree_util.keystr(path, simple=True, separator='/'):
+          tuple(v.shape) for path, v in flat}
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
@@ -246,9 +248,9 @@ def restore_newest(
     if failures and jax.process_index() == 0:
       for bad, error in failures:
         where = _set_aside(manager, bad)
-        log.warning('checkpoint_%d cannot be restored (%s: %s); moved it to '
-                    '%s and resumed from checkpoint_%d.', bad,
-                    type(error).__name__, _first_line(error), where, step)
+        log.warning('checkpoint_%d cannot be restored (%s); moved it to %s '
+                    'and resumed from checkpoint_%d.', bad,
+                    checkpoints.error_summary(error), where, step)
     if failures:
       if jax.process_count() > 1:  # every host lists what process 0 moved
         multihost_utils.sync_global_devices('unreadable checkpoints moved')
@@ -257,13 +259,9 @@ def restore_newest(
   if failures:
     raise UnreadableCheckpointsError(
         f'None of the checkpoints in {manager.directory} can be restored: ' +
-        '; '.join(f'checkpoint_{s}: {type(e).__name__}: {_first_line(e)}'
+        '; '.join(f'checkpoint_{s}: {checkpoints.error_summary(e)}'
                   for s, e in failures) +
         '. Nothing was moved or deleted. Check the file system; to start '
         'afresh, use a new MODEL_DIR.')
   return None
 
-
-def _first_line(error: Exception) -> str:
-  text = str(error).strip().splitlines()
-  return text[0][:300] if text else ''

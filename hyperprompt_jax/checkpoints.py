@@ -29,6 +29,13 @@ class CheckpointMismatchError(ValueError):
   """A readable checkpoint of another model (shapes or parameters differ)."""
 
 
+def error_summary(error: Exception) -> str:
+  """'Type: first line' of why a checkpoint could not be read (orbax and
+  TensorStore errors run to dozens of lines)."""
+  lines = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {lines[0][:300] if lines else ""}'
+
+
 def checkpoint_layout(path: str) -> str:
   """Returns 'orbax' or 'legacy' for a t5x `checkpoint_<step>` directory."""
   from etils import epath  # pylint: disable=g-import-not-at-top

@@ -231,7 +231,7 @@ def evaluate(
     except Exception as e:  # pylint: disable=broad-except
       # A damaged checkpoint (a save cut short, a truncated copy): report
       # it and evaluate the others.
-      unreadable[str(step)] = f'{type(e).__name__}: {_first_line(e)}'
+      unreadable[str(step)] = checkpoints.error_summary(e)
       log.error('checkpoint_%d cannot be read, skipped (%s).', step,
                 unreadable[str(step)])
       continue
@@ -260,10 +260,6 @@ def evaluate(
               ', '.join(f'checkpoint_{s}' for s in unreadable))
   return summary
 
-
-def _first_line(error: Exception) -> str:
-  lines = str(error).strip().splitlines()
-  return lines[0][:300] if lines else ''
 
 
 def _json_logger_cls(write_n_results: Optional[int]):

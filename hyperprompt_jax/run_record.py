@@ -77,7 +77,7 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
     raise ResumeMismatchError(
         f'MODEL_DIR holds {checkpoint}, written with other settings than '
         f'this run\'s: {"; ".join(changes)}. Resume with the settings that '
-        f'wrote it (its record: {os.path.join("MODEL_DIR", "config.gin")}), '
+        'wrote it (its record: MODEL_DIR/config.gin), '
         'or train this configuration in a new MODEL_DIR.')
 
 

@@ -104,7 +104,7 @@ def check_settings(*, model_dir, mixture_or_task_name, task_feature_lengths,
   _check_int('TRAIN_STEPS', train_steps)
   _check_int('BATCH_SIZE', batch_size, example=128)
   _check_int('SAVE_PERIOD', save_period, example=2000)
-  _check_int('train.log_period', log_period, example=100)
+  _check_int('LOG_PERIOD', log_period, example=100)
   _check_int('SEED', seed, minimum=0, example=0)
   if keep_checkpoints is not None:
     if (isinstance(keep_checkpoints, bool)
@@ -262,17 +262,20 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
 
   writer = metric_writers.create_default_writer(
       model_dir, just_logging=jax.process_index() > 0)
-  record = None  # made at the first save, once the operative config is known
+  # Made at the first save, once the operative config is known; the gin
+  # files are written with the first checkpoint saved.
+  record, gin_files_written = None, False
 
   def save(step, force=False):
-    nonlocal record
+    nonlocal record, gin_files_written
     if record is None:
       record = run_record.make(model.config, data, start)
     saved = checkpoint_manager.save(manager, step, state, iterator, record,
                                     force=force)
     if saved:
-      if step == manager.latest_step() and jax.process_index() == 0:
+      if not gin_files_written and jax.process_index() == 0:
         run_record.write_gin_files(model_dir, record)
+        gin_files_written = True
       log.info('Saving %s/checkpoint_%d.', model_dir, step)
     return saved
 
