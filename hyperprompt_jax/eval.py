@@ -8,19 +8,33 @@ by either runner (the built-in one or t5x, orbax or legacy layout):
     --gin.CHECKPOINT_PATH="'/tmp/hyperprompt_quickstart'"
 
 Macros (t5x's names): CHECKPOINT_PATH, EVAL_OUTPUT_DIR, MIXTURE_OR_TASK_NAME,
-TASK_FEATURE_LENGTHS, plus EVAL_BATCH_SIZE, EVAL_SPLIT, MAJORITY_BASELINE.
+TASK_FEATURE_LENGTHS, plus EVAL_BATCH_SIZE, EVAL_SPLIT, MAJORITY_BASELINE,
+SELECTION, SELECTION_BENCHMARK.
 Writes, in EVAL_OUTPUT_DIR, seqio's `inference_eval/<task>-metrics.jsonl`
 (the files t5x writes), `summary.json`, `best_per_task.json` and
 `task_scores.png` (`eval_summary`), and prints the per-task table with the
-GLUE / SuperGLUE averages and, over several checkpoints, each task's best
-step (the papers' convention). A checkpoint that cannot be read is skipped
-and listed in `summary.json` (`unreadable_checkpoints`); the others are
-still summarised, and the command then exits with status 1.
+GLUE / SuperGLUE averages. SELECTION says which checkpoint each task is read
+at, as the papers did: 'best_per_task' (HyperPrompt, the default),
+'best_average' (HyperGrid: one checkpoint, the best SELECTION_BENCHMARK
+average) or 'last'; `eval_summary` cites the papers' lines. A checkpoint
+that cannot be read is skipped and listed in `summary.json`
+(`unreadable_checkpoints`); the others are still summarised, and the command
+then exits with status 1.
 
-t5x users who evaluated on TPU get the same summary from t5x's output:
+Several runs of one setup (seeds) in one command: a list of run directories,
+
+  --gin.CHECKPOINT_PATH="['/runs/seed0', '/runs/seed1', '/runs/seed2']"
+
+evaluates each into EVAL_OUTPUT_DIR/<run>/ and writes the aggregate (each
+task's and average's mean ± std, min, max over the runs) to
+EVAL_OUTPUT_DIR/summary.json and task_scores.png.
+
+t5x users who evaluated on TPU get the same summaries from t5x's output:
 
   python -m hyperprompt_jax.eval --metrics_dir=gs://.../inference_eval \
-    --output_dir=/tmp/summary
+    --output_dir=/tmp/summary [--selection=best_average]
+  python -m hyperprompt_jax.eval --metrics_dir gs://.../seed0/eval \
+    gs://.../seed1/eval gs://.../seed2/eval --output_dir=/tmp/summary
 """
 
 import argparse
@@ -33,7 +47,7 @@ import os
 import re
 import time
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from hyperprompt_jax import gin_utils
 
@@ -41,11 +55,24 @@ _PROG = 'python -m hyperprompt_jax.eval'
 
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument('--metrics_dir', help="summarise t5x's evaluation "
-                      'output (<task>-metrics.jsonl files) instead of '
-                      'evaluating; no gin needed')
+  parser.add_argument('--metrics_dir', nargs='+', action='extend',
+                      help="summarise t5x's evaluation output "
+                      '(<task>-metrics.jsonl files) instead of evaluating; '
+                      'no gin needed. Several directories (runs of one setup, '
+                      'e.g. seeds): each is summarised and the runs '
+                      'aggregated (mean ± std, max)')
   parser.add_argument('--output_dir', help='where --metrics_dir writes the '
-                      'summary (default: the metrics directory)')
+                      'summary (default: the metrics directory; required for '
+                      'several)')
+  parser.add_argument('--selection', default='best_per_task',
+                      help="with --metrics_dir: 'best_per_task' (HyperPrompt, "
+                      "default), 'best_average' (HyperGrid: one checkpoint, "
+                      "the best --selection_benchmark average) or 'last' "
+                      '(SELECTION with gin; see eval_summary)')
+  parser.add_argument('--selection_benchmark', default='glue',
+                      help="with --metrics_dir and --selection=best_average: "
+                      "'glue' (default), 'super_glue', 'glue_super_glue' or "
+                      "'all' (SELECTION_BENCHMARK with gin)")
 
 
 # Before the heavy imports: --help needs none of them, and TensorFlow's
@@ -152,17 +179,59 @@ def majority_score(task: seqio.Task, targets: Sequence[Any]) -> float:
   return best
 
 
+def run_names(paths: Sequence[str]) -> list[str]:
+  """A short name per run directory: its folder name (t5x's
+  `inference_eval/` dropped), or `run<i>` where those collide."""
+  names = []
+  for path in paths:
+    parts = [p for p in path.rstrip('/').split('/') if p]
+    if len(parts) > 1 and parts[-1] == METRICS_SUBDIR:
+      parts = parts[:-1]
+    names.append(parts[-1] if parts else path)
+  if len(set(names)) < len(names):
+    names = [f'run{i}' for i in range(len(paths))]
+  return names
+
+
+def _as_paths(checkpoint_path: Union[str, Sequence[str]]) -> list[str]:
+  paths_ = ([checkpoint_path] if isinstance(checkpoint_path, str)
+            else list(checkpoint_path))
+  if not paths_ or not all(isinstance(p, str) and p for p in paths_):
+    raise ValueError(
+        f'CHECKPOINT_PATH={checkpoint_path!r}: give a path, or a list of run '
+        "directories: --gin.CHECKPOINT_PATH=\"['/runs/seed0', '/runs/seed1']\"")
+  return paths_
+
+
+def _check_selection_covered(selection: str, benchmark: str,
+                             tasks: Sequence[seqio.Task]) -> None:
+  """'best_average' needs every task of its benchmark in the mixture: say so
+  before evaluating rather than after."""
+  eval_summary.check_selection(selection, benchmark)
+  if selection != 'best_average' or benchmark == 'all':
+    return
+  covered = {task_ids.canonical_task(t.name) for t in tasks}
+  missing = [t for t in task_ids.BENCHMARKS[benchmark] if t not in covered]
+  if missing:
+    raise ValueError(
+        f"SELECTION='best_average' with SELECTION_BENCHMARK={benchmark!r} "
+        f'needs every task of {benchmark!r}; the mixture lacks {missing}. '
+        "Set SELECTION_BENCHMARK to one the mixture covers, or 'all'.")
+
+
 @gin.configurable(denylist=['model'])
 def evaluate(
     model: Optional[network.Transformer] = None,
     *,
-    checkpoint_path: str = gin.REQUIRED,
+    checkpoint_path: Union[str, Sequence[str]] = gin.REQUIRED,
     eval_output_dir: str = gin.REQUIRED,
     mixture_or_task_name: str = gin.REQUIRED,
     task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
     batch_size: int = 64,
     split: str = 'validation',
     majority_baseline: bool = False,
+    selection: str = 'best_per_task',
+    selection_benchmark: str = 'glue',
     use_cached_tasks: bool = False,
     mesh_data: int = -1,
     mesh_model: int = 1,
@@ -172,7 +241,9 @@ def evaluate(
 
   Args:
     model: the network; None builds `network.Transformer` from gin.
-    checkpoint_path: a `checkpoint_<step>` folder or a folder of them.
+    checkpoint_path: a `checkpoint_<step>` folder or a folder of them; or a
+      list of such folders, runs (seeds) of one setup: each is evaluated
+      into `eval_output_dir/<run>/` and the runs are aggregated.
     eval_output_dir: metrics, summaries and the plot go here.
     mixture_or_task_name: a registered seqio Task / Mixture.
     task_feature_lengths: {'inputs': L_in, 'targets': L_out}; the targets'
@@ -180,49 +251,107 @@ def evaluate(
     batch_size: examples per decode call.
     split: the split to evaluate.
     majority_baseline: also score the majority-class baseline per task.
+    selection: which checkpoint each task is read at: 'best_per_task',
+      'best_average' or 'last' (`eval_summary.select`).
+    selection_benchmark: the average 'best_average' picks by.
     use_cached_tasks: read seqio's offline cache.
     mesh_data, mesh_model: the device mesh (-1: the remaining devices).
     write_n_results: predictions per task kept in seqio's inference files
       (None: all).
 
   Returns:
-    The summary (`eval_summary.summarize`).
+    The summary (`eval_summary.summarize`; for several runs,
+    `eval_summary.runs_summary`).
   """
   model = model or gin.get_configurable(network.Transformer)()
-  checkpoints_found = find_checkpoints(checkpoint_path)
+  run_paths = _as_paths(checkpoint_path)
+  eval_summary.check_selection(selection, selection_benchmark)
+  found = {path: find_checkpoints(path) for path in run_paths}
   paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR')
   task_ids.check_num_tasks(model.config.num_tasks)
   tasks = eval_tasks(mixture_or_task_name, split)
+  _check_selection_covered(selection, selection_benchmark, tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
-  log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
-           len(checkpoints_found), checkpoint_path, len(tasks), split)
-
-  metrics_dir = os.path.join(eval_output_dir, METRICS_SUBDIR)
-  tf.io.gfile.makedirs(metrics_dir)
-  evaluator = seqio.Evaluator(
-      mixture_or_task_name,
-      feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
-          pack=False),
-      eval_split=split,
-      use_cached=use_cached_tasks,
-      sequence_length=dict(task_feature_lengths),
-      logger_cls=[_json_logger_cls(write_n_results)],
-      log_dir=metrics_dir,
-      async_compute_metrics=False)
-  majority = None
-  if majority_baseline:
-    majority = {}
-    for task in evaluator.eval_tasks:
-      targets = _targets(task, evaluator.cached_task_datasets[task.name])
-      majority[task.name] = majority_score(task, targets)
-    # Scored like the model: tasks sharing an id are averaged.
-    majority = scores.task_scores({t: {'score': s}
-                                   for t, s in majority.items()})
-
   predictor, abstract_params = decoding.make_predictor(
       model, task_feature_lengths, mesh, batch_size)
+  names = run_names(run_paths)
+
+  def make_evaluator(output_dir):
+    metrics_dir = os.path.join(output_dir, METRICS_SUBDIR)
+    tf.io.gfile.makedirs(metrics_dir)
+    return seqio.Evaluator(
+        mixture_or_task_name,
+        feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
+            pack=False),
+        eval_split=split,
+        use_cached=use_cached_tasks,
+        sequence_length=dict(task_feature_lengths),
+        logger_cls=[_json_logger_cls(write_n_results)],
+        log_dir=metrics_dir,
+        async_compute_metrics=False)
+
+  summaries = {}
+  majority = None
+  for name, path in zip(names, run_paths):
+    output_dir = (eval_output_dir if len(run_paths) == 1
+                  else os.path.join(eval_output_dir, name))
+    evaluator = make_evaluator(output_dir)
+    if majority_baseline and majority is None:
+      majority = _majority_scores(evaluator)
+    log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
+             len(found[path]), path, len(tasks), split)
+    results, unreadable = _evaluate_checkpoints(
+        found[path], path, predictor, abstract_params, evaluator)
+    summary = eval_summary.summarize(results, majority, selection,
+                                     selection_benchmark)
+    if unreadable:
+      summary['unreadable_checkpoints'] = unreadable
+    written = eval_summary.write(summary, output_dir)
+    print(eval_summary.table(summary))
+    log.info('Wrote %s', ', '.join(written.values()))
+    if unreadable:
+      log.error('%d checkpoint(s) of %s could not be read and are missing '
+                'from the summary: %s (listed in summary.json under '
+                'unreadable_checkpoints).', len(unreadable), path,
+                ', '.join(f'checkpoint_{s}' for s in unreadable))
+    summaries[name] = summary
+  if len(run_paths) == 1:
+    return summaries[names[0]]
+  return _write_runs(summaries, dict(zip(names, run_paths)), eval_output_dir)
+
+
+def _write_runs(summaries: Mapping[str, Mapping[str, Any]],
+                run_paths: Mapping[str, str], output_dir: str) -> dict:
+  """The aggregate of several runs' summaries: written, printed, returned."""
+  summary = eval_summary.runs_summary(summaries, run_paths)
+  unreadable = {name: s['unreadable_checkpoints']
+                for name, s in summaries.items()
+                if s.get('unreadable_checkpoints')}
+  if unreadable:
+    summary['unreadable_checkpoints'] = unreadable
+  written = eval_summary.write_runs(summary, output_dir)
+  print(eval_summary.runs_table(summary))
+  log.info('Wrote %s', ', '.join(written.values()))
+  return summary
+
+
+def _majority_scores(evaluator: seqio.Evaluator) -> dict[str, float]:
+  """The majority-class score of each task, scored like the model (tasks
+  sharing an id averaged)."""
+  majority = {}
+  for task in evaluator.eval_tasks:
+    targets = _targets(task, evaluator.cached_task_datasets[task.name])
+    majority[task.name] = majority_score(task, targets)
+  return scores.task_scores({t: {'score': s} for t, s in majority.items()})
+
+
+def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
+                          predictor: decoding.Predictor, abstract_params,
+                          evaluator: seqio.Evaluator):
+  """`({step: seqio results}, {step: error})` of one run's checkpoints; a
+  checkpoint that cannot be read is skipped and reported."""
   results, unreadable = {}, {}
-  for step, path in checkpoints_found:
+  for step, path in found:
     tick = time.time()
     try:
       params, _ = checkpoints.restore_params(path, abstract_params)
@@ -243,23 +372,9 @@ def evaluate(
   evaluator.close()
   if not results:
     raise ValueError(
-        f'None of the {len(checkpoints_found)} checkpoint(s) in '
-        f'{checkpoint_path} can be read: ' + '; '.join(
-            f'checkpoint_{s}: {e}' for s, e in unreadable.items()))
-
-  summary = eval_summary.summarize(results, majority)
-  if unreadable:
-    summary['unreadable_checkpoints'] = unreadable
-  written = eval_summary.write(summary, eval_output_dir)
-  print(eval_summary.table(summary))
-  log.info('Wrote %s', ', '.join(written.values()))
-  if unreadable:
-    log.error('%d checkpoint(s) could not be read and are missing from the '
-              'summary: %s (listed in summary.json under '
-              'unreadable_checkpoints).', len(unreadable),
-              ', '.join(f'checkpoint_{s}' for s in unreadable))
-  return summary
-
+        f'None of the {len(found)} checkpoint(s) in {run_path} can be read: '
+        + '; '.join(f'checkpoint_{s}: {e}' for s, e in unreadable.items()))
+  return results, unreadable
 
 
 def _json_logger_cls(write_n_results: Optional[int]):
@@ -306,14 +421,29 @@ def _line_step(line: str) -> Optional[int]:
   return record.get('step') if isinstance(record, dict) else None
 
 
-def summarize_metrics_dir(metrics_dir: str, output_dir: str) -> dict:
-  """The summary of t5x's evaluation output (`--metrics_dir`)."""
+def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
+                          output_dir: str, selection: str = 'best_per_task',
+                          selection_benchmark: str = 'glue') -> dict:
+  """The summary of t5x's evaluation output (`--metrics_dir`); of several
+  runs, each run's summary in `output_dir/<run>/` and their aggregate."""
+  eval_summary.check_selection(selection, selection_benchmark)
+  metrics_dirs = _as_paths(metrics_dirs)
   paths.check_writable_dir(output_dir, '--output_dir')
-  summary = eval_summary.summarize(eval_summary.read_metrics_dir(metrics_dir))
-  written = eval_summary.write(summary, output_dir)
-  print(eval_summary.table(summary))
-  log.info('Wrote %s', ', '.join(written.values()))
-  return summary
+  read = {name: eval_summary.read_metrics_dir(d)
+          for name, d in zip(run_names(metrics_dirs), metrics_dirs)}
+  summaries = {}
+  for name, results in read.items():
+    summary = eval_summary.summarize(results, None, selection,
+                                     selection_benchmark)
+    written = eval_summary.write(
+        summary, output_dir if len(read) == 1
+        else os.path.join(output_dir, name))
+    print(eval_summary.table(summary))
+    log.info('Wrote %s', ', '.join(written.values()))
+    summaries[name] = summary
+  if len(read) == 1:
+    return summaries[name]
+  return _write_runs(summaries, dict(zip(read, metrics_dirs)), output_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -321,8 +451,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       _PROG, __doc__, argv, logger=log, add_flags=_add_flags,
       parse_gin_files=False)
   if args.metrics_dir:
+    if len(args.metrics_dir) > 1 and not args.output_dir:
+      raise ValueError('Several --metrics_dir need an --output_dir for '
+                       'their aggregate.')
     summarize_metrics_dir(args.metrics_dir,
-                          args.output_dir or args.metrics_dir)
+                          args.output_dir or args.metrics_dir[0],
+                          args.selection, args.selection_benchmark)
     return 0
   gin_utils.parse_gin_flags(args)
   summary = importlib.import_module('hyperprompt_jax.eval').evaluate()

@@ -1,4 +1,4 @@
-"""Evaluation summaries: per step, best checkpoint per task, plot and table.
+"""Evaluation summaries: per step, the checkpoint selection, runs over seeds.
 
 One summary for both runners: `python -m hyperprompt_jax.eval` builds it
 from its own evaluation, and from t5x's evaluation output (seqio's
@@ -8,28 +8,64 @@ from its own evaluation, and from t5x's evaluation output (seqio's
 Scores follow the papers (T5's convention, `tasks.scores`): a task's score is
 the mean of its metrics, tasks sharing an id are one task (MNLI matched /
 mismatched averaged, fixture tasks scored as their benchmark task), and a
-benchmark's average is the mean of its task scores. The papers report the
-best checkpoint per task; the best single checkpoint is the one with the
-highest mean task score.
+benchmark's average is the mean of its task scores.
 
-Files written to the output directory:
+Which checkpoint a task is read at (`select`, the `SELECTION` setting) is
+where the papers differ:
+
+  'best_per_task'  each task at its own best checkpoint (HyperPrompt [000
+                   L156-157], following T5; HyperGrid's multi-model PTFT
+                   baseline [002 L110]).
+  'best_average'   one checkpoint for every task: the one with the best
+                   average of a benchmark (`SELECTION_BENCHMARK`, 'glue' in
+                   HyperGrid: "a single checkpoint based on the best GLUE
+                   score" [002 L327, L333; 003 L215]; 'all' is the mean of
+                   every evaluated task).
+  'last'           every task at the newest checkpoint (HyperGrid's Base
+                   baselines, "scores at the last checkpoint" [002 L325];
+                   the same section's L323 says the MTL baseline's checkpoint
+                   is the best GLUE one: the paper contradicts itself).
+
+Ties go to the earliest step. Several runs of one setup (seeds) are
+aggregated after each run's selection (`aggregate`): per task and per
+average the mean, the sample standard deviation (ddof = 1; HyperPrompt
+reports "mean (std)" over 3 runs [000 L222] without saying which, we chose
+the sample one), min and max (HyperGrid compares against the best of 4
+baseline runs [002 L156]).
+
+Files written to the output directory (one run):
 
   summary.json       {"steps": {"<step>": {"metrics": {seqio task: {metric:
                      value}}, "task_scores": {task: score}, "averages":
-                     {benchmark: average}, "mean_score": m}}, "majority":
-                     {task: score} (if computed)}
+                     {benchmark: average}, "mean_score": m}}, "selection":
+                     {the chosen protocol, see `select`}, "selections":
+                     {protocol: `select` result, for every protocol that
+                     applies}, "majority": {task: score} (if computed)}
   best_per_task.json {"tasks": {task: {"step": s, "score": x}},
                      "averages": {benchmark: average of the best scores},
                      "best_checkpoint": {"step": s, "mean_score": m,
                      "averages": {...}, "task_scores": {...}}}
-  task_scores.png    task scores against steps
+  task_scores.png    task scores against steps, the selected step(s) marked
+
+and for several runs (`write_runs`), each run's files in its own folder
+`<output>/<run>/` plus, in the output directory:
+
+  summary.json       {"runs": {run: {"path": p, "selection": ...}},
+                     "aggregate": {"tasks": {task: stats}, "averages":
+                     {benchmark: stats}}, "selection": protocol,
+                     "selection_benchmark": b} with stats {"mean", "std",
+                     "min", "max", "n", "runs": {run: score}}
+  task_scores.png    each task's mean and standard deviation over the runs,
+                     every run's score as a dot
 """
 
 import json
 import math
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
 
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
@@ -71,9 +107,28 @@ def step_summary(results: Mapping[str, Mapping[str, float]]) -> dict:
   }
 
 
+SELECTIONS = ('best_per_task', 'best_average', 'last')
+# 'all': the mean score of every evaluated task, whatever its benchmark.
+SELECTION_BENCHMARKS = tuple(task_ids.BENCHMARKS) + ('all',)
+
+
+def check_selection(selection: str, benchmark: str) -> None:
+  """Raises ValueError for an unknown protocol or benchmark."""
+  if selection not in SELECTIONS:
+    raise ValueError(f'SELECTION={selection!r}; expected one of '
+                     f'{list(SELECTIONS)} (see eval_summary).')
+  if benchmark not in SELECTION_BENCHMARKS:
+    raise ValueError(f'SELECTION_BENCHMARK={benchmark!r}; expected one of '
+                     f'{list(SELECTION_BENCHMARKS)}.')
+
+
 def summarize(results: StepResults,
-              majority: Optional[Mapping[str, float]] = None) -> dict:
-  """The summary over steps (see the module docstring for its layout)."""
+              majority: Optional[Mapping[str, float]] = None,
+              selection: str = 'best_per_task',
+              benchmark: str = 'glue') -> dict:
+  """The summary over steps (see the module docstring for its layout);
+  `selection` / `benchmark` pick the checkpoint(s) it reports (`select`)."""
+  check_selection(selection, benchmark)
   if not results:
     raise ValueError('No evaluation results to summarise.')
   summary: dict[str, Any] = {
@@ -81,28 +136,146 @@ def summarize(results: StepResults,
                 for step in sorted(results)}}
   if majority is not None:
     summary['majority'] = dict(majority)
+  summary['selection'] = select(summary, selection, benchmark)
+  summary['selections'] = {}
+  for name in SELECTIONS:
+    try:
+      summary['selections'][name] = select(summary, name, benchmark)
+    except ValueError:
+      pass  # best_average without that benchmark's tasks: not applicable
   return summary
+
+
+def _selection_score(step_summary_: Mapping[str, Any],
+                     benchmark: str) -> Optional[float]:
+  if benchmark == 'all':
+    score = step_summary_['mean_score']
+    return score if math.isfinite(score) else None
+  return step_summary_['averages'].get(benchmark)
+
+
+def select(summary: Mapping[str, Any], selection: str = 'best_per_task',
+           benchmark: str = 'glue') -> dict:
+  """The scores a protocol reports (module docstring; ties: earliest step).
+
+  Args:
+    summary: `summarize`'s output (its "steps" are used).
+    selection: 'best_per_task', 'best_average' or 'last'.
+    benchmark: for 'best_average', the average that picks the checkpoint:
+      'glue', 'super_glue', 'glue_super_glue' or 'all'.
+
+  Returns:
+    {"protocol", "benchmark" (best_average only, else None), "step" (the
+    one checkpoint; None for best_per_task), "tasks": {task: {"step",
+    "score"}}, "averages": {benchmark: average of those scores}, "missing":
+    [tasks evaluated at some step but not at the chosen one]}.
+
+  Raises:
+    ValueError: an unknown protocol, or 'best_average' on a benchmark whose
+      tasks were not all evaluated at any step.
+  """
+  check_selection(selection, benchmark)
+  steps = sorted(summary['steps'], key=int)
+  evaluated = sorted({t for s in steps
+                      for t in summary['steps'][s]['task_scores']})
+  step = None
+  if selection == 'best_per_task':
+    tasks: dict[str, dict[str, Any]] = {}
+    for s in steps:
+      for task, score in summary['steps'][s]['task_scores'].items():
+        if task not in tasks or score > tasks[task]['score']:
+          tasks[task] = {'step': int(s), 'score': score}
+  else:
+    if selection == 'last':
+      step = steps[-1]
+    else:
+      candidates = [(score, -int(s), s) for s in steps if (
+          score := _selection_score(summary['steps'][s], benchmark))
+                    is not None]
+      if not candidates:
+        needed = (task_ids.BENCHMARKS[benchmark] if benchmark != 'all'
+                  else ())
+        raise ValueError(
+            f"SELECTION='best_average' picks the checkpoint by the "
+            f'{benchmark!r} average, but no step has every task of it '
+            f'(missing: {sorted(set(needed) - set(evaluated))}). Set '
+            'SELECTION_BENCHMARK to a benchmark the mixture covers, or '
+            "'all' (the mean of every evaluated task).")
+      step = max(candidates)[2]
+    tasks = {task: {'step': int(step), 'score': score} for task, score in
+             summary['steps'][step]['task_scores'].items()}
+  return {
+      'protocol': selection,
+      'benchmark': benchmark if selection == 'best_average' else None,
+      'step': None if step is None else int(step),
+      'tasks': dict(sorted(tasks.items())),
+      'averages': _averages({t: v['score'] for t, v in tasks.items()}),
+      'missing': [t for t in evaluated if t not in tasks],
+  }
 
 
 def best_per_task(summary: Mapping[str, Any]) -> dict:
   """The best step of each task (earliest on ties), the averages of those
-  best scores, and the best single checkpoint (highest mean task score)."""
-  steps = sorted(summary['steps'], key=int)
-  best: dict[str, dict[str, Any]] = {}
-  for step in steps:
-    for task, score in summary['steps'][step]['task_scores'].items():
-      if task not in best or score > best[task]['score']:
-        best[task] = {'step': int(step), 'score': score}
-  best_scores = {task: b['score'] for task, b in best.items()}
-  top = max(steps, key=lambda s: (summary['steps'][s]['mean_score'], -int(s)))
-  top_summary = summary['steps'][top]
+  best scores, and the best single checkpoint (highest mean task score):
+  best_per_task.json."""
+  per_task = select(summary, 'best_per_task')
+  top = select(summary, 'best_average', 'all')['step']
+  top_summary = summary['steps'][str(top)]
   return {
-      'tasks': dict(sorted(best.items())),
-      'averages': _averages(best_scores),
-      'best_checkpoint': {'step': int(top),
+      'tasks': per_task['tasks'],
+      'averages': per_task['averages'],
+      'best_checkpoint': {'step': top,
                           'mean_score': top_summary['mean_score'],
                           'averages': top_summary['averages'],
                           'task_scores': top_summary['task_scores']},
+  }
+
+
+# -- several runs of one setup -------------------------------------------------
+
+
+def _stats(per_run: Mapping[str, float]) -> dict:
+  values = np.array(list(per_run.values()), dtype=np.float64)
+  return {'mean': float(values.mean()),
+          # ddof=1: the sample standard deviation (undefined for one run).
+          'std': float(values.std(ddof=1)) if len(values) > 1 else None,
+          'min': float(values.min()), 'max': float(values.max()),
+          'n': len(values), 'runs': dict(per_run)}
+
+
+def aggregate(runs: Mapping[str, Mapping[str, Any]]) -> dict:
+  """Statistics over runs (seeds) of one setup, each read with its own
+  selection (`summarize(...)['selection']`).
+
+  Args:
+    runs: {run name: that run's summary}.
+
+  Returns:
+    {"tasks": {task: stats}, "averages": {benchmark: stats}, "best_run":
+    {benchmark: the run with the highest average}} with stats {"mean",
+    "std" (ddof = 1; None for one run), "min", "max", "n" (runs that have
+    it), "runs": {run: score}}. A task or average missing from some runs is
+    aggregated over the runs that have it (its "n" says how many).
+  """
+  if not runs:
+    raise ValueError('No runs to aggregate.')
+  protocols = {(r['selection']['protocol'], r['selection']['benchmark'])
+               for r in runs.values()}
+  if len(protocols) > 1:
+    raise ValueError(f'The runs were summarised with different selections '
+                     f'{sorted(protocols, key=str)}; use one.')
+  tasks: dict[str, dict[str, float]] = {}
+  averages: dict[str, dict[str, float]] = {}
+  for name, summary in runs.items():
+    for task, v in summary['selection']['tasks'].items():
+      tasks.setdefault(task, {})[name] = v['score']
+    for bench, value in summary['selection']['averages'].items():
+      averages.setdefault(bench, {})[name] = value
+  return {
+      'tasks': {t: _stats(v) for t, v in sorted(tasks.items())},
+      'averages': {b: _stats(v) for b, v in averages.items()},
+      # max() keeps the first of equal runs.
+      'best_run': {b: max(v, key=v.get) for b, v in averages.items()},
   }
 
 
@@ -159,6 +332,14 @@ def read_metrics_dir(metrics_dir: str) -> dict[int, dict[str, dict]]:
 # -- outputs -------------------------------------------------------------------
 
 
+def _write_json(content: Any, path: str) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # Written whole and renamed, so a reader never sees half a file.
+  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+    json.dump(content, f, indent=1, sort_keys=True)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+
+
 def write(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
   """Writes summary.json, best_per_task.json and the plot; returns their
   paths."""
@@ -168,89 +349,207 @@ def write(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
   paths = {'summary': os.path.join(output_dir, SUMMARY_FILE),
            'best_per_task': os.path.join(output_dir, BEST_FILE),
            'plot': os.path.join(output_dir, PLOT_FILE)}
-  for key, content in (('summary', summary),
-                       ('best_per_task', best_per_task(summary))):
-    # Written whole and renamed, so a reader never sees half a file.
-    with tf.io.gfile.GFile(paths[key] + '.tmp', 'w') as f:
-      json.dump(content, f, indent=1, sort_keys=True)
-    tf.io.gfile.rename(paths[key] + '.tmp', paths[key], overwrite=True)
+  _write_json(summary, paths['summary'])
+  _write_json(best_per_task(summary), paths['best_per_task'])
   plot(summary, paths['plot'])
   return paths
 
 
-def plot(summary: Mapping[str, Any], path: str) -> None:
-  """Task scores (and benchmark averages, dashed) against steps, as PNG."""
+def runs_summary(runs: Mapping[str, Mapping[str, Any]],
+                 run_paths: Mapping[str, str]) -> dict:
+  """The summary of several runs: each one's selection and the aggregate
+  (module docstring)."""
+  agg = aggregate(runs)
+  first = next(iter(runs.values()))['selection']
+  return {'runs': {name: {'path': run_paths[name],
+                          'selection': summary['selection']}
+                   for name, summary in runs.items()},
+          'aggregate': agg,
+          'selection': first['protocol'],
+          'selection_benchmark': first['benchmark']}
+
+
+def write_runs(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
+  """Writes `runs_summary`'s summary.json and its plot; returns their paths."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.io.gfile.makedirs(output_dir)
+  paths = {'summary': os.path.join(output_dir, SUMMARY_FILE),
+           'plot': os.path.join(output_dir, PLOT_FILE)}
+  _write_json(summary, paths['summary'])
+  plot_runs(summary, paths['plot'])
+  return paths
+
+
+def _pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _save(fig, path: str) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  with tf.io.gfile.GFile(path, 'wb') as f:
+    fig.savefig(f, format='png', dpi=100)
+  _pyplot().close(fig)
+
+
+def _task_order(tasks) -> list[str]:
+  """GLUE, then SuperGLUE in the papers' order, then other tasks by name."""
+  order = {t: i for i, t in enumerate(task_ids.BENCHMARKS['glue_super_glue'])}
+  return sorted(tasks, key=lambda t: (order.get(t, len(order)), t))
+
+
+def plot(summary: Mapping[str, Any], path: str) -> None:
+  """Task scores (and benchmark averages, dashed) against steps, as PNG; the
+  selected checkpoint is a vertical line, or each task's best a star."""
+  plt = _pyplot()
   steps = sorted(summary['steps'], key=int)
   x = [int(s) for s in steps]
-  tasks = sorted({t for s in steps for t in summary['steps'][s]['task_scores']})
+  tasks = _task_order({t for s in steps
+                       for t in summary['steps'][s]['task_scores']})
   benchmarks = sorted({b for s in steps for b in summary['steps'][s]['averages']})
+  selection = summary.get('selection')
   fig, ax = plt.subplots(figsize=(10, 6))
   # 20 distinct colours for up to 20 tasks (the default cycle repeats at 10).
   colours = plt.get_cmap('tab20').colors
   for i, task in enumerate(tasks):
     y = [summary['steps'][s]['task_scores'].get(task, math.nan) for s in steps]
+    colour = colours[i % len(colours)]
     ax.plot(x, y, marker='o', markersize=3, linewidth=1, label=task,
-            color=colours[i % len(colours)],
-            linestyle='-' if i < len(colours) else ':')
+            color=colour, linestyle='-' if i < len(colours) else ':')
+    if selection and selection['step'] is None and task in selection['tasks']:
+      best = selection['tasks'][task]
+      ax.plot([best['step']], [best['score']], marker='*', markersize=10,
+              color=colour)
   for name, colour in zip(benchmarks, ('black', 'dimgray', 'darkred')):
     y = [summary['steps'][s]['averages'].get(name, math.nan) for s in steps]
     ax.plot(x, y, linestyle='--', linewidth=2.5, color=colour,
             label=f'{name} average')
+  if selection:
+    if selection['step'] is not None:
+      ax.axvline(selection['step'], color='gray', linestyle=':')
+    ax.set_title(_selection_title(selection), fontsize=9)
   ax.set_xlabel('step')
   ax.set_ylabel('task score')
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7, ncol=2, loc='center left', bbox_to_anchor=(1, 0.5))
   fig.tight_layout()
-  with tf.io.gfile.GFile(path, 'wb') as f:
-    fig.savefig(f, format='png', dpi=100)
-  plt.close(fig)
+  _save(fig, path)
+
+
+def plot_runs(summary: Mapping[str, Any], path: str) -> None:
+  """Each task's (and average's) mean with its standard deviation over the
+  runs, and every run's score as a dot, as PNG."""
+  plt = _pyplot()
+  agg = summary['aggregate']
+  rows = [(t, agg['tasks'][t]) for t in _task_order(agg['tasks'])] + [
+      (f'{b} average', agg['averages'][b]) for b in task_ids.BENCHMARKS
+      if b in agg['averages']]
+  runs = list(summary['runs'])
+  fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 5))
+  x = np.arange(len(rows))
+  ax.errorbar(x, [r['mean'] for _, r in rows],
+              yerr=[r['std'] or 0.0 for _, r in rows], fmt='s', color='black',
+              capsize=4, label='mean ± std')
+  colours = plt.get_cmap('tab10').colors
+  for i, run in enumerate(runs):
+    ax.plot(x + 0.15, [r['runs'].get(run, math.nan) for _, r in rows], 'o',
+            markersize=4, alpha=0.7, color=colours[i % len(colours)],
+            label=run)
+  ax.set_xticks(x, [name for name, _ in rows], rotation=60, ha='right',
+                fontsize=8)
+  ax.set_ylabel('task score')
+  ax.set_title(f'{len(runs)} runs; ' + _selection_title(
+      next(iter(summary['runs'].values()))['selection'], step=False),
+               fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+_PROTOCOL_NAMES = {'best_per_task': 'each task at its best checkpoint',
+                   'best_average': 'one checkpoint, the best {} average',
+                   'last': 'every task at the last checkpoint'}
+
+
+def _selection_title(selection: Mapping[str, Any], step: bool = True) -> str:
+  text = f"{selection['protocol']}: " + _PROTOCOL_NAMES[
+      selection['protocol']].format(selection['benchmark'])
+  if step and selection['step'] is not None:
+    text += f" (step {selection['step']})"
+  return text
+
+
+def _format(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  """Aligned columns, the first left-aligned, a rule under the header."""
+  widths = [max(len(r[i]) for r in [header, *rows])
+            for i in range(len(header))]
+  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(r, widths)))
+           for r in [header, *rows]]
+  lines.insert(1, '-' * len(lines[0]))
+  return '\n'.join(lines)
 
 
 def table(summary: Mapping[str, Any]) -> str:
-  """A plain-text table: each task's score at the best single checkpoint and
-  its best score over checkpoints (with the step), the majority-class score
-  when known, then the benchmark averages."""
-  best = best_per_task(summary)
-  top = best['best_checkpoint']
+  """A plain-text table of the selected scores: each task's score and step,
+  the majority-class score when known, the benchmark averages, then the
+  averages every other protocol would report."""
+  selection = summary['selection']
   majority = summary.get('majority') or {}
-  many = len(summary['steps']) > 1
-  order = {t: i for i, t in enumerate(task_ids.BENCHMARKS['glue_super_glue'])}
-  tasks = sorted(best['tasks'], key=lambda t: (order.get(t, len(order)), t))
-  header = ['task', f'step {top["step"]}']
-  if many:
-    header += ['best', 'best step']
+  header = ['task', 'score', 'step']
   if majority:
     header += ['majority', 'gain']
   rows = []
-  for task in tasks:
-    score = top['task_scores'].get(task, math.nan)
-    row = [task, f'{score:.2f}']
-    if many:
-      row += [f'{best["tasks"][task]["score"]:.2f}',
-              str(best['tasks'][task]['step'])]
+  for task in _task_order(selection['tasks']):
+    score = selection['tasks'][task]['score']
+    row = [task, f'{score:.2f}', str(selection['tasks'][task]['step'])]
     if majority:
       base = majority.get(task)
       row += (['-', '-'] if base is None
               else [f'{base:.2f}', f'{score - base:+.2f}'])
     rows.append(row)
   for name in task_ids.BENCHMARKS:
-    if name in top['averages']:
-      row = [f'{name} average', f'{top["averages"][name]:.2f}']
-      if many:
-        row += [f'{best["averages"][name]:.2f}', '']
-      if majority:
-        row += ['', '']
-      rows.append(row)
-  widths = [max(len(r[i]) for r in [header] + rows)
-            for i in range(len(header))]
-  lines = ['  '.join(c.ljust(w) if i == 0 else c.rjust(w)
-                     for i, (c, w) in enumerate(zip(r, widths)))
-           for r in [header] + rows]
-  lines.insert(1, '-' * len(lines[0]))
+    if name in selection['averages']:
+      rows.append([f'{name} average', f"{selection['averages'][name]:.2f}",
+                   ''] + ['', ''] * bool(majority))
+  lines = [_selection_title(selection), _format(header, rows)]
+  if selection['missing']:
+    lines.append(f"Not evaluated at step {selection['step']}: "
+                 f"{', '.join(selection['missing'])}.")
+  if len(summary['steps']) > 1:
+    for name, other in summary.get('selections', {}).items():
+      if name != selection['protocol'] and other['averages']:
+        lines.append(f'{_selection_title(other)}: ' + ', '.join(
+            f'{b} {v:.2f}' for b, v in other['averages'].items()))
   return '\n'.join(lines)
+
+
+def runs_table(summary: Mapping[str, Any]) -> str:
+  """A plain-text table over runs: each run's selected score per task and
+  average, their mean ± std and max."""
+  runs = list(summary['runs'])
+  agg = summary['aggregate']
+  header = ['task', *runs, 'mean ± std', 'max']
+
+  def row(name, stats):
+    std = '' if stats['std'] is None else f" ± {stats['std']:.2f}"
+    return [name, *(f"{stats['runs'][r]:.2f}" if r in stats['runs'] else '-'
+                    for r in runs),
+            f"{stats['mean']:.2f}{std}", f"{stats['max']:.2f}"]
+
+  rows = [row(t, agg['tasks'][t]) for t in _task_order(agg['tasks'])]
+  rows += [row(f'{b} average', agg['averages'][b]) for b in task_ids.BENCHMARKS
+           if b in agg['averages']]
+  steps = {r: summary['runs'][r]['selection']['step'] for r in runs}
+  if None not in steps.values():  # one checkpoint per run: say which
+    rows.append(['step', *(str(steps[r]) for r in runs), '', ''])
+  selection = summary['runs'][runs[0]]['selection']
+  return '\n'.join([f'{len(runs)} runs; '
+                    f'{_selection_title(selection, step=False)}',
+                    _format(header, rows)])
