@@ -353,3 +353,33 @@ def test_evaluating_a_step_again_replaces_its_metrics_line(tmp_path):
   assert [json.loads(line) for line in path.read_text().splitlines()] == [
       {'step': 100, 'accuracy': 40.0}, {'step': 200, 'accuracy': 60.0},
       {'step': 300, 'accuracy': 70.0}]
+
+
+def test_several_runs_in_one_command(run_dir, tmp_path):
+  """Two runs (here copies of one, with a checkpoint each) evaluated in one
+  call: each run's files in its folder, the aggregate above them."""
+  runs = []
+  for name, step in (('seed0', 100), ('seed1', 200)):
+    shutil.copytree(run_dir / f'checkpoint_{step}',
+                    tmp_path / name / f'checkpoint_{step}')
+    runs.append(str(tmp_path / name))
+  summary = _evaluate(tmp_path, checkpoint_path=runs,
+                      mixture_or_task_name='fixture_glue_rte',
+                      selection='last')
+  out = tmp_path / 'out'
+  per_run = {name: json.loads((out / name / 'summary.json').read_text())
+             for name in ('seed0', 'seed1')}
+  assert per_run['seed0']['selection']['step'] == 100
+  assert per_run['seed1']['selection']['step'] == 200
+  rte = [per_run[n]['selection']['tasks']['glue_rte']['score']
+         for n in ('seed0', 'seed1')]
+  stats = summary['aggregate']['tasks']['glue_rte']
+  assert stats['mean'] == pytest.approx(np.mean(rte))
+  assert stats['std'] == pytest.approx(np.std(rte, ddof=1))
+  assert json.loads((out / 'summary.json').read_text()) == summary
+  assert (out / 'seed0' / 'inference_eval' /
+          'fixture_glue_rte-metrics.jsonl').exists()
+  with pytest.raises(ValueError, match="lacks \\['glue_cola'"):
+    _evaluate(tmp_path, checkpoint_path=runs,
+              mixture_or_task_name='fixture_glue_rte',
+              selection='best_average')

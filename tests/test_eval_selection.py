@@ -1,0 +1,252 @@
+"""Checkpoint selection protocols and runs over seeds, against hand-computed
+selections and numpy statistics (`eval_summary.select`, `aggregate`)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hyperprompt_jax import eval as eval_lib
+from hyperprompt_jax import eval_summary
+
+# One score per metric, so each task's score is easy to read: MRPC (88 + 84)
+# / 2 = 86, STS-B 85, QQP 75, MNLI (82 + 80) / 2 = 81.
+BASE = {
+    'glue_cola': {'matthews_corrcoef': 40.0},
+    'glue_sst2': {'accuracy': 90.0},
+    'glue_mrpc': {'f1': 88.0, 'accuracy': 84.0},
+    'glue_stsb': {'pearson_corrcoef': 86.0, 'spearman_corrcoef': 84.0},
+    'glue_qqp': {'f1': 70.0, 'accuracy': 80.0},
+    'glue_mnli_matched': {'accuracy': 82.0},
+    'glue_mnli_mismatched': {'accuracy': 80.0},
+    'glue_qnli': {'accuracy': 88.0},
+    'glue_rte': {'accuracy': 70.0},
+}
+BASE_SCORES = {'glue_cola': 40.0, 'glue_sst2': 90.0, 'glue_mrpc': 86.0,
+               'glue_stsb': 85.0, 'glue_qqp': 75.0, 'glue_mnli': 81.0,
+               'glue_qnli': 88.0, 'glue_rte': 70.0}  # GLUE average 76.875
+
+
+def _shift(metrics, by):
+  return {t: {k: v + by(t) for k, v in m.items()} for t, m in metrics.items()}
+
+
+def _results():
+  """Step 2: BASE. Step 4: CoLA, MNLI, RTE +4, the rest -2 (GLUE 77.125).
+  Step 6: step 4 again (a tie). Step 8: BASE + 1 without RTE (no GLUE
+  average; mean of its 7 tasks (545 + 7) / 7)."""
+  step4 = _shift(BASE, lambda t: 4.0 if t in (
+      'glue_cola', 'glue_mnli_matched', 'glue_mnli_mismatched', 'glue_rte')
+                 else -2.0)
+  step8 = _shift({t: m for t, m in BASE.items() if t != 'glue_rte'},
+                 lambda t: 1.0)
+  return {2: BASE, 4: step4, 6: step4, 8: step8}
+
+
+@pytest.fixture(scope='module')
+def summary():
+  return eval_summary.summarize(_results())
+
+
+def _steps(selection):
+  return {t: v['step'] for t, v in selection['tasks'].items()}
+
+
+def _scores(selection):
+  return {t: v['score'] for t, v in selection['tasks'].items()}
+
+
+def test_best_per_task_reads_each_task_at_its_best_step(summary):
+  got = eval_summary.select(summary, 'best_per_task')
+  # Hand-picked: CoLA 44 at 4 (6 ties, the earliest wins), SST-2 91 at 8,
+  # MRPC 87, STS-B 86, QQP 76, QNLI 89 at 8, MNLI (86 + 84) / 2 = 85 at 4,
+  # RTE 74 at 4.
+  assert _steps(got) == {
+      'glue_cola': 4, 'glue_sst2': 8, 'glue_mrpc': 8, 'glue_stsb': 8,
+      'glue_qqp': 8, 'glue_mnli': 4, 'glue_qnli': 8, 'glue_rte': 4}
+  assert _scores(got) == {
+      'glue_cola': 44.0, 'glue_sst2': 91.0, 'glue_mrpc': 87.0,
+      'glue_stsb': 86.0, 'glue_qqp': 76.0, 'glue_mnli': 85.0,
+      'glue_qnli': 89.0, 'glue_rte': 74.0}
+  assert got['averages'] == {'glue': pytest.approx(632 / 8)}
+  assert got['step'] is None and got['missing'] == []
+
+
+def test_best_average_reads_every_task_at_the_best_glue_step(summary):
+  got = eval_summary.select(summary, 'best_average', 'glue')
+  # Steps 4 and 6 tie at 77.125 (step 8 has no GLUE average): the earlier.
+  assert got['step'] == 4 and got['benchmark'] == 'glue'
+  assert set(_steps(got).values()) == {4}
+  assert got['tasks']['glue_mnli']['score'] == 85.0
+  assert got['tasks']['glue_sst2']['score'] == 88.0
+  assert got['averages'] == {'glue': pytest.approx(76.875 + (12 - 10) / 8)}
+
+
+def test_best_average_over_all_tasks_may_pick_an_incomplete_step(summary):
+  got = eval_summary.select(summary, 'best_average', 'all')
+  # Step 8's 7 tasks average (545 + 7) / 7 = 78.86 > 77.125.
+  assert got['step'] == 8
+  assert got['missing'] == ['glue_rte']
+  assert got['averages'] == {}  # GLUE needs RTE
+
+
+def test_last_reads_the_newest_step_and_names_what_it_lacks(summary):
+  got = eval_summary.select(summary, 'last')
+  assert got['step'] == 8
+  assert _scores(got) == {t: s + 1 for t, s in BASE_SCORES.items()
+                          if t != 'glue_rte'}
+  assert got['missing'] == ['glue_rte']
+  text = eval_summary.table(summary | {'selection': got})
+  assert 'Not evaluated at step 8: glue_rte' in text
+
+
+def test_summary_keeps_every_applicable_protocol(summary):
+  assert summary['selection']['protocol'] == 'best_per_task'
+  assert set(summary['selections']) == set(eval_summary.SELECTIONS)
+  only_superglue = eval_summary.summarize(
+      {2: {'super_glue_cb': {'accuracy': 80.0, 'f1_multiclass': 70.0}}})
+  # best_average on GLUE does not apply to a SuperGLUE-only evaluation.
+  assert set(only_superglue['selections']) == {'best_per_task', 'last'}
+
+
+def test_selection_errors_name_the_fix():
+  results = {2: {'super_glue_cb': {'accuracy': 80.0}}}
+  with pytest.raises(ValueError, match=r"missing: \['glue_cola'.*"
+                     r"SELECTION_BENCHMARK"):
+    eval_summary.summarize(results, selection='best_average')
+  with pytest.raises(ValueError, match="SELECTION='best'; expected one of"):
+    eval_summary.summarize(results, selection='best')
+  with pytest.raises(ValueError, match="SELECTION_BENCHMARK='gleu'"):
+    eval_summary.summarize(results, selection='best_average',
+                           benchmark='gleu')
+
+
+def test_table_shows_the_selection_and_the_other_protocols(summary):
+  text = eval_summary.table(eval_summary.summarize(
+      _results(), selection='best_average'))
+  assert text.splitlines()[0] == (
+      'best_average: one checkpoint, the best glue average (step 4)')
+  assert 'glue average' in text and '77.12' in text
+  assert 'best_per_task: each task at its best checkpoint: glue 79.00' in text
+
+
+# ------------------------------------------------------------ several runs --
+
+RUN_SCORES = {  # run -> its single evaluation, task scores by hand
+    'seed0': {'glue_rte': 70.0, 'glue_cola': 40.0, 'super_glue_cb': 80.0},
+    'seed1': {'glue_rte': 74.0, 'glue_cola': 46.0},
+    'seed2': {'glue_rte': 66.0, 'glue_cola': 43.0, 'super_glue_cb': 90.0},
+}
+
+
+def _run_summaries():
+  return {run: eval_summary.summarize(
+      {100: {t: {'accuracy': s} for t, s in scores.items()}})
+          for run, scores in RUN_SCORES.items()}
+
+
+def test_aggregate_equals_numpy_statistics():
+  agg = eval_summary.aggregate(_run_summaries())
+  for task in ('glue_rte', 'glue_cola'):
+    values = np.array([RUN_SCORES[r][task] for r in RUN_SCORES])
+    got = agg['tasks'][task]
+    assert got['mean'] == pytest.approx(np.mean(values))
+    assert got['std'] == pytest.approx(np.std(values, ddof=1))
+    assert (got['min'], got['max'], got['n']) == (values.min(), values.max(),
+                                                  3)
+  # RTE: 70, 74, 66 -> mean 70, sample std sqrt((0 + 16 + 16) / 2) = 4.
+  assert agg['tasks']['glue_rte']['std'] == pytest.approx(4.0)
+  # A task two runs have: aggregated over those two.
+  cb = agg['tasks']['super_glue_cb']
+  assert (cb['n'], cb['mean'], cb['runs']) == (2, 85.0, {'seed0': 80.0,
+                                                         'seed2': 90.0})
+  assert cb['std'] == pytest.approx(np.std([80.0, 90.0], ddof=1))
+
+
+def test_aggregate_of_averages_and_the_best_run():
+  runs = {}
+  for run, offset in (('a', 0.0), ('b', 3.0), ('c', -1.0), ('d', 3.0)):
+    runs[run] = eval_summary.summarize(
+        {10: _shift(BASE, lambda t, o=offset: o)})
+  agg = eval_summary.aggregate(runs)
+  glue = np.array([76.875, 79.875, 75.875, 79.875])
+  assert agg['averages']['glue']['mean'] == pytest.approx(glue.mean())
+  assert agg['averages']['glue']['std'] == pytest.approx(glue.std(ddof=1))
+  assert agg['averages']['glue']['max'] == pytest.approx(79.875)
+  assert agg['best_run'] == {'glue': 'b'}  # b and d tie: the first
+  one = eval_summary.aggregate({'a': runs['a']})
+  assert one['averages']['glue']['std'] is None  # undefined for one run
+
+
+def test_runs_with_different_selections_are_refused():
+  runs = _run_summaries()
+  runs['seed1'] = eval_summary.summarize(
+      {100: {'glue_rte': {'accuracy': 1.0}}}, selection='last')
+  with pytest.raises(ValueError, match='different selections'):
+    eval_summary.aggregate(runs)
+
+
+def test_several_metrics_dirs_are_summarised_and_aggregated(tmp_path, capsys):
+  dirs = []
+  for run, scores in RUN_SCORES.items():
+    d = tmp_path / run / 'eval' / 'inference_eval'
+    d.mkdir(parents=True)
+    for task, score in scores.items():
+      for step, s in ((100, score - 5), (200, score)):
+        with open(d / f'{task}-metrics.jsonl', 'a') as f:
+          f.write(json.dumps({'step': step, 'accuracy': s}) + '\n')
+    dirs.append(str(d))
+  out = tmp_path / 'summary'
+  assert eval_lib.main(['--metrics_dir', *dirs, f'--output_dir={out}',
+                        '--selection=last']) == 0
+  # Names: the folder above eval/inference_eval collide ('eval'): run<i>.
+  written = json.loads((out / 'summary.json').read_text())
+  assert list(written['runs']) == ['run0', 'run1', 'run2']
+  assert written['selection'] == 'last'
+  rte = written['aggregate']['tasks']['glue_rte']
+  assert rte['mean'] == pytest.approx(70.0) and rte['std'] == pytest.approx(4)
+  for run in ('run0', 'run1', 'run2'):
+    per_run = json.loads((out / run / 'summary.json').read_text())
+    assert per_run['selection']['step'] == 200
+  assert (out / 'task_scores.png').read_bytes()[:4] == b'\x89PNG'
+  printed = capsys.readouterr().out
+  assert '3 runs; last: every task at the last checkpoint' in printed
+  assert '70.00 ± 4.00' in printed
+  with pytest.raises(ValueError, match='need an --output_dir'):
+    eval_lib.main(['--metrics_dir', *dirs])
+
+
+def test_run_names():
+  assert eval_lib.run_names(['/r/seed0', 'gs://b/seed1/']) == ['seed0',
+                                                               'seed1']
+  assert eval_lib.run_names(['/a/run/inference_eval', '/a/x']) == ['run', 'x']
+  assert eval_lib.run_names(['/a/run', '/b/run']) == ['run0', 'run1']
+
+
+# ---------------------------------------------------------------- gin files --
+
+def _macros(files):
+  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(files, [], [])
+    return (gin.query_parameter('%SELECTION'),
+            gin.query_parameter('%SELECTION_BENCHMARK'))
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize('experiment, expected', [
+    ('hypergrid_l2_glue_super_glue', ('best_average', 'glue')),
+    ('hypergrid_lg_glue_super_glue', ('best_average', 'glue')),
+    ('mtl_glue_super_glue', ('last', 'glue')),
+    ('hyperprompt_global_glue', ('best_per_task', 'glue')),
+])
+def test_experiment_files_set_their_papers_selection(experiment, expected):
+  assert _macros(['runs/eval.gin', f'experiments/{experiment}.gin']) == (
+      expected)
+
+
+def test_quickstart_eval_selects_best_per_task():
+  assert _macros(['runs/quickstart_eval.gin']) == ('best_per_task', 'glue')
