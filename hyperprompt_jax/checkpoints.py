@@ -172,7 +172,16 @@ def restore_params(
     CheckpointMismatchError: naming every parameter whose shape differs,
       and the missing ones unless `allow_missing`.
   """
-  loaded = load_t5x_params(path)
+  return match_params(load_t5x_params(path), abstract_params, path,
+                      allow_missing)
+
+
+def match_params(loaded: Mapping[str, np.ndarray], abstract_params: PyTree,
+                 path: str, allow_missing: bool = False
+                 ) -> tuple[PyTree, list[str]]:
+  """`restore_params` on arrays already read (`load_t5x_params`'s flat dict,
+  perhaps changed: task rows grown, task parameters replaced); `path` names
+  their checkpoint in errors."""
   wanted = traverse_util.flatten_dict(flax.core.unfreeze(abstract_params),
                                       sep='/')
   mismatched = [
@@ -194,3 +203,34 @@ def restore_params(
     )
   params = {k: loaded.get(k) for k in wanted}
   return traverse_util.unflatten_dict(params, sep='/'), missing
+
+
+def param_shapes(path: str) -> dict[str, tuple[int, ...]]:
+  """`{'/'-path: shape}` of a checkpoint's parameters, read from its
+  metadata (no array is loaded), either layout or runner."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  path = os.fspath(path)
+  if checkpoint_layout(path) == 'orbax':
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
+    tree = ocp.PyTreeCheckpointHandler().metadata(state_dir / 'state').tree
+    target = tree.get('target', tree.get('params'))
+    if target is None:
+      raise ValueError(f'{path}/state holds no parameters.')
+    flat = traverse_util.flatten_dict(dict(target), sep='/')
+    return {k: tuple(v.shape) for k, v in flat.items()}
+  raw = serialization.msgpack_restore(
+      (epath.Path(path) / 'checkpoint').read_bytes())
+  flat = {}
+
+  def shape(leaf):
+    if _is_tensorstore_spec(leaf):
+      return tuple(leaf['metadata']['shape'])
+    return tuple(np.shape(leaf))
+
+  target = _map_leaves(shape, raw['optimizer']['target'],
+                       is_leaf=_is_tensorstore_spec)
+  for k, v in traverse_util.flatten_dict(target, sep='/').items():
+    flat[k] = v
+  return flat

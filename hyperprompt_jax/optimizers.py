@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Optional
 import flax
 from flax import traverse_util
 import jax
+import jax.numpy as jnp
 import optax
 
 from hyperprompt_jax import param_groups
@@ -249,3 +250,60 @@ def _per_group(value: Any, missing: Any, name: str,
   out.update({scope: value.get(scope, out[TASK_CONDITIONED])
               for scope in all_scopes})
   return out
+
+
+def only_task_rows(inner: optax.GradientTransformation,
+                   rows: Mapping[str, tuple[int, int]]
+                   ) -> optax.GradientTransformation:
+  """Trains only some rows of the task-indexed parameters; everything else
+  gets zero updates and no optimizer state.
+
+  Adding a task to a trained model (`task_params`): the new tasks' rows
+  learn, the backbone, the shared hypernetworks and the old tasks' rows stay
+  bit-identical. optax's `masked` / `multi_transform` freeze whole arrays;
+  here the frozen part is a slice of one, so `inner` runs on the trainable
+  slices alone (its state, e.g. Adafactor's moments and its relative step's
+  RMS, is over those rows only).
+
+  Args:
+    inner: the optimizer of the trainable slices (`make_optimizer`'s).
+    rows: `{'/'-path: (axis, first)}`: of the parameter at path, the rows
+      `first:` along `axis` train.
+  """
+  if not rows:
+    raise ValueError('only_task_rows needs at least one trainable slice: '
+                     'the model has no task-indexed parameters to train.')
+
+  def trainable(tree):
+    flat = traverse_util.flatten_dict(flax.core.unfreeze(tree), sep='/')
+    missing = sorted(set(rows) - set(flat))
+    if missing:
+      raise ValueError(f'only_task_rows: the parameters lack {missing}.')
+    return traverse_util.unflatten_dict(
+        {k: jax.lax.slice_in_dim(flat[k], first, None, axis=axis)
+         for k, (axis, first) in rows.items()}, sep='/')
+
+  def init_fn(params):
+    return inner.init(trainable(params))
+
+  def update_fn(updates, state, params=None):
+    sliced, state = inner.update(
+        trainable(updates), state,
+        None if params is None else trainable(params))
+    sliced = traverse_util.flatten_dict(sliced, sep='/')
+    flat = traverse_util.flatten_dict(flax.core.unfreeze(updates), sep='/')
+    out = {}
+    for path, grad in flat.items():
+      zeros = jnp.zeros_like(grad)
+      if path in rows:
+        axis, first = rows[path]
+        out[path] = jax.lax.dynamic_update_slice_in_dim(
+            zeros, sliced[path].astype(grad.dtype), first, axis)
+      else:
+        out[path] = zeros
+    out = traverse_util.unflatten_dict(out, sep='/')
+    if isinstance(updates, flax.core.FrozenDict):
+      out = flax.core.freeze(out)
+    return out, state
+
+  return optax.GradientTransformation(init_fn, update_fn)

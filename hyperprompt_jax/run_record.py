@@ -16,7 +16,7 @@ the checkpoints intact.
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
@@ -48,12 +48,14 @@ def data_settings(mixture_or_task_name: str,
           'BATCH_SIZE': batch_size, 'PACK': pack, 'SEED': seed}
 
 
-def make(model_config: Any, data: Mapping[str, Any], start_step: int
-         ) -> dict[str, Any]:
+def make(model_config: Any, data: Mapping[str, Any], start_step: int,
+         task_list: Sequence[str] = ()) -> dict[str, Any]:
   """The record saved with each checkpoint of a run started at
-  `start_step`."""
+  `start_step`; `task_list` is the run's (id order: which task rows were
+  trained, `task_params`)."""
   return {'version': VERSION, 'start_step': start_step,
           'model': model_settings(model_config), 'data': dict(data),
+          'task_list': list(task_list),
           'config_gin': gin.config_str(),
           'operative_config_gin': gin.operative_config_str()}
 
@@ -99,3 +101,15 @@ def write_gin_files(model_dir: str, record: Mapping[str, Any]) -> None:
     with open(path + '.tmp', 'w') as f:
       f.write(record[key])
     os.replace(path + '.tmp', path)
+
+
+def read(checkpoint_path: str) -> Optional[dict[str, Any]]:
+  """The record of a built-in runner's `checkpoint_<step>` (None for t5x's
+  checkpoints and older ones)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+
+  directory = epath.Path(checkpoint_path) / 'run'
+  if not directory.exists():
+    return None
+  return ocp.JsonCheckpointHandler().restore(directory)

@@ -8,7 +8,10 @@ flags and macro names, so a t5x user reads it at once:
 
 Macros: MODEL_DIR, MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, TRAIN_STEPS,
 BATCH_SIZE, INITIAL_CHECKPOINT_PATH (a pretrained t5x checkpoint: backbone
-loaded, new parameters fresh, step 0, fresh optimizer state), SAVE_PERIOD,
+loaded, new parameters fresh, step 0, fresh optimizer state; a trained
+multi-task one: its task parameters too, grown to NUM_TASKS by
+NEW_TASK_INIT), TASK_PARAMS_PATH (an exported artifact of task parameters
+placed on that backbone), TRAIN_ONLY_NEW_TASKS, SAVE_PERIOD,
 KEEP_CHECKPOINTS, SEED. A run whose MODEL_DIR holds checkpoints resumes from
 the newest that restores (the initial checkpoint is then ignored, as in
 t5x), data position included, and refuses one written with other model or
@@ -22,7 +25,7 @@ import importlib
 import logging
 import os
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from hyperprompt_jax import gin_utils
 
@@ -48,6 +51,7 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import batches
+from hyperprompt_jax import checkpoints
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import methods
@@ -59,6 +63,7 @@ from hyperprompt_jax import preemption
 from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import run_lock
 from hyperprompt_jax import run_record
+from hyperprompt_jax import task_params
 from hyperprompt_jax import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
@@ -128,6 +133,46 @@ def check_settings(*, model_dir, mixture_or_task_name, task_feature_lengths,
                        'does not exist: give a t5x checkpoint_<step> folder.')
 
 
+class _TaskStart(NamedTuple):
+  """Where the task parameters of a run from INITIAL_CHECKPOINT_PATH come
+  from, and what trains."""
+  task_params_path: Optional[str]
+  growth: task_params.Growth
+  first_new_row: Optional[int]  # TRAIN_ONLY_NEW_TASKS: rows from here train
+
+
+def _check_task_start(initial_checkpoint_path, task_params_path,
+                      train_only_new_tasks) -> None:
+  if not isinstance(train_only_new_tasks, bool):
+    raise ValueError('TRAIN_ONLY_NEW_TASKS must be True or False, got '
+                     f'{train_only_new_tasks!r}.')
+  for macro, value in (('TASK_PARAMS_PATH', task_params_path),
+                       ('TRAIN_ONLY_NEW_TASKS', train_only_new_tasks)):
+    if value and not initial_checkpoint_path:
+      raise ValueError(
+          f'{macro} needs INITIAL_CHECKPOINT_PATH: the checkpoint whose '
+          'backbone (and task rows) the run starts from.')
+  if task_params_path is not None and not isinstance(task_params_path, str):
+    raise ValueError('TASK_PARAMS_PATH must be a quoted path or None, got '
+                     f'{task_params_path!r}.')
+
+
+def _first_new_task_row(model, initial_checkpoint_path, task_params_path
+                        ) -> int:
+  """The first row TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
+  starting point was trained on (`task_params.trained_rows`; read from
+  metadata, no array loaded)."""
+  first = task_params.trained_rows(model, initial_checkpoint_path,
+                                   task_params_path)
+  if first >= model.config.num_tasks:
+    raise ValueError(
+        f'TRAIN_ONLY_NEW_TASKS: the model has no new task rows (NUM_TASKS='
+        f'{model.config.num_tasks}, and {initial_checkpoint_path} has '
+        f'{first}); raise NUM_TASKS to the tasks of the run, new ones '
+        'included.')
+  return first
+
+
 @gin.configurable(denylist=['model'])
 def train(
     model: Optional[network.Transformer] = None,
@@ -147,6 +192,10 @@ def train(
     mesh_model: int = 1,
     pack: bool = False,
     use_cached_tasks: bool = False,
+    task_params_path: Optional[str] = None,
+    new_task_init: str = 'mean',
+    new_task_source: Optional[str] = None,
+    train_only_new_tasks: bool = False,
     optimizer=gin.REQUIRED,
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
@@ -175,6 +224,15 @@ def train(
       token carrying its example's task id; refused up front for methods
       that cannot condition per token (HyperGrid, Output Gating).
     use_cached_tasks: read seqio's offline cache.
+    task_params_path: a `task_params` artifact (export_task_params) placed
+      on the backbone of `initial_checkpoint_path`.
+    new_task_init: how rows for task ids the initial checkpoint (or
+      artifact) lacks start: 'mean' of its trained tasks' rows, 'copy' of
+      `new_task_source`'s row, or 'fresh' (`task_params.grow`).
+    new_task_source: the task 'copy' copies.
+    train_only_new_tasks: train only those new rows (`optimizers.
+      only_task_rows`): the backbone, shared hypernetworks and the trained
+      tasks' rows stay bit-identical.
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
   Returns:
@@ -188,6 +246,9 @@ def train(
       batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
       save_period=save_period, keep_checkpoints=keep_checkpoints,
       log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
+  growth = task_params.Growth(new_task_init, new_task_source)
+  _check_task_start(initial_checkpoint_path, task_params_path,
+                    train_only_new_tasks)
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
@@ -196,6 +257,13 @@ def train(
                      f"mesh's {mesh.shape['data']} data shards.")
   if pack:
     methods.check_packing(model.config)
+  first_new_row = None
+  if train_only_new_tasks:
+    first_new_row = _first_new_task_row(model, initial_checkpoint_path,
+                                        task_params_path)
+    optimizer = optimizers.only_task_rows(
+        optimizer, {k: (axis, first_new_row)
+                    for k, axis in task_params.task_axes(model).items()})
   paths.check_writable_dir(model_dir, 'MODEL_DIR')
   lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
   if lock:
@@ -205,7 +273,8 @@ def train(
                   task_feature_lengths, train_steps, batch_size,
                   initial_checkpoint_path, save_period, keep_checkpoints,
                   log_period, seed, z_loss, mesh, pack, use_cached_tasks,
-                  optimizer)
+                  optimizer, _TaskStart(task_params_path, growth,
+                                        first_new_row))
   finally:
     if lock:
       lock.release()
@@ -214,7 +283,7 @@ def train(
 def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
            train_steps, batch_size, initial_checkpoint_path, save_period,
            keep_checkpoints, log_period, seed, z_loss, mesh, pack,
-           use_cached_tasks, optimizer) -> dict[str, Any]:
+           use_cached_tasks, optimizer, task_start) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
   prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
   dataset = input_pipeline.train_dataset(
@@ -227,6 +296,8 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
                                             keep_checkpoints)
   data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
                                   batch_size, pack, seed)
+  # The optimizer state's shape depends on it: a resume must keep it.
+  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = task_start.first_new_row
 
   def check_resume(step, record):
     if record is not None:
@@ -247,10 +318,20 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
   else:
     iterator = iter(dataset)
     if initial_checkpoint_path:
-      params, fresh = trainer.params_from_t5x(initial_checkpoint_path)
+      params, fresh, rows = trainer.params_from_t5x(
+          initial_checkpoint_path, task_start.task_params_path,
+          task_start.growth, task_ids.run_task_list())
       state = trainer.new_state(params)
-      log.info('Starting in %s from %s; %d new parameters initialised.',
-               model_dir, initial_checkpoint_path, len(fresh))
+      log.info('Starting in %s from %s%s; %d new parameters initialised.',
+               model_dir, initial_checkpoint_path,
+               f' with the task parameters of {task_start.task_params_path}'
+               if task_start.task_params_path else '', len(fresh))
+      if rows and rows < model.config.num_tasks:
+        log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
+                 '%s.', rows,
+                 model.config.num_tasks - 1, task_start.growth.rule,
+                 '; only they train' if task_start.first_new_row is not None
+                 else '')
     else:
       state = trainer.new_state(trainer.fresh_params())
       log.info('Starting in %s from fresh parameters.', model_dir)
@@ -269,7 +350,8 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
   def save(step, force=False):
     nonlocal record, gin_files_written
     if record is None:
-      record = run_record.make(model.config, data, start)
+      record = run_record.make(model.config, data, start,
+                               task_ids.run_task_list())
     saved = checkpoint_manager.save(manager, step, state, iterator, record,
                                     force=force)
     if saved:

@@ -8,7 +8,7 @@ too) with those in / out shardings, donating the old state.
 """
 
 import functools
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
@@ -23,6 +23,7 @@ from hyperprompt_jax import losses
 from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
+from hyperprompt_jax import task_params
 
 State = dict[str, Any]
 
@@ -131,16 +132,52 @@ class Trainer:
     with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       return init(jax.random.PRNGKey(self.seed))
 
-  def params_from_t5x(self, path: str) -> tuple[Any, list[str]]:
-    """A pretrained t5x checkpoint's backbone, fresh task-conditioned
-    parameters (those the checkpoint lacks).
+  def params_from_t5x(
+      self, path: str, task_params_path: Optional[str] = None,
+      growth: Optional[task_params.Growth] = None,
+      task_list: Sequence[str] = ()) -> tuple[Any, list[str], int]:
+    """A t5x (or built-in) checkpoint's parameters for this model.
+
+    A pretrained checkpoint gives the backbone; the task-conditioned
+    parameters it lacks are freshly initialised. A trained multi-task
+    checkpoint gives its task parameters too; the rows of task ids it was
+    not trained on (appended ones, and unused ones) are set by `growth`'s
+    rule (`task_params.grow`). With
+    `task_params_path`, an exported artifact's task parameters replace the
+    checkpoint's (`task_params.check` first).
+
+    Args:
+      path: a `checkpoint_<step>` folder (either runner, either layout).
+      task_params_path: a `task_params` artifact to place on its backbone.
+      growth: how new task rows start (default: the mean of the trained).
+      task_list: the run's task list (`task_ids.run_task_list()`).
+
+    Returns:
+      `(params, fresh, rows)`: the placed parameters, the '/'-paths freshly
+      initialised, and the number of task rows the checkpoint (or artifact)
+      was trained for (`task_params.trained_rows`; 0 for a checkpoint
+      without task parameters).
 
     Raises:
-      ValueError: a shape mismatch (naming the parameter), or a missing
-        backbone parameter (the checkpoint is of another architecture).
+      ValueError: a shape mismatch (naming the parameter), a missing
+        backbone parameter (the checkpoint is of another architecture), or
+        task parameters that do not fit (`task_params.TaskParamsError`).
     """
-    loaded, missing = checkpoints.restore_params(
-        path, self.abstract_params, allow_missing=True)
+    loaded = checkpoints.load_t5x_params(path)
+    if task_params_path:
+      arrays, header = task_params.read(task_params_path)
+      task_params.check(header, self.model, task_list, loaded, path)
+      loaded = {k: v for k, v in loaded.items()
+                if not param_groups.is_task_conditioned(k)} | arrays
+    rows = task_params.trained_rows(self.model, path, task_params_path)
+    axes = task_params.task_axes(self.model)
+    fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
+    loaded = task_params.grow(
+        loaded, traverse_util.flatten_dict(self.abstract_params, sep='/'),
+        axes, growth or task_params.Growth(), rows, list(task_list),
+        fresh={k: np.asarray(jax.device_get(fresh[k])) for k in axes})
+    loaded, missing = checkpoints.match_params(
+        loaded, self.abstract_params, path, allow_missing=True)
     backbone_missing = [k for k in missing
                         if not param_groups.is_task_conditioned(k)]
     if backbone_missing:
@@ -149,7 +186,6 @@ class Trainer:
           f'{backbone_missing[:5]}{" ..." if len(backbone_missing) > 5 else ""}'
           ': it is not a checkpoint of this model\'s backbone (check the '
           'model gin file).')
-    fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
     flat_loaded = traverse_util.flatten_dict(loaded, sep='/')
     shardings = traverse_util.flatten_dict(self.param_shardings, sep='/')
     params = {}
@@ -157,7 +193,7 @@ class Trainer:
       value = flat_loaded.get(k)
       params[k] = v if value is None else jax.device_put(
           np.asarray(value, v.dtype), shardings[k])
-    return traverse_util.unflatten_dict(params, sep='/'), missing
+    return traverse_util.unflatten_dict(params, sep='/'), missing, rows
 
   def _shardings(self) -> State:
     """Where the state lives: parameters by their logical axes, the optimizer

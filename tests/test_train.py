@@ -130,7 +130,7 @@ def _trainer(config, mesh=None):
     ('legacy/checkpoint_50', 'legacy_checkpoint_50.params.npz')])
 def test_t5x_checkpoint_restores_into_hyperprompt_global(layout, npz):
   trainer = _trainer(_global_tiny_config())
-  params, fresh = trainer.params_from_t5x(str(conftest.T5X_TINY / layout))
+  params, fresh, _ = trainer.params_from_t5x(str(conftest.T5X_TINY / layout))
   flat = traverse_util.flatten_dict(params, sep='/')
   expected = np.load(conftest.T5X_TINY / npz)
   assert set(expected.files) == {k for k in flat if 'hyperprompt' not in k}

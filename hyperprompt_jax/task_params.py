@@ -1,0 +1,331 @@
+"""Task parameters after training: export, import, and growing the task axis.
+
+What makes these methods attractive is a small set of task parameters on one
+shared backbone. Here they are:
+
+- the task-conditioned parameters are those under a method's scope
+  (`param_groups`); the *task-indexed* ones among them carry the logical axis
+  name 'tasks' (each method's AXIS_NAMES): one row per task id, on the axis
+  `task_axes` reads from the model's `params_axes` (not always the first:
+  the adapters' is second);
+- an artifact (`export`) is one `.npz` file: every task-conditioned array,
+  plus a JSON header with the methods, the model settings, the task list (id
+  order), the number of task rows, each array's task axis and a fingerprint
+  of the backbone the parameters were trained with. numpy's npz rather than
+  an orbax checkpoint because it is one self-describing file of a few MB to
+  ship, and rather than safetensors because that is not in the project's
+  dependencies (an npz is a zip of `.npy` files, readable anywhere);
+- `grow` appends rows for new task ids (`NUM_TASKS` raised, the new tasks
+  appended to the run's list, `tasks.add_task`), by a rule
+  (`NEW_TASK_INIT`): 'mean' of the trained tasks' rows, 'copy' of a named
+  source task's row (`NEW_TASK_SOURCE`), or 'fresh' (the model's own
+  initialisation, as for a new model). Every existing row and the backbone
+  are kept as they are;
+- `only_new_task_rows` (in `optimizers`) trains the new rows alone.
+
+Shapes: a task-indexed array has `T` rows on its task axis, e.g. HyperPrompt-
+Global's task embeddings `[T, t']`, prompts `[T, l, d]`, the Vanilla
+Adapter's `[layers, T, d, b]`.
+"""
+
+import dataclasses
+import hashlib
+import io
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
+import numpy as np
+
+from hyperprompt_jax import methods
+from hyperprompt_jax import network
+from hyperprompt_jax import param_groups
+
+FORMAT = 'hyperprompt_jax.task_params/1'
+TASK_AXIS = 'tasks'
+NEW_TASK_INITS = ('mean', 'copy', 'fresh')
+_HEADER = '__header__'
+# T5Config fields that do not change what the parameters mean.
+_RUNTIME_FIELDS = ('T5Config.num_tasks', 'T5Config.dtype',
+                   'T5Config.dropout_rate', 'T5Config.check_traced_task_ids')
+
+Flat = dict[str, np.ndarray]
+
+
+class TaskParamsError(ValueError):
+  """Task parameters that do not fit the model or the run (each problem
+  named)."""
+
+
+def task_axes(model: network.Transformer) -> dict[str, int]:
+  """`{'/'-path: axis}` of every task-indexed parameter of `model`."""
+  abstract = network.abstract_variables(model)
+  names = traverse_util.flatten_dict(
+      nn_partitioning.get_axis_names(abstract['params_axes']), sep='/')
+  return {path: tuple(axes).index(TASK_AXIS)
+          for path, axes in names.items() if TASK_AXIS in tuple(axes)}
+
+
+def abstract_flat(model: network.Transformer) -> dict[str, Any]:
+  """`{'/'-path: ShapeDtypeStruct}` of the model's parameters."""
+  return traverse_util.flatten_dict(
+      network.abstract_variables(model)['params'], sep='/')
+
+
+def task_conditioned(flat: Mapping[str, Any]) -> dict[str, Any]:
+  return {k: v for k, v in flat.items() if param_groups.is_task_conditioned(k)}
+
+
+def backbone_fingerprint(flat: Mapping[str, np.ndarray]) -> str:
+  """A sha256 of the backbone's names, shapes and a strided sample of each
+  array's values (at most 4096 a parameter): equal backbones match, a
+  further-trained or another one does not, at a cost of milliseconds even
+  for 11B parameters."""
+  digest = hashlib.sha256()
+  for path in sorted(flat):
+    if param_groups.is_task_conditioned(path):
+      continue
+    value = np.asarray(flat[path])
+    sample = value.reshape(-1)[::max(1, value.size // 4096)]
+    digest.update(f'{path}{value.shape}{value.dtype}'.encode())
+    digest.update(np.ascontiguousarray(sample).tobytes())
+  return digest.hexdigest()
+
+
+def model_settings(model: network.Transformer) -> dict[str, str]:
+  """The T5Config fields that fix what the task parameters mean (all but
+  `_RUNTIME_FIELDS`), flattened as in the run record."""
+  from hyperprompt_jax import run_record  # pylint: disable=g-import-not-at-top
+  return {k: v for k, v in run_record.model_settings(model.config).items()
+          if k not in _RUNTIME_FIELDS}
+
+
+def method_names(model: network.Transformer) -> list[str]:
+  return [m.__name__.rsplit('.', 1)[-1]
+          for m, _ in methods.configured(model.config)]
+
+
+# -- the artifact ----------------------------------------------------------------
+
+
+def make_header(model: network.Transformer, flat: Mapping[str, np.ndarray],
+                task_list: Sequence[str], source: str) -> dict[str, Any]:
+  """The artifact's description of the arrays in `flat` (task-conditioned
+  only) cut from the checkpoint `source`, whose parameters (backbone
+  included) are `flat`."""
+  axes = task_axes(model)
+  return {
+      'format': FORMAT,
+      'methods': method_names(model),
+      'model': model_settings(model),
+      'task_list': list(task_list),
+      'num_tasks': model.config.num_tasks,
+      'task_axes': {k: axes[k] for k in sorted(task_conditioned(flat))
+                    if k in axes},
+      'shapes': {k: list(np.shape(v)) for k, v in
+                 sorted(task_conditioned(flat).items())},
+      'source_checkpoint': source,
+      'backbone_fingerprint': backbone_fingerprint(flat),
+  }
+
+
+def write(path: str, arrays: Mapping[str, np.ndarray],
+          header: Mapping[str, Any]) -> int:
+  """Writes the artifact atomically (temporary file, then rename); returns
+  its size in bytes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  buffer = io.BytesIO()
+  np.savez(buffer, **{_HEADER: np.frombuffer(
+      json.dumps(header, sort_keys=True).encode(), np.uint8)},
+           **{k: np.asarray(v) for k, v in arrays.items()})
+  data = buffer.getvalue()
+  with tf.io.gfile.GFile(path + '.tmp', 'wb') as f:
+    f.write(data)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  return len(data)
+
+
+def read(path: str) -> tuple[Flat, dict[str, Any]]:
+  """`(arrays, header)` of an artifact."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(
+        f'No task-parameter artifact at {path!r} (TASK_PARAMS_PATH): write '
+        'one with python -m hyperprompt_jax.export_task_params.')
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    data = f.read()
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      arrays = {k: npz[k] for k in npz.files}
+    header = json.loads(arrays.pop(_HEADER).tobytes().decode())
+  except (ValueError, KeyError, OSError) as e:
+    raise TaskParamsError(f'{path} is not a task-parameter artifact ({e}).'
+                          ) from None
+  if header.get('format') != FORMAT:
+    raise TaskParamsError(f'{path} has format {header.get("format")!r}; this '
+                          f'version reads {FORMAT!r}.')
+  return arrays, header
+
+
+def check(header: Mapping[str, Any], model: network.Transformer,
+          task_list: Sequence[str],
+          backbone: Optional[Mapping[str, np.ndarray]] = None,
+          backbone_path: str = '') -> None:
+  """Raises TaskParamsError naming every way the artifact does not fit.
+
+  Args:
+    header: the artifact's header (`read`).
+    model: the model it is placed into.
+    task_list: the run's task list (`task_ids.run_task_list()`); the
+      artifact's tasks must keep their ids (be its first entries).
+    backbone: the parameters of the backbone checkpoint it is placed on
+      (None: not checked).
+    backbone_path: that checkpoint, for the message.
+  """
+  problems = []
+  ours = method_names(model)
+  if header['methods'] != ours:
+    problems.append(f"method: artifact {header['methods']}, model {ours}")
+  settings = model_settings(model)
+  for key in sorted(set(settings) | set(header['model'])):
+    if settings.get(key) != header['model'].get(key):
+      problems.append(f"{key}: artifact {header['model'].get(key)}, model "
+                      f'{settings.get(key)}')
+  if model.config.num_tasks < header['num_tasks']:
+    problems.append(
+        f"NUM_TASKS={model.config.num_tasks} is smaller than the artifact's "
+        f"{header['num_tasks']} task rows; set --gin.NUM_TASKS="
+        f"{header['num_tasks']} or more")
+  for i, name in enumerate(header['task_list']):
+    if i >= len(task_list) or task_list[i] != name:
+      here = (f'has id {list(task_list).index(name)}' if name in task_list
+              else 'is not in it')
+      problems.append(
+          f"task {name!r} has id {i} in the artifact but {here} in this run's "
+          f'task list {list(task_list)} (ids must not move: append new tasks '
+          'after the artifact\'s, tasks.add_task does)')
+  if backbone is not None:
+    fingerprint = backbone_fingerprint(backbone)
+    if fingerprint != header['backbone_fingerprint']:
+      problems.append(
+          f"backbone: the artifact was trained with the backbone of "
+          f"{header['source_checkpoint']}, not {backbone_path or 'this one'} "
+          '(fingerprints differ); place it on that checkpoint')
+  if problems:
+    raise TaskParamsError('The task parameters do not fit this run:\n  '
+                          + '\n  '.join(problems))
+
+
+# -- growing the task axis -------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Growth:
+  """How rows for new task ids are initialised (`NEW_TASK_INIT`).
+
+  rule: 'mean' (of the trained tasks' rows), 'copy' (of `source`'s row) or
+    'fresh' (the model's initialisation).
+  source: the task whose row 'copy' takes (a name of the run's task list).
+  """
+  rule: str = 'mean'
+  source: Optional[str] = None
+
+  def __post_init__(self):
+    if self.rule not in NEW_TASK_INITS:
+      raise ValueError(f'NEW_TASK_INIT={self.rule!r}; expected one of '
+                       f'{list(NEW_TASK_INITS)}.')
+    if (self.rule == 'copy') != (self.source is not None):
+      raise ValueError("NEW_TASK_SOURCE names the task NEW_TASK_INIT='copy' "
+                       'copies; set both or neither.')
+
+
+def trained_rows(model: network.Transformer, checkpoint_path: str,
+                 artifact_path: Optional[str] = None) -> int:
+  """How many task rows of a starting point were trained: its task list's
+  length (an artifact's header, a built-in checkpoint's run record), else
+  (t5x's checkpoints) every row it has, read from its metadata."""
+  from hyperprompt_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax import run_record  # pylint: disable=g-import-not-at-top
+
+  if artifact_path:
+    return len(read(artifact_path)[1]['task_list'])
+  record = run_record.read(checkpoint_path)
+  if record and record.get('task_list'):
+    return len(record['task_list'])
+  shapes = checkpoints.param_shapes(checkpoint_path)
+  rows = [shapes[k][a] for k, a in task_axes(model).items() if k in shapes]
+  return max(rows, default=0)
+
+
+def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
+         axes: Mapping[str, int], growth: Growth, trained: int,
+         task_list: Sequence[str] = (),
+         fresh: Optional[Mapping[str, np.ndarray]] = None) -> Flat:
+  """Gives every task-indexed array of `flat` the model's rows: the first
+  `trained` kept, the others (rows of ids never trained, and the rows
+  appended up to the model's T + k) set by `growth`'s rule.
+
+  Args:
+    flat: checkpoint (or artifact) arrays by '/'-path, T rows each.
+    abstract: the model's parameters by path (shapes), T + k rows.
+    axes: `task_axes` of the model.
+    growth: the rule.
+    trained: the rows that were trained (`trained_rows`; at most T).
+    task_list: the run's task list: 'copy' finds its source there.
+    fresh: the model's freshly initialised parameters ('fresh' only).
+
+  Returns:
+    `flat` with the task-indexed arrays replaced.
+
+  Raises:
+    TaskParamsError: a checkpoint with more task rows than the model,
+      task-indexed arrays that disagree on T, or a 'copy' source that was
+      not trained.
+  """
+  rows = {k: np.shape(flat[k])[axes[k]] for k in axes if k in flat}
+  if not rows:
+    return dict(flat)
+  if len(set(rows.values())) > 1:
+    raise TaskParamsError(f'The task-indexed arrays disagree on the number '
+                          f'of tasks: {rows}.')
+  old = next(iter(rows.values()))
+  new = abstract[next(iter(rows))].shape[axes[next(iter(rows))]]
+  if old > new:
+    raise TaskParamsError(
+        f'The checkpoint has {old} task rows, the model {new}: set '
+        f'--gin.NUM_TASKS={old} or more (a model can grow, not shrink).')
+  trained = min(trained, old)
+  if trained == new:
+    return dict(flat)
+  if growth.rule == 'copy':
+    source = (list(task_list).index(growth.source)
+              if growth.source in task_list else None)
+    if source is None or source >= trained:
+      raise TaskParamsError(
+          f'NEW_TASK_SOURCE={growth.source!r} is not a trained task: the '
+          f'trained rows are those of {list(task_list)[:trained]}.')
+  if growth.rule == 'mean' and not trained:
+    raise TaskParamsError("NEW_TASK_INIT='mean' needs trained task rows; the "
+                          "checkpoint has none: use 'fresh'.")
+  if growth.rule == 'fresh' and fresh is None:
+    raise ValueError("NEW_TASK_INIT='fresh' needs the model's fresh "
+                     'parameters.')
+  out = dict(flat)
+  for path, axis in axes.items():
+    if path not in flat:
+      continue
+    value = np.asarray(flat[path])
+    if growth.rule == 'mean':
+      row = value.take(range(trained), axis).astype(np.float64).mean(
+          axis, keepdims=True)
+      added = np.repeat(row, new - trained, axis)
+    elif growth.rule == 'copy':
+      added = value.take([source] * (new - trained), axis)
+    else:
+      added = np.asarray(fresh[path]).take(range(trained, new), axis)
+    out[path] = np.concatenate(
+        [value.take(range(trained), axis), added.astype(value.dtype)], axis)
+  return out

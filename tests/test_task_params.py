@@ -1,0 +1,382 @@
+"""Task parameters after training: export / import round trips, growing the
+task axis, training only the new tasks' rows, and bad input."""
+
+import dataclasses
+
+from flax import traverse_util
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import export_task_params
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import param_groups
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import task_params
+from hyperprompt_jax import train as train_lib
+from hyperprompt_jax import trainer as trainer_lib
+
+import conftest
+import task_separation as ts
+
+MODEL = 'models/t5_1_1_tiny.gin'
+BINDINGS = (  # small enough to build every method in a second
+    'network.T5Config.vocab_size = 64',
+    'network.T5Config.emb_dim = 32',
+    'network.T5Config.num_heads = 2',
+    'network.T5Config.head_dim = 16',
+    'network.T5Config.mlp_dim = 128',  # HyperGrid's 32 x 128 grid divides it
+    'network.T5Config.num_tasks = 4',
+    'DROPOUT_RATE = 0.0',
+)
+METHODS = tuple(v for v in ts.VARIANTS if v != 'mtl')
+TASKS = ('glue_rte', 'glue_mnli', 'glue_stsb', 'glue_cola')
+LENGTHS = {'inputs': 128, 'targets': 16}
+
+
+def _config(variant, **overrides):
+  return dataclasses.replace(ts.build_config(variant, MODEL, BINDINGS),
+                             **overrides)
+
+
+def _flat(tree):
+  return {k: np.asarray(v) for k, v in
+          traverse_util.flatten_dict(tree, sep='/').items()}
+
+
+def _random_params(model, seed):
+  """Initialised parameters with every value moved, so no row is left at a
+  constant initialisation (zeros, ones) that would hide a misplaced row."""
+  params = _flat(network.init_variables(model, jax.random.PRNGKey(seed), 8,
+                                        4)['params'])
+  rng = np.random.default_rng(seed)
+  return {k: (v + rng.normal(0, 0.1, v.shape)).astype(v.dtype)
+          for k, v in params.items()}
+
+
+def _save(path, flat):
+  """A checkpoint_<step> in the built-in runner's layout (params only)."""
+  ocp.PyTreeCheckpointer().save(
+      path / 'state', {'params': traverse_util.unflatten_dict(flat, sep='/'),
+                       'step': np.int32(0)})
+  return path
+
+
+def _grown_axes(variant):
+  """The axis that grows with num_tasks, per parameter: from the shapes of
+  the same model at 4 and 5 tasks (independent of `task_params`)."""
+  shapes = [traverse_util.flatten_dict(network.abstract_variables(
+      network.Transformer(_config(variant, num_tasks=t)))['params'], sep='/')
+            for t in (4, 5)]
+  out = {}
+  for k, a in shapes[0].items():
+    diff = [i for i, (x, y) in enumerate(zip(a.shape, shapes[1][k].shape))
+            if x != y]
+    if diff:
+      assert len(diff) == 1 and shapes[1][k].shape[diff[0]] == (
+          a.shape[diff[0]] + 1), k
+      out[k] = diff[0]
+  return out
+
+
+@pytest.mark.parametrize('variant', METHODS)
+def test_task_axes_are_the_axes_that_grow_with_the_tasks(variant):
+  model = network.Transformer(_config(variant))
+  axes = task_params.task_axes(model)
+  assert axes == _grown_axes(variant)
+  assert axes and all(param_groups.is_task_conditioned(k) for k in axes)
+
+
+def _trainer(model, optimizer=None):
+  return trainer_lib.Trainer(model, optimizer or optimizers.make_optimizer(),
+                             partitioning.create_mesh(), LENGTHS)
+
+
+@pytest.mark.parametrize('variant', METHODS)
+def test_export_then_import_gives_back_the_parameters(variant, tmp_path):
+  model = network.Transformer(_config(variant))
+  trained = _random_params(model, seed=1)
+  checkpoint = _save(tmp_path / 'checkpoint_7', trained)
+  out = export_task_params.export(model, str(checkpoint),
+                                  str(tmp_path / 'task.npz'), TASKS)
+  arrays, header = task_params.read(str(tmp_path / 'task.npz'))
+  assert set(arrays) == {k for k in trained
+                         if param_groups.is_task_conditioned(k)}
+  for k, v in arrays.items():
+    np.testing.assert_array_equal(v, trained[k], err_msg=k)
+  assert header['task_list'] == list(TASKS) and header['num_tasks'] == 4
+  assert out['bytes'] < out['checkpoint_bytes']
+  # Import onto the checkpoint's backbone: the original parameters.
+  params, fresh, rows = _trainer(model).params_from_t5x(
+      str(checkpoint), str(tmp_path / 'task.npz'), task_list=TASKS)
+  assert fresh == [] and rows == 4
+  for k, v in _flat(params).items():
+    np.testing.assert_array_equal(v, trained[k], err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def global_on_t5x(tmp_path_factory):
+  """HyperPrompt-Global on the real t5x test backbone (orbax layout), its
+  task parameters trained (random here), exported."""
+  tmp = tmp_path_factory.mktemp('global')
+  cfg = dataclasses.replace(conftest.T5X_TINY_CONFIG, num_tasks=4,
+                            hyperprompt=ts.build_config(
+                                'hyperprompt_global', MODEL,
+                                BINDINGS).hyperprompt)
+  model = network.Transformer(cfg)
+  backbone = checkpoints.load_t5x_params(
+      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'))
+  trained = {k: backbone.get(k, v)
+             for k, v in _random_params(model, seed=2).items()}
+  checkpoint = _save(tmp / 'checkpoint_3', trained)
+  export_task_params.export(model, str(checkpoint), str(tmp / 'task.npz'),
+                            TASKS)
+  return model, trained, str(tmp / 'task.npz')
+
+
+def test_artifact_on_a_real_t5x_backbone(global_on_t5x):
+  """Backbone from t5x's own orbax checkpoint, task parameters from the
+  artifact: each equals its source."""
+  model, trained, artifact = global_on_t5x
+  expected = np.load(conftest.T5X_TINY / 'orbax_checkpoint_100.params.npz')
+  params, fresh, _ = _trainer(model).params_from_t5x(
+      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), artifact,
+      task_list=TASKS)
+  flat = _flat(params)
+  assert not fresh
+  for k in expected.files:
+    np.testing.assert_array_equal(flat[k], expected[k], err_msg=k)
+  for k, v in trained.items():
+    np.testing.assert_array_equal(flat[k], v, err_msg=k)
+
+
+def test_artifact_refuses_another_backbone_or_moved_ids(global_on_t5x):
+  model, _, artifact = global_on_t5x
+  trainer = _trainer(model)
+  # t5x's legacy test checkpoint holds other backbone values.
+  with pytest.raises(task_params.TaskParamsError,
+                     match='backbone: the artifact was trained with'):
+    trainer.params_from_t5x(str(conftest.T5X_TINY / 'legacy/checkpoint_50'),
+                            artifact, task_list=TASKS)
+  orbax = str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100')
+  with pytest.raises(task_params.TaskParamsError,
+                     match="task 'glue_mnli' has id 1 in the artifact but has "
+                     'id 0'):
+    trainer.params_from_t5x(orbax, artifact, task_list=(
+        'glue_mnli', 'glue_rte', 'glue_stsb', 'glue_cola'))
+  smaller = network.Transformer(dataclasses.replace(model.config,
+                                                    num_tasks=3))
+  with pytest.raises(task_params.TaskParamsError,
+                     match='NUM_TASKS=3 is smaller than the artifact'):
+    _trainer(smaller).params_from_t5x(orbax, artifact, task_list=TASKS[:3])
+  other = network.Transformer(dataclasses.replace(
+      model.config, hyperprompt=dataclasses.replace(
+          model.config.hyperprompt, encoder_prompt_length=6)))
+  with pytest.raises(task_params.TaskParamsError,
+                     match=r'encoder_prompt_length: artifact 16, model 6'):
+    _trainer(other).params_from_t5x(orbax, artifact, task_list=TASKS)
+  mtl = network.Transformer(dataclasses.replace(model.config,
+                                                hyperprompt=None))
+  with pytest.raises(task_params.TaskParamsError,
+                     match=r"method: artifact \['hyperprompt'\], model \[\]"):
+    _trainer(mtl).params_from_t5x(orbax, artifact, task_list=TASKS)
+
+
+def test_an_unreadable_artifact_is_named(tmp_path):
+  (tmp_path / 'x.npz').write_bytes(b'not a zip')
+  with pytest.raises(task_params.TaskParamsError, match='not a task-parameter'):
+    task_params.read(str(tmp_path / 'x.npz'))
+  with pytest.raises(FileNotFoundError, match='export_task_params'):
+    task_params.read(str(tmp_path / 'nowhere.npz'))
+
+
+# ------------------------------------------------------------ growing --
+
+def _inputs(num_tasks_seen):
+  rng = np.random.default_rng(0)
+  enc = conftest.random_tokens(rng, (4, 10), vocab=64, pad_from=[10, 7, 9, 5])
+  dec = conftest.random_tokens(rng, (4, 5), vocab=64)
+  return enc, dec, np.arange(4, dtype=np.int32) % num_tasks_seen
+
+
+@pytest.mark.parametrize('variant, rule', [
+    ('hyperprompt_global', 'mean'), ('hyperprompt_global', 'copy'),
+    ('hyperprompt_global', 'fresh'), ('hyperprompt_sep', 'mean'),
+    ('hyperprompt_share', 'copy'), ('adapter', 'fresh'),
+    ('prompt_tuning', 'mean'), ('hypergrid_lg', 'copy'),
+    ('hyperformer_pp', 'mean')])
+def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
+                                                           tmp_path):
+  """A 4-task checkpoint (t5x-like: no record, every row trained) into a
+  6-task model."""
+  old_model = network.Transformer(_config(variant))
+  new_model = network.Transformer(_config(variant, num_tasks=6))
+  trained = _random_params(old_model, seed=3)
+  checkpoint = _save(tmp_path / 'checkpoint_5', trained)
+  task_list = TASKS + ('glue_qqp', 'glue_qnli')
+  growth = task_params.Growth(rule, 'glue_mnli' if rule == 'copy' else None)
+  trainer = _trainer(new_model)
+  params, _, rows = trainer.params_from_t5x(str(checkpoint), growth=growth,
+                                            task_list=task_list)
+  assert rows == 4
+  grown = _flat(params)
+  init = _flat(trainer.fresh_params())
+  axes = _grown_axes(variant)
+  for k, v in trained.items():
+    if k not in axes:
+      np.testing.assert_array_equal(grown[k], v, err_msg=k)
+      continue
+    a = axes[k]
+    old_rows = np.moveaxis(v, a, 0)
+    np.testing.assert_array_equal(np.moveaxis(grown[k], a, 0)[:4], old_rows,
+                                  err_msg=k)
+    for new_row in (4, 5):
+      got = np.moveaxis(grown[k], a, 0)[new_row]
+      if rule == 'mean':
+        want = sum(old_rows[i].astype(np.float64) for i in range(4)) / 4
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7,
+                                   err_msg=k)
+      elif rule == 'copy':  # MNLI has id 1
+        np.testing.assert_array_equal(got, old_rows[1], err_msg=k)
+      else:
+        np.testing.assert_array_equal(
+            got, np.moveaxis(init[k], a, 0)[new_row], err_msg=k)
+  # The old tasks' outputs are the old model's.
+  enc, dec, ids = _inputs(4)
+  want = old_model.apply({'params': traverse_util.unflatten_dict(
+      trained, sep='/')}, enc, dec, dec, task_ids=ids, enable_dropout=False)
+  got = new_model.apply({'params': params}, enc, dec, dec, task_ids=ids,
+                        enable_dropout=False)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_rows_of_ids_never_trained_are_new_rows(global_on_t5x):
+  """The artifact's model had 4 rows for 4 tasks; exported again with only
+  3 tasks in its list, row 3 counts as untrained: a new task at id 3 gets
+  the rule's row, not the leftover."""
+  model, trained, artifact = global_on_t5x
+  arrays, header = task_params.read(artifact)
+  three = artifact.replace('.npz', '_3.npz')
+  task_params.write(three, arrays, {**header, 'task_list': list(TASKS[:3])})
+  params, _, rows = _trainer(model).params_from_t5x(
+      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), three,
+      growth=task_params.Growth('copy', 'glue_rte'), task_list=TASKS)
+  assert rows == 3
+  flat = _flat(params)
+  axes = task_params.task_axes(model)
+  for k, a in axes.items():
+    got = np.moveaxis(flat[k], a, 0)
+    np.testing.assert_array_equal(got[:3], np.moveaxis(trained[k], a, 0)[:3])
+    np.testing.assert_array_equal(got[3], np.moveaxis(trained[k], a, 0)[0])
+
+
+def test_growth_errors():
+  with pytest.raises(ValueError, match="NEW_TASK_INIT='median'"):
+    task_params.Growth('median')
+  with pytest.raises(ValueError, match='NEW_TASK_SOURCE names the task'):
+    task_params.Growth('copy')
+  flat = {'x': np.zeros((5, 2))}
+  abstract = {'x': jax.ShapeDtypeStruct((4, 2), np.float32)}
+  with pytest.raises(task_params.TaskParamsError,
+                     match='checkpoint has 5 task rows, the model 4'):
+    task_params.grow(flat, abstract, {'x': 0}, task_params.Growth(), 5)
+  with pytest.raises(task_params.TaskParamsError, match='not a trained task'):
+    task_params.grow({'x': np.zeros((2, 2))}, abstract, {'x': 0},
+                     task_params.Growth('copy', 'glue_qqp'), 2,
+                     ('glue_rte', 'glue_mnli', 'glue_qqp'))
+
+
+# ------------------------------------------------- training the new rows --
+
+def test_training_only_new_rows_leaves_everything_else_bit_identical(
+    tmp_path):
+  old_model = network.Transformer(_config('hyperprompt_global'))
+  model = network.Transformer(_config('hyperprompt_global', num_tasks=5))
+  checkpoint = _save(tmp_path / 'checkpoint_1',
+                     _random_params(old_model, seed=4))
+  axes = task_params.task_axes(model)
+  optimizer = optimizers.only_task_rows(
+      optimizers.make_optimizer(learning_rate=1e-2),
+      {k: (a, 4) for k, a in axes.items()})
+  trainer = _trainer(model, optimizer)
+  params, _, _ = trainer.params_from_t5x(str(checkpoint), task_list=TASKS)
+  before = _flat(params)
+  state = trainer.new_state(params)
+  # No optimizer state for what is frozen: Adafactor's moments of the
+  # new rows only (factored or not, never more values than the rows).
+  new_values = sum(v.size // v.shape[axes[k]] for k, v in before.items()
+                   if k in axes)
+  state_values = sum(x.size for x in jax.tree.leaves(state['opt_state']))
+  assert state_values <= new_values + 16
+  batches = ts.make_batches(0, 3, 8, 5, 6, 20)
+  batches['task_ids'][:] = np.arange(8) % 5  # id 4 in every batch
+  for i in range(3):
+    batch = trainer.global_batch({k: v[i] for k, v in batches.items()})
+    state, _ = trainer.step(state, batch)
+  after = _flat(state['params'])
+  for k, v in before.items():
+    if k in axes:
+      old_rows = np.moveaxis(after[k], axes[k], 0)[:4]
+      np.testing.assert_array_equal(
+          old_rows.view(np.uint32),
+          np.moveaxis(v, axes[k], 0)[:4].view(np.uint32), err_msg=k)
+      assert not np.array_equal(np.moveaxis(after[k], axes[k], 0)[4],
+                                np.moveaxis(v, axes[k], 0)[4]), k
+    else:
+      np.testing.assert_array_equal(after[k].view(np.uint32),
+                                    v.view(np.uint32), err_msg=k)
+
+
+def test_train_only_new_tasks_from_a_trained_run(tmp_path):
+  """The runner end to end: a 3-task run, then the 4th task (CoLA) added
+  and trained alone, its rows started from the mean."""
+  gin.clear_config()
+  old = network.Transformer(_config('hyperprompt_global', num_tasks=3,
+                                    vocab_size=384))
+  new = network.Transformer(_config('hyperprompt_global', num_tasks=4,
+                                    vocab_size=384))
+  kwargs = dict(task_feature_lengths=LENGTHS, batch_size=4, save_period=2,
+                log_period=2, optimizer=optimizers.make_optimizer(
+                    learning_rate=1e-2))
+  bind = 'hyperprompt_jax.tasks.task_ids.run_task_list.tasks'
+  try:
+    gin.bind_parameter(bind, list(TASKS[:3]))
+    first = train_lib.train(
+        old, model_dir=str(tmp_path / 'old'), train_steps=2,
+        mixture_or_task_name='fixture_glue_rte', **kwargs)
+    gin.bind_parameter(bind, list(TASKS))
+    second = train_lib.train(
+        new, model_dir=str(tmp_path / 'new'), train_steps=2,
+        mixture_or_task_name='fixture_glue_cola',
+        initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
+        train_only_new_tasks=True, **kwargs)
+    gin.bind_parameter(bind, list(TASKS[:3]))
+    with pytest.raises(ValueError, match='the model has no new task rows'):
+      train_lib.train(
+          old, model_dir=str(tmp_path / 'none'), train_steps=2,
+          mixture_or_task_name='fixture_glue_rte',
+          initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
+          train_only_new_tasks=True, **kwargs)
+    with pytest.raises(ValueError, match='TASK_PARAMS_PATH needs '
+                       'INITIAL_CHECKPOINT_PATH'):
+      train_lib.train(new, model_dir=str(tmp_path / 'x'), train_steps=2,
+                      mixture_or_task_name='fixture_glue_cola',
+                      task_params_path=str(tmp_path / 'a.npz'), **kwargs)
+  finally:
+    gin.clear_config()
+  axes = task_params.task_axes(new)
+  was, now = _flat(first['params']), _flat(second['params'])
+  for k, v in was.items():
+    if k in axes:
+      a = axes[k]
+      np.testing.assert_array_equal(np.moveaxis(now[k], a, 0)[:3],
+                                    np.moveaxis(v, a, 0), err_msg=k)
+    else:
+      np.testing.assert_array_equal(now[k], v, err_msg=k)
+  assert any(not np.allclose(np.moveaxis(now[k], a, 0)[3],
+                             np.moveaxis(was[k], a, 0).mean(0))
+             for k, a in axes.items())  # the new rows trained
