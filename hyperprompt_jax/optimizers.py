@@ -37,7 +37,7 @@ The built-in runner calls it directly; t5x runs wrap it in
 """
 
 import types
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import flax
 from flax import traverse_util
@@ -252,6 +252,11 @@ def _per_group(value: Any, missing: Any, name: str,
   return out
 
 
+class TaskRowsState(NamedTuple):
+  """`only_task_rows`' state: `inner`'s, over the trainable slices only."""
+  inner: Any
+
+
 def only_task_rows(inner: optax.GradientTransformation,
                    rows: Mapping[str, tuple[int, int]]
                    ) -> optax.GradientTransformation:
@@ -284,12 +289,13 @@ def only_task_rows(inner: optax.GradientTransformation,
          for k, (axis, first) in rows.items()}, sep='/')
 
   def init_fn(params):
-    return inner.init(trainable(params))
+    return TaskRowsState(inner.init(trainable(params)))
 
   def update_fn(updates, state, params=None):
-    sliced, state = inner.update(
-        trainable(updates), state,
+    sliced, inner_state = inner.update(
+        trainable(updates), state.inner,
         None if params is None else trainable(params))
+    state = TaskRowsState(inner_state)
     sliced = traverse_util.flatten_dict(sliced, sep='/')
     flat = traverse_util.flatten_dict(flax.core.unfreeze(updates), sep='/')
     out = {}

@@ -39,6 +39,7 @@ from t5x import models
 from t5x import optimizers
 
 from hyperprompt_jax import network
+from hyperprompt_jax import optimizers as hp_optimizers
 from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
@@ -359,6 +360,11 @@ def register_optax_partition_rules() -> None:
   # pylint: disable-next=protected-access
   rules = optimizers.OptaxStatePartitionRules._RULES
   rules.setdefault(factorized.FactoredState, _factored_state_axes)
+  # Training only new task rows: the state is over slices of task-indexed
+  # parameters, which the project's rules replicate anyway.
+  rules.setdefault(hp_optimizers.TaskRowsState,
+                   lambda state, params_axes: hp_optimizers.TaskRowsState(
+                       jax.tree.map(lambda _: None, state.inner)))
 
 
 register_optax_partition_rules()

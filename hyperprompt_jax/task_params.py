@@ -329,3 +329,24 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
     out[path] = np.concatenate(
         [value.take(range(trained), axis), added.astype(value.dtype)], axis)
   return out
+
+
+def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
+                       first_new_row: int = 0):
+  """`optimizer` on the rows `first_new_row:` of every task-indexed
+  parameter only (`optimizers.only_task_rows`); for t5x's gin
+  (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin), where
+  `model` is the gin-configured network."""
+  from hyperprompt_jax import optimizers  # pylint: disable=g-import-not-at-top
+  if model is None:
+    import gin  # pylint: disable=g-import-not-at-top
+    model = gin.get_configurable(network.Transformer)()
+  if isinstance(first_new_row, bool) or not isinstance(first_new_row, int) or (
+      not 0 <= first_new_row < model.config.num_tasks):
+    raise ValueError(
+        f'The first new task row must be an integer in [0, NUM_TASKS='
+        f'{model.config.num_tasks}), got {first_new_row!r}: it is the number '
+        'of tasks the starting checkpoint was trained on.')
+  return optimizers.only_task_rows(
+      optimizer, {k: (axis, first_new_row)
+                  for k, axis in task_axes(model).items()})

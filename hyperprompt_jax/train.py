@@ -261,9 +261,8 @@ def train(
   if train_only_new_tasks:
     first_new_row = _first_new_task_row(model, initial_checkpoint_path,
                                         task_params_path)
-    optimizer = optimizers.only_task_rows(
-        optimizer, {k: (axis, first_new_row)
-                    for k, axis in task_params.task_axes(model).items()})
+    optimizer = task_params.only_new_task_rows(optimizer, model,
+                                               first_new_row)
   paths.check_writable_dir(model_dir, 'MODEL_DIR')
   lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
   if lock:

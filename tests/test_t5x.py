@@ -48,6 +48,7 @@ from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
 from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import t5x_model
+from hyperprompt_jax import task_params
 
 import conftest
 
@@ -205,6 +206,43 @@ def test_t5x_fine_tunes_from_a_t5x_checkpoint(tmp_path):
   assert opt and all(k.startswith('state/param_states/inner_states/')
                      for k in opt)
   assert all(not v.any() for v in opt.values())
+
+
+def test_t5x_adds_a_task_and_trains_only_its_rows(quickstart_dir, tmp_path):
+  """import_task_params grows the t5x quickstart's checkpoint to 17 task
+  rows; t5x trains the new task from it (t5x/quickstart_add_task.gin): the
+  backbone, the shared parameters and the 16 trained rows stay
+  bit-identical, row 16 trains."""
+  grown = tmp_path / 'grown'
+  _run('hyperprompt_jax.import_task_params',
+       '--gin_file=runs/quickstart_model.gin', '--gin.NUM_TASKS=17',
+       f'--checkpoint_path={quickstart_dir / "checkpoint_2"}',
+       f'--output_dir={grown}')
+  model_dir = tmp_path / 'model'
+  _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_add_task.gin',
+       f"--gin.MODEL_DIR='{model_dir}'",
+       f"--gin.INITIAL_CHECKPOINT_PATH='{grown / 'checkpoint_0'}'",
+       '--gin.TRAIN_STEPS=2', '--gin.SAVE_PERIOD=2', *QUICK)
+  before = _read_t5x_state(grown / 'checkpoint_0')
+  after = _read_t5x_state(model_dir / 'checkpoint_2')
+  trained = _read_t5x_state(quickstart_dir / 'checkpoint_2')
+  gin.clear_config()
+  gin_utils.parse_gin(['runs/quickstart_model.gin'], ['NUM_TASKS = 17'])
+  try:
+    axes = task_params.task_axes(gin.get_configurable(network.Transformer)())
+  finally:
+    gin.clear_config()
+  params = [k for k in before if k.startswith('target/')]
+  assert params and any(k[len('target/'):] in axes for k in params)
+  for k in params:
+    path = k[len('target/'):]
+    if path not in axes:
+      assert before[k].tobytes() == after[k].tobytes() == trained[k].tobytes()
+      continue
+    rows = lambda x, a=axes[path]: np.moveaxis(x, a, 0)
+    assert rows(before[k])[:16].tobytes() == rows(trained[k]).tobytes()
+    assert rows(after[k])[:16].tobytes() == rows(trained[k]).tobytes(), k
+    assert not np.array_equal(rows(after[k])[16], rows(before[k])[16]), k
 
 
 # ---------------------------------------------- the adapter, in process --
