@@ -29,20 +29,27 @@ _PROG = 'python -m hyperprompt_jax.export_task_params'
 
 
 def _add_flags(parser) -> None:
-  parser.add_argument('--checkpoint_path', required=True,
+  parser.add_argument('--checkpoint_path',
                       help='the checkpoint_<step> folder to export from')
-  parser.add_argument('--output', required=True,
+  parser.add_argument('--output',
                       help='the artifact to write (.npz; local or gs://)')
+  parser.add_argument('--sizes', action='store_true',
+                      help="print the gin model's artifact and checkpoint "
+                      'sizes (float32, from shapes; nothing is read or '
+                      'written) instead of exporting')
 
 
 gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags, tensorflow=True)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
+from flax import traverse_util
 import gin
+import jax
 import tensorflow as tf
 
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
 from hyperprompt_jax import task_params
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
@@ -90,10 +97,33 @@ def export(model: network.Transformer, checkpoint_path: str, output: str,
           'checkpoint_bytes': directory_bytes(checkpoint_path)}
 
 
+def sizes(model: network.Transformer) -> dict[str, int]:
+  """Bytes, from the shapes alone: the artifact's arrays (float32; the
+  header adds a few KB) and a built-in checkpoint's parameters and
+  Adafactor state (`optimizers.make_optimizer`; t5x's holds the same)."""
+  params = network.abstract_variables(model)['params']
+  opt_state = jax.eval_shape(optimizers.make_optimizer().init, params)
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize
+                            for x in jax.tree.leaves(tree))
+  return {'artifact': nbytes(task_params.task_conditioned(
+              traverse_util.flatten_dict(params, sep='/'))),
+          'params': nbytes(params), 'optimizer_state': nbytes(opt_state)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.parse_command_line(_PROG, __doc__, argv, logger=log,
                                       add_flags=_add_flags)
   model = gin.get_configurable(network.Transformer)()
+  if args.sizes:
+    out = sizes(model)
+    checkpoint = out['params'] + out['optimizer_state']
+    print(f"artifact {out['artifact'] / 1e6:.2f} MB, checkpoint "
+          f'{checkpoint / 1e6:.1f} MB (parameters {out["params"] / 1e6:.1f} '
+          f'MB + Adafactor state {out["optimizer_state"] / 1e6:.1f} MB): '
+          f'{out["artifact"] / checkpoint:.2%}')
+    return 0
+  if not (args.checkpoint_path and args.output):
+    raise ValueError('Give --checkpoint_path and --output (or --sizes).')
   out = export(model, args.checkpoint_path, args.output)
   log.info('Wrote %s: %d arrays of %s for tasks %s, %.1f KB (the checkpoint: '
            '%.1f MB).', args.output, len(out['shapes']),

@@ -383,3 +383,48 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
   assert any(not np.allclose(np.moveaxis(now[k], a, 0)[3],
                              np.moveaxis(was[k], a, 0).mean(0))
              for k, a in axes.items())  # the new rows trained
+
+
+def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
+  """import_task_params: t5x's layout ({target, state: {step}}), the real t5x
+  backbone and the artifact's rows, grown to 5 tasks by 'copy'."""
+  from hyperprompt_jax import import_task_params  # pylint: disable=g-import-not-at-top
+  model, trained, artifact = global_on_t5x
+  grown = network.Transformer(dataclasses.replace(model.config, num_tasks=5))
+  gin.clear_config()
+  gin.bind_parameter('hyperprompt_jax.tasks.task_ids.run_task_list.tasks',
+                     list(TASKS) + ['glue_qqp'])
+  try:
+    path = import_task_params.import_task_params(
+        grown, str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
+        str(tmp_path / 'out'), artifact,
+        task_params.Growth('copy', 'glue_stsb'))
+    with pytest.raises(ValueError, match='exists: choose a new --output_dir'):
+      import_task_params.import_task_params(
+          grown, str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
+          str(tmp_path / 'out'), artifact)
+  finally:
+    gin.clear_config()
+  assert path.endswith('out/checkpoint_0')
+  restored = ocp.PyTreeCheckpointer().restore(tmp_path / 'out' /
+                                              'checkpoint_0' / 'state')
+  assert set(restored) == {'target', 'state'}
+  assert int(restored['state']['step']) == 0
+  flat = _flat(restored['target'])
+  expected = np.load(conftest.T5X_TINY / 'orbax_checkpoint_100.params.npz')
+  for k in expected.files:
+    np.testing.assert_array_equal(flat[k], expected[k], err_msg=k)
+  for k, a in task_params.task_axes(grown).items():
+    rows = np.moveaxis(flat[k], a, 0)
+    np.testing.assert_array_equal(rows[:4], np.moveaxis(trained[k], a, 0))
+    np.testing.assert_array_equal(rows[4], np.moveaxis(trained[k], a, 0)[2])
+
+
+def test_sizes_count_the_task_parameters_in_float32():
+  model = network.Transformer(_config('hyperprompt_global'))
+  params = _random_params(model, seed=0)
+  got = export_task_params.sizes(model)
+  assert got['artifact'] == 4 * sum(
+      v.size for k, v in params.items() if 'hyperprompt' in k)
+  assert got['params'] == 4 * sum(v.size for v in params.values())
+  assert 0 < got['optimizer_state'] < got['params']
