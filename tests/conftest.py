@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hyperprompt_jax import network
+from hyperprompt_jax.tasks import task_ids
 
 TESTDATA = pathlib.Path(__file__).parent / 'testdata'
 T5X_TINY = TESTDATA / 't5x_tiny'
@@ -22,6 +23,16 @@ T5X_TINY_CONFIG = network.T5Config(
     num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
     num_tasks=4,
 )
+
+
+@pytest.fixture(autouse=True)
+def _task_ids_restored():
+  """A test that registers a task (`tasks.add_task`, or a gin file importing
+  tasks/example_new_task.py) appends to every run's task list in its
+  process; the next test in that worker gets the list back as it was."""
+  appended = list(task_ids._APPENDED)  # pylint: disable=protected-access
+  yield
+  task_ids._APPENDED[:] = appended  # pylint: disable=protected-access
 
 
 def flat(params) -> dict[str, np.ndarray]:
