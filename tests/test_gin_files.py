@@ -81,6 +81,10 @@ def _t5x_main(script: str | None):
     sys.modules['__main__'] = saved
 
 
+# t5x files given after a run's own files, with the run they are tested on.
+T5X_FRAGMENTS = {'t5x/add_task.gin': 't5x/quickstart_train.gin'}
+
+
 @pytest.mark.parametrize('name', T5X_FILES)
 def test_t5x_gin_file_parses(name):
   # t5x's run files are included as 't5x/configs/runs/...', from the root
@@ -88,8 +92,9 @@ def test_t5x_gin_file_parses(name):
   t5x_root = _t5x_root()
   text = (GIN_DIR / name).read_text()
   assert 'Required to be set' in text and 'Commonly overridden' in text
-  with _t5x_main(_t5x_script(name)):
-    gin_utils.parse_gin([name], [], [t5x_root])
+  files = [T5X_FRAGMENTS[name], name] if name in T5X_FRAGMENTS else [name]
+  with _t5x_main(_t5x_script(files[0])):
+    gin_utils.parse_gin(files, [], [t5x_root])
   assert str(gin.query_parameter('MODEL/macro.value')) == (
       '@t5x_model.TaskIdsEncoderDecoderModel()')
   if name.startswith('t5x/hyper'):  # the papers' runs
