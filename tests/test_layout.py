@@ -96,6 +96,39 @@ def test_published_sizes():
   assert round(millions['t5_1_1_xl'], -1) == 2850
   assert round(millions['t5_1_1_xxl'], -2) == 11100
   assert round(millions['t5_base']) == 223  # v1.0: tied logits, d_ff 3072
+  # T5 v1.0 Large / 3B / 11B (HyperGrid's larger models): the T5 paper's
+  # "770M", "3B", "11B" name them loosely; the tied-logits counts are these.
+  assert round(millions['t5_large']) == 738
+  assert round(millions['t5_3b'], -1) == 2850
+  assert round(millions['t5_11b'], -2) == 11300
+
+
+# T5 v1.0 (t5x/examples/t5/t5_1_0/*.gin): d_model, heads, head_dim, d_ff,
+# layers per stack; ReLU, logits through the embedding.
+T5_1_0 = {
+    'base': (768, 12, 64, 3072, 12),
+    'large': (1024, 16, 64, 4096, 24),
+    '3b': (1024, 32, 128, 16384, 24),
+    '11b': (1024, 128, 128, 65536, 24),
+}
+
+
+@pytest.mark.parametrize('size', sorted(T5_1_0))
+def test_t5_1_0_models_have_the_published_dimensions(size):
+  d, heads, head_dim, d_ff, layers = T5_1_0[size]
+  gin.clear_config()
+  try:
+    from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+    from hyperprompt_jax import network  # pylint: disable=g-import-not-at-top
+    gin_utils.parse_gin([f'models/t5_{size}.gin'], [])
+    cfg = gin.get_configurable(network.Transformer)().config
+  finally:
+    gin.clear_config()
+  assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim,
+          cfg.num_encoder_layers, cfg.num_decoder_layers) == (
+              d, heads, head_dim, d_ff, layers, layers)
+  assert tuple(cfg.mlp_activations) == ('relu',)
+  assert cfg.logits_via_embedding and cfg.vocab_size == VOCAB
 
 
 @pytest.mark.parametrize('gin_file', GIN_MODELS, ids=lambda p: p.stem)
