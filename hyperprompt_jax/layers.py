@@ -256,6 +256,13 @@ class MlpBlock(nn.Module):
                         name=name)
 
 
+# Where attention probabilities are sown (flax's collection for intermediate
+# values), and under which name, when `apply` is given
+# `mutable=[PROBE_COLLECTION]`.
+PROBE_COLLECTION = 'intermediates'
+ATTENTION_WEIGHTS = 'attention_weights'
+
+
 def dot_product_attention(
     query: Array,
     key: Array,
@@ -266,6 +273,7 @@ def dot_product_attention(
     deterministic: bool = True,
     dtype: DType = jnp.float32,
     float32_logits: bool = True,
+    on_weights: Optional[Callable[[Array], None]] = None,
 ) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(d_h) into the query init).
 
@@ -279,6 +287,8 @@ def dot_product_attention(
     deterministic: disables dropout.
     dtype: dtype of the attention weights and output.
     float32_logits: compute logits and softmax in float32.
+    on_weights: called with the attention probabilities `[batch, heads,
+      q_length, kv_length]` (before dropout), e.g. to `sow` them.
 
   Returns:
     `[batch, q_length, heads, head_dim]`.
@@ -290,6 +300,8 @@ def dot_product_attention(
   if bias is not None:
     logits = logits + bias.astype(logits.dtype)
   weights = jax.nn.softmax(logits).astype(dtype)
+  if on_weights is not None:
+    on_weights(weights)
   if not deterministic and dropout_rate > 0.0:
     keep_prob = 1.0 - dropout_rate
     shape = list(weights.shape)
@@ -483,8 +495,16 @@ class MultiHeadDotProductAttention(nn.Module):
         deterministic=deterministic,
         dtype=self.dtype,
         float32_logits=self.float32_logits,
+        # The attention probe (`probe.py`): only when the caller asks for
+        # the collection, so a normal call traces nothing more.
+        on_weights=(self._sow_weights
+                    if self.is_mutable_collection(PROBE_COLLECTION) else None),
     )
     return proj.out(x), token_key, token_value
+
+  def _sow_weights(self, weights: Array) -> None:
+    """`[batch, heads, q_length, prefix + kv_length]`, prefix columns first."""
+    self.sow(PROBE_COLLECTION, ATTENTION_WEIGHTS, weights)
 
   def _use_cache(self, query, key, value, mask, bias, prefix_key,
                  prefix_value):

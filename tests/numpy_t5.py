@@ -49,11 +49,13 @@ def relpos_bias(table, qlen, klen, bidirectional):
   return out
 
 
-def attention(p, prefix, xq, xkv, visible, bias, heads, prompt_kv=None):
+def attention(p, prefix, xq, xkv, visible, bias, heads, prompt_kv=None,
+              record=None):
   """One example. `visible [q, k]` bool; `bias [heads, q, k]` or None.
 
   `prompt_kv`: optional `(keys, values)` `[l, heads, head_dim]` prepended to
-  the keys / values, always visible, zero position bias.
+  the keys / values, always visible, zero position bias. `record`: a list
+  the probabilities `[heads, q, l + k]` are appended to.
   """
   wq, wk, wv, wo = (p[f'{prefix}/{n}/kernel'] for n in ('query', 'key',
                                                         'value', 'out'))
@@ -71,6 +73,8 @@ def attention(p, prefix, xq, xkv, visible, bias, heads, prompt_kv=None):
     v = np.concatenate([pv, v], 0)
   w = np.exp(logits - logits.max(-1, keepdims=True))
   w = w / w.sum(-1, keepdims=True)
+  if record is not None:
+    record.append(w)
   out = np.einsum('hqk,khd->qhd', w, v).reshape(len(xq), heads * dh)
   return out @ wo
 
@@ -102,14 +106,16 @@ def _no_adapter(stack, layer, kind, h):
 
 
 def encode(p, tokens, heads, num_layers, gated=True, prompts=None,
-           gate_fn=None, adapter_fn=_no_adapter, soft_prompt=None):
+           gate_fn=None, adapter_fn=_no_adapter, soft_prompt=None,
+           record=None):
   """One example `[length]` -> `[length, d]`. `prompts[i]`: layer i's (k, v).
 
   `gate_fn('encoder', i, normed_layer_input, valid)` -> layer i's FFN gates.
   `adapter_fn('encoder', i, kind, h)` -> the sublayer output h adapted
   (kind 'attention' or 'mlp'), before the residual. `soft_prompt [n, d]`:
   embeddings prepended to the tokens' (always valid): the output is then
-  `[n + length, d]`.
+  `[n + length, d]`. `record`: a list each layer's attention probabilities
+  are appended to.
   """
   tokens = np.asarray(tokens)
   x = p['token_embedder/embedding'][tokens].astype(np.float64)
@@ -126,7 +132,7 @@ def encode(p, tokens, heads, num_layers, gated=True, prompts=None,
     gates = gate_fn('encoder', i, h, valid) if gate_fn else None
     x = x + adapter_fn('encoder', i, 'attention', attention(
         p, f'{pre}/attention', h, h, visible, bias, heads,
-        None if prompts is None else prompts[i]))
+        None if prompts is None else prompts[i], record))
     h = rms_norm(x, p[f'{pre}/pre_mlp_layer_norm/scale'])
     x = x + adapter_fn('encoder', i, 'mlp', mlp(p, f'{pre}/mlp', h, gated,
                                                 gates))
