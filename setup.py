@@ -55,6 +55,7 @@ setuptools.setup(
         'hyperprompt_jax.gin': 'gin',
     },
     package_data={
+        'hyperprompt_jax': ['paper_results.json'],
         'hyperprompt_jax.gin': ['*.gin', '*/*.gin', '*/*/*.gin'],
         'hyperprompt_jax.tasks': ['fixtures/*', 'fixtures/*/*'],
     },

@@ -9,7 +9,8 @@ by either runner (the built-in one or t5x, orbax or legacy layout):
 
 Macros (t5x's names): CHECKPOINT_PATH, EVAL_OUTPUT_DIR, MIXTURE_OR_TASK_NAME,
 TASK_FEATURE_LENGTHS, plus EVAL_BATCH_SIZE, EVAL_SPLIT, MAJORITY_BASELINE,
-SELECTION, SELECTION_BENCHMARK.
+SELECTION, SELECTION_BENCHMARK, COMPARE_TO (a paper setup of
+`paper_results`: the scores printed and plotted beside the paper's).
 Writes, in EVAL_OUTPUT_DIR, seqio's `inference_eval/<task>-metrics.jsonl`
 (the files t5x writes), `summary.json`, `best_per_task.json` and
 `task_scores.png` (`eval_summary`), and prints the per-task table with the
@@ -69,6 +70,10 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                       "default), 'best_average' (HyperGrid: one checkpoint, "
                       "the best --selection_benchmark average) or 'last' "
                       '(SELECTION with gin; see eval_summary)')
+  parser.add_argument('--compare_to',
+                      help='a paper setup (paper_results.setups(), e.g. '
+                      'hyperprompt_global_glue): print and plot the scores '
+                      "beside the paper's (COMPARE_TO with gin)")
   parser.add_argument('--selection_benchmark', default='glue',
                       help="with --metrics_dir and --selection=best_average: "
                       "'glue' (default), 'super_glue', 'glue_super_glue' or "
@@ -90,6 +95,7 @@ from hyperprompt_jax import decoding
 from hyperprompt_jax import eval_summary
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import network
+from hyperprompt_jax import paper_results
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
 from hyperprompt_jax.tasks import feature_converter
@@ -232,6 +238,7 @@ def evaluate(
     majority_baseline: bool = False,
     selection: str = 'best_per_task',
     selection_benchmark: str = 'glue',
+    compare_to: Optional[str] = None,
     use_cached_tasks: bool = False,
     mesh_data: int = -1,
     mesh_model: int = 1,
@@ -254,6 +261,8 @@ def evaluate(
     selection: which checkpoint each task is read at: 'best_per_task',
       'best_average' or 'last' (`eval_summary.select`).
     selection_benchmark: the average 'best_average' picks by.
+    compare_to: a paper setup (`paper_results`) to print and plot the
+      selected scores (several runs: their means) beside.
     use_cached_tasks: read seqio's offline cache.
     mesh_data, mesh_model: the device mesh (-1: the remaining devices).
     write_n_results: predictions per task kept in seqio's inference files
@@ -266,6 +275,8 @@ def evaluate(
   model = model or gin.get_configurable(network.Transformer)()
   run_paths = _as_paths(checkpoint_path)
   eval_summary.check_selection(selection, selection_benchmark)
+  if compare_to is not None:
+    paper_results.get(compare_to)  # an unknown setup fails before the work
   found = {path: find_checkpoints(path) for path in run_paths}
   paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR')
   task_ids.check_num_tasks(model.config.num_tasks)
@@ -316,8 +327,35 @@ def evaluate(
                 ', '.join(f'checkpoint_{s}' for s in unreadable))
     summaries[name] = summary
   if len(run_paths) == 1:
-    return summaries[names[0]]
-  return _write_runs(summaries, dict(zip(names, run_paths)), eval_output_dir)
+    summary = summaries[names[0]]
+  else:
+    summary = _write_runs(summaries, dict(zip(names, run_paths)),
+                          eval_output_dir)
+  if compare_to is not None:
+    compare_with_paper(summary, compare_to, eval_output_dir)
+  return summary
+
+
+def compare_with_paper(summary: Mapping[str, Any], setup: str,
+                       output_dir: str) -> dict:
+  """The selected scores (several runs: their means) beside the paper's:
+  printed, and written to compare_to_paper.json / .png in `output_dir`."""
+  if 'aggregate' in summary:
+    agg = summary['aggregate']
+    scores_ = {t: v['mean'] for t, v in agg['tasks'].items()}
+    averages = {b: v['mean'] for b, v in agg['averages'].items()}
+  else:
+    scores_ = {t: v['score'] for t, v in summary['selection']['tasks'].items()}
+    averages = summary['selection']['averages']
+  comparison = paper_results.compare(scores_, averages, setup)
+  print(paper_results.compare_table(comparison))
+  path = os.path.join(output_dir, 'compare_to_paper.json')
+  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+    json.dump(comparison, f, indent=1)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  paper_results.plot_compare(
+      comparison, os.path.join(output_dir, paper_results.PLOT_FILE))
+  return comparison
 
 
 def _write_runs(summaries: Mapping[str, Mapping[str, Any]],
@@ -423,10 +461,13 @@ def _line_step(line: str) -> Optional[int]:
 
 def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
                           output_dir: str, selection: str = 'best_per_task',
-                          selection_benchmark: str = 'glue') -> dict:
+                          selection_benchmark: str = 'glue',
+                          compare_to: Optional[str] = None) -> dict:
   """The summary of t5x's evaluation output (`--metrics_dir`); of several
   runs, each run's summary in `output_dir/<run>/` and their aggregate."""
   eval_summary.check_selection(selection, selection_benchmark)
+  if compare_to is not None:
+    paper_results.get(compare_to)
   metrics_dirs = _as_paths(metrics_dirs)
   paths.check_writable_dir(output_dir, '--output_dir')
   read = {name: eval_summary.read_metrics_dir(d)
@@ -442,8 +483,13 @@ def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
     log.info('Wrote %s', ', '.join(written.values()))
     summaries[name] = summary
   if len(read) == 1:
-    return summaries[name]
-  return _write_runs(summaries, dict(zip(read, metrics_dirs)), output_dir)
+    summary = summaries[name]
+  else:
+    summary = _write_runs(summaries, dict(zip(read, metrics_dirs)),
+                          output_dir)
+  if compare_to is not None:
+    compare_with_paper(summary, compare_to, output_dir)
+  return summary
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -456,7 +502,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        'their aggregate.')
     summarize_metrics_dir(args.metrics_dir,
                           args.output_dir or args.metrics_dir[0],
-                          args.selection, args.selection_benchmark)
+                          args.selection, args.selection_benchmark,
+                          args.compare_to)
     return 0
   gin_utils.parse_gin_flags(args)
   summary = importlib.import_module('hyperprompt_jax.eval').evaluate()
