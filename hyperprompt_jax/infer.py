@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import re
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from hyperprompt_jax import gin_utils
 
@@ -96,8 +96,20 @@ def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
           'target_value': task.postprocess_fn(
               target, example=example, is_target=True),
           'task_id': int(example['task_ids']),
+          'idx': example_idx(example),
       })
   return records
+
+
+def example_idx(example: Mapping[str, Any]) -> Any:
+  """The example's id in its TFDS split: `idx` (an int), or MultiRC's
+  {paragraph, question, answer} / ReCoRD's {passage, query} (seqio's
+  `idx/<part>` features); None without one."""
+  if 'idx' in example:
+    return int(example['idx'])
+  parts = {k[len('idx/'):]: int(v) for k, v in example.items()
+           if k.startswith('idx/')}
+  return parts or None
 
 
 @gin.configurable(denylist=['model'])

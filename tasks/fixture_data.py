@@ -19,6 +19,9 @@ from typing import Callable
 
 SEED = 20221122
 TRAIN, VALIDATION = 400, 100
+# Test splits, unlabelled as in TFDS (label -1, no ReCoRD answers), from
+# their own generator so the train / validation files stay as they were.
+TEST = 20
 
 NOUNS = ('cat', 'dog', 'bird', 'horse', 'child', 'farmer', 'teacher', 'pilot',
          'doctor', 'singer', 'baker', 'sailor')
@@ -336,7 +339,35 @@ def generate() -> dict[str, dict[str, list[dict]]]:
                                 'validation': multirc(rng, VALIDATION // 2)}
   data['super_glue_record'] = {'train': record(rng, TRAIN),
                                'validation': record(rng, VALIDATION)}
+  _add_test_splits(data, random.Random(SEED + 1))
   return data
+
+
+def _unlabelled(examples: list[dict]) -> list[dict]:
+  """TFDS's test splits: label -1, ReCoRD without answers."""
+  out = []
+  for ex in examples:
+    ex = dict(ex)
+    if 'label' in ex:
+      ex['label'] = -1
+    if 'answers' in ex:
+      ex['answers'] = []
+    out.append(ex)
+  return out
+
+
+def _add_test_splits(data: dict, rng: random.Random) -> None:
+  """A `test` split for every task that has a validation one (MNLI: matched
+  and mismatched), for the test-server files (`leaderboard`)."""
+  for name, (rule, k) in RULES.items():
+    if name == 'glue_mnli':
+      data[name]['test_matched'] = _unlabelled(_split(rng, rule, k, TEST))
+      data[name]['test_mismatched'] = _unlabelled(
+          _split(rng, rule, k, TEST, nouns=OTHER_NOUNS))
+    elif name != 'dpr':
+      data[name]['test'] = _unlabelled(_split(rng, rule, k, TEST))
+  data['super_glue_multirc']['test'] = _unlabelled(multirc(rng, TEST // 2))
+  data['super_glue_record']['test'] = _unlabelled(record(rng, TEST))
 
 
 def to_jsonl(examples: list[dict]) -> str:

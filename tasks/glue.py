@@ -27,7 +27,8 @@ from hyperprompt_jax.tasks import registration
 
 TFDS_VERSION = '2.0.0'
 _SPLITS = {'train': 'train', 'validation': 'validation', 'test': 'test'}
-_FIXTURE_SPLITS = {'train': 'train', 'validation': 'validation'}
+_FIXTURE_SPLITS = {'train': 'train', 'validation': 'validation',
+                   'test': 'test'}
 
 
 def _glue(name: str, label_names: Optional[Sequence[str]],
@@ -82,11 +83,13 @@ GLUE = (
     _glue('mnli_matched', _NLI3, _ACC, _MNLI_TEXT, 0, config='mnli',
           splits={'validation': 'validation_matched',
                   'test': 'test_matched'},
-          fixture_splits={'validation': 'validation_matched'}),
+          fixture_splits={'validation': 'validation_matched',
+                          'test': 'test_matched'}),
     _glue('mnli_mismatched', _NLI3, _ACC, _MNLI_TEXT, 0, config='mnli',
           splits={'validation': 'validation_mismatched',
                   'test': 'test_mismatched'},
-          fixture_splits={'validation': 'validation_mismatched'}),
+          fixture_splits={'validation': 'validation_mismatched',
+                          'test': 'test_mismatched'}),
     _glue('qnli', _NLI2, _ACC, ('question', 'sentence'), 104_743),
     _glue('rte', _NLI2, _ACC, ('sentence1', 'sentence2'), 2_490),
 )

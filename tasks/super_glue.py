@@ -32,7 +32,8 @@ from hyperprompt_jax.tasks import registration
 TFDS_VERSION = '1.0.2'
 DPR_TFDS_NAME = 'definite_pronoun_resolution:1.1.0'
 _SPLITS = {'train': 'train', 'validation': 'validation', 'test': 'test'}
-_FIXTURE_SPLITS = {'train': 'train', 'validation': 'validation'}
+_FIXTURE_SPLITS = {'train': 'train', 'validation': 'validation',
+                   'test': 'test'}
 _BOOL = ('False', 'True')
 _ACC = (metrics.accuracy,)
 
@@ -113,7 +114,7 @@ SUPER_GLUE = (
           postprocessors.wsc_simple, _ACC, _WSC_SCHEMA, 0,
           config='wsc.fixed', splits={'validation': 'validation',
                                       'test': 'test'},
-          fixture_splits={'validation': 'validation'}),
+          fixture_splits={'validation': 'validation', 'test': 'test'}),
     _spec('wsc_simple_train', functools.partial(preprocessors.wsc_simple,
                                                 correct_referent_only=True),
           None, (), _WSC_SCHEMA, 259, config='wsc.fixed',
