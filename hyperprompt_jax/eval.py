@@ -326,13 +326,21 @@ def evaluate(
                 'unreadable_checkpoints).', len(unreadable), path,
                 ', '.join(f'checkpoint_{s}' for s in unreadable))
     summaries[name] = summary
-  if len(run_paths) == 1:
-    summary = summaries[names[0]]
+  return _finish(summaries, dict(zip(names, run_paths)), eval_output_dir,
+                 compare_to)
+
+
+def _finish(summaries: Mapping[str, Mapping[str, Any]],
+            run_paths: Mapping[str, str], output_dir: str,
+            compare_to: Optional[str]) -> dict:
+  """One run's summary, or several runs' aggregate (written and printed);
+  then the comparison with the paper, if asked for."""
+  if len(summaries) == 1:
+    summary = next(iter(summaries.values()))
   else:
-    summary = _write_runs(summaries, dict(zip(names, run_paths)),
-                          eval_output_dir)
+    summary = _write_runs(summaries, run_paths, output_dir)
   if compare_to is not None:
-    compare_with_paper(summary, compare_to, eval_output_dir)
+    compare_with_paper(summary, compare_to, output_dir)
   return summary
 
 
@@ -482,14 +490,8 @@ def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
     print(eval_summary.table(summary))
     log.info('Wrote %s', ', '.join(written.values()))
     summaries[name] = summary
-  if len(read) == 1:
-    summary = summaries[name]
-  else:
-    summary = _write_runs(summaries, dict(zip(read, metrics_dirs)),
-                          output_dir)
-  if compare_to is not None:
-    compare_with_paper(summary, compare_to, output_dir)
-  return summary
+  return _finish(summaries, dict(zip(read, metrics_dirs)), output_dir,
+                 compare_to)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

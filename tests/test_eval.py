@@ -153,17 +153,7 @@ def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
 
 # ------------------------------------------------------- summaries by hand --
 
-GLUE_METRICS = {
-    'glue_cola': {'matthews_corrcoef': 40.0},
-    'glue_sst2': {'accuracy': 90.0},
-    'glue_mrpc': {'f1': 88.0, 'accuracy': 84.0},
-    'glue_stsb': {'pearson_corrcoef': 86.0, 'spearman_corrcoef': 84.0},
-    'glue_qqp': {'f1': 70.0, 'accuracy': 80.0},
-    'glue_mnli_matched': {'accuracy': 82.0},
-    'glue_mnli_mismatched': {'accuracy': 80.0},
-    'glue_qnli': {'accuracy': 88.0},
-    'glue_rte': {'accuracy': 70.0},
-}
+GLUE_METRICS = conftest.GLUE_METRICS
 
 
 def _constructed_results():

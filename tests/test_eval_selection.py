@@ -9,19 +9,9 @@ import pytest
 from hyperprompt_jax import eval as eval_lib
 from hyperprompt_jax import eval_summary
 
-# One score per metric, so each task's score is easy to read: MRPC (88 + 84)
-# / 2 = 86, STS-B 85, QQP 75, MNLI (82 + 80) / 2 = 81.
-BASE = {
-    'glue_cola': {'matthews_corrcoef': 40.0},
-    'glue_sst2': {'accuracy': 90.0},
-    'glue_mrpc': {'f1': 88.0, 'accuracy': 84.0},
-    'glue_stsb': {'pearson_corrcoef': 86.0, 'spearman_corrcoef': 84.0},
-    'glue_qqp': {'f1': 70.0, 'accuracy': 80.0},
-    'glue_mnli_matched': {'accuracy': 82.0},
-    'glue_mnli_mismatched': {'accuracy': 80.0},
-    'glue_qnli': {'accuracy': 88.0},
-    'glue_rte': {'accuracy': 70.0},
-}
+import conftest
+
+BASE = conftest.GLUE_METRICS
 BASE_SCORES = {'glue_cola': 40.0, 'glue_sst2': 90.0, 'glue_mrpc': 86.0,
                'glue_stsb': 85.0, 'glue_qqp': 75.0, 'glue_mnli': 81.0,
                'glue_qnli': 88.0, 'glue_rte': 70.0}  # GLUE average 76.875
