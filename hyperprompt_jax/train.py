@@ -51,7 +51,6 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import batches
-from hyperprompt_jax import checkpoints
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import methods
