@@ -171,11 +171,20 @@ class Trainer:
                 if not param_groups.is_task_conditioned(k)} | arrays
     rows = task_params.trained_rows(self.model, path, task_params_path)
     axes = task_params.task_axes(self.model)
-    fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
+    abstract = traverse_util.flatten_dict(self.abstract_params, sep='/')
+    growth = growth or task_params.Growth()
+    # A fresh initialisation only where one is needed (parameters the
+    # checkpoint lacks, 'fresh' rows): loading a whole checkpoint then
+    # allocates the model once, not twice.
+    fresh = None
+    model_rows = max((abstract[k].shape[a] for k, a in axes.items()),
+                     default=0)
+    if growth.rule == 'fresh' and rows < model_rows:
+      fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
     loaded = task_params.grow(
-        loaded, traverse_util.flatten_dict(self.abstract_params, sep='/'),
-        axes, growth or task_params.Growth(), rows, list(task_list),
-        fresh={k: np.asarray(jax.device_get(fresh[k])) for k in axes})
+        loaded, abstract, axes, growth, rows, list(task_list),
+        fresh=None if fresh is None else {
+            k: np.asarray(jax.device_get(fresh[k])) for k in axes})
     loaded, missing = checkpoints.match_params(
         loaded, self.abstract_params, path, allow_missing=True)
     backbone_missing = [k for k in missing
@@ -186,12 +195,14 @@ class Trainer:
           f'{backbone_missing[:5]}{" ..." if len(backbone_missing) > 5 else ""}'
           ': it is not a checkpoint of this model\'s backbone (check the '
           'model gin file).')
+    if missing and fresh is None:
+      fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
     flat_loaded = traverse_util.flatten_dict(loaded, sep='/')
     shardings = traverse_util.flatten_dict(self.param_shardings, sep='/')
     params = {}
-    for k, v in fresh.items():
+    for k, v in abstract.items():
       value = flat_loaded.get(k)
-      params[k] = v if value is None else jax.device_put(
+      params[k] = fresh[k] if value is None else jax.device_put(
           np.asarray(value, v.dtype), shardings[k])
     return traverse_util.unflatten_dict(params, sep='/'), missing, rows
 
