@@ -65,21 +65,30 @@ def _step_of(checkpoint_path: str) -> int:
   return int(match[1])
 
 
-def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
-                     task_feature_lengths: Mapping[str, int], split: str,
-                     num_examples: Optional[int] = None) -> list[dict]:
-  """Decodes `task`'s `split`; one record per example (module docstring)."""
+def task_examples(task: seqio.Task, task_feature_lengths: Mapping[str, int],
+                  split: str, num_examples: Optional[int] = None):
+  """`(examples, features)`: the first `num_examples` of `split` in order,
+  and the same examples as unpacked model features (unbatched)."""
   lengths = dict(task_feature_lengths)
   examples = task.get_dataset(lengths, split=split, shuffle=False,
                               num_epochs=1)
   if num_examples is not None:
     examples = examples.take(num_examples)
   converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=False)
+  return examples, converter(examples, lengths)
+
+
+def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
+                     task_feature_lengths: Mapping[str, int], split: str,
+                     num_examples: Optional[int] = None) -> list[dict]:
+  """Decodes `task`'s `split`; one record per example (module docstring)."""
+  examples, features = task_examples(task, task_feature_lengths, split,
+                                     num_examples)
   # The model features and the raw examples come from the same deterministic
   # pipeline, in the same order; raw examples are read one by one (their
   # fields have ragged lengths).
   raw_examples = examples.as_numpy_iterator()
-  batches = converter(examples, lengths).batch(predictor.batch_size)
+  batches = features.batch(predictor.batch_size)
   vocabulary = task.output_features['targets'].vocabulary
   records = []
   for features in batches.as_numpy_iterator():

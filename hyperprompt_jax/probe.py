@@ -58,12 +58,12 @@ import tensorflow as tf
 
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import infer
 from hyperprompt_jax import layers
 from hyperprompt_jax import network
 from hyperprompt_jax import paths
 from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import task_params
-from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
@@ -166,14 +166,9 @@ def task_batches(task: seqio.Task, task_feature_lengths: Mapping[str, int],
                  split: str, num_examples: Optional[int], batch_size: int):
   """The first `num_examples` of `split` as model feature batches; the last
   one padded with empty rows (no real token: they count nowhere)."""
-  lengths = dict(task_feature_lengths)
-  examples = task.get_dataset(lengths, split=split, shuffle=False,
-                              num_epochs=1)
-  if num_examples is not None:
-    examples = examples.take(num_examples)
-  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=False)
-  batches = converter(examples, lengths).padded_batch(batch_size)
-  for batch in batches.as_numpy_iterator():
+  _, features = infer.task_examples(task, task_feature_lengths, split,
+                                   num_examples)
+  for batch in features.padded_batch(batch_size).as_numpy_iterator():
     pad = batch_size - len(batch['task_ids'])
     yield {k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1))
            for k, v in batch.items()}
