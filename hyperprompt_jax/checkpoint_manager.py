@@ -6,7 +6,10 @@ Each checkpoint holds three items, written atomically together by orbax
   checkpoint_<step>/state/    the train state (step, params, optimizer state),
                               orbax's standard PyTree layout
   checkpoint_<step>/dataset/  the tf.data iterator's position, one file per
-                              host (`tf.train.Checkpoint`)
+                              process (`tf.train.Checkpoint`); a process
+                              restores the file of a process that read the
+                              same data shard, so the process count may
+                              change while the data layout stays
   checkpoint_<step>/run/      the record of the run that wrote it (JSON,
                               `run_record`): model and data settings, gin
                               config (absent in older checkpoints)
@@ -27,11 +30,11 @@ from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
 from hyperprompt_jax import checkpoints
+from hyperprompt_jax import multihost
 
 STATE = 'state'
 DATASET = 'dataset'
@@ -54,21 +57,28 @@ class DatasetIteratorHandler(ocp.CheckpointHandler):
   """Saves / restores a tf.data iterator with `tf.train.Checkpoint`.
 
   orbax has no tf.data handler of its own (t5x writes the iterator beside its
-  checkpoint the same way); one file per host, since every host reads its
-  own shard of the data.
+  checkpoint the same way); one file per process, since each reads a shard
+  of the data. A restore reads the file of `source_process`: a process of
+  the saving run that read the same shard (`run_record.data_source`).
   """
 
-  def _prefix(self, directory: epath.Path) -> str:
-    return os.fspath(directory / f'process_{jax.process_index()}' / 'iterator')
-
   def save(self, directory: epath.Path, args: 'DatasetIteratorSave'):
-    tf.train.Checkpoint(iterator=args.iterator).write(self._prefix(directory))
+    tf.train.Checkpoint(iterator=args.iterator).write(
+        iterator_prefix(directory, jax.process_index()))
 
   def restore(self, directory: epath.Path,
               args: 'DatasetIteratorRestore') -> Any:
+    source = (jax.process_index() if args.source_process is None
+              else args.source_process)
     tf.train.Checkpoint(iterator=args.iterator).read(
-        self._prefix(directory)).assert_consumed()
+        iterator_prefix(directory, source)).assert_consumed()
     return args.iterator
+
+
+def iterator_prefix(directory: epath.Path, process: int) -> str:
+  """Where process `process` saves its data position in a checkpoint's
+  `dataset` item."""
+  return os.fspath(directory / f'process_{process}' / 'iterator')
 
 
 @ocp.args.register_with_handler(DatasetIteratorHandler, for_save=True)
@@ -81,6 +91,7 @@ class DatasetIteratorSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class DatasetIteratorRestore(ocp.args.CheckpointArgs):
   iterator: Any
+  source_process: Optional[int] = None  # None: this process's own file
 
 
 def make_manager(model_dir: str, save_period: int,
@@ -175,16 +186,25 @@ def state_shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
-            iterator) -> Any:
+            iterator, source_process: Optional[int] = None) -> Any:
   """Restores `step`'s state (into `abstract_state`'s shapes and shardings)
-  and moves `iterator` to the saved position."""
-  restored = manager.restore(
-      step,
-      args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardRestore(abstract_state),
-          DATASET: DatasetIteratorRestore(iterator),
-      }))
-  return restored[STATE]
+  and moves `iterator` to the position process `source_process` saved
+  (None: this process's; no iterator: the state only)."""
+  items = {STATE: ocp.args.StandardRestore(abstract_state)}
+  if iterator is not None:
+    items[DATASET] = DatasetIteratorRestore(iterator, source_process)
+  return manager.restore(step, args=ocp.args.Composite(**items))[STATE]
+
+
+def _has_iterator(manager: ocp.CheckpointManager, step: int,
+                  process: int) -> bool:
+  prefix = iterator_prefix(manager.directory / f'{PREFIX}_{step}' / DATASET,
+                           process)
+  return tf.io.gfile.exists(prefix + '.index')
+
+
+class _FailedElsewhere(Exception):
+  """Another process could not read the checkpoint."""
 
 
 def _set_aside(manager: ocp.CheckpointManager, step: int) -> str:
@@ -203,14 +223,19 @@ def _set_aside(manager: ocp.CheckpointManager, step: int) -> str:
 def restore_newest(
     manager: ocp.CheckpointManager, abstract_state: Any,
     make_iterator: Callable[[], Iterator],
-    check: Callable[[int, Optional[dict[str, Any]]], None],
+    check: Callable[[int, Optional[dict[str, Any]]], Optional[int]],
 ) -> Optional[tuple[int, Any, Iterator]]:
-  """Restores the newest checkpoint that can be read.
+  """Restores the newest checkpoint that can be read, on every process.
 
   Newer checkpoints that fail to restore are moved to `MODEL_DIR/unreadable/`
   (with a warning naming the error), so the run goes on from the one before
   and later saves do not collide with them. A checkpoint of another
   configuration is an error, not a fallback.
+
+  With several processes, each step is decided together: the list of
+  checkpoints is process 0's, and a checkpoint one process cannot read is
+  skipped by all, before any restores it or waits in orbax's restore for a
+  process that gave up.
 
   Args:
     manager: the run's manager (`make_manager`).
@@ -218,7 +243,9 @@ def restore_newest(
     make_iterator: a fresh data iterator (one per attempt: a failed restore
       may leave an iterator half-moved).
     check: `(step, record)` raises ResumeMismatchError when the checkpoint's
-      run record (None: no record) does not match this run.
+      run record (None: no record) does not match this run; it returns the
+      process whose saved data position this process takes
+      (`run_record.data_source`), or None to start the data afresh.
 
   Returns:
     `(step, state, iterator)`, or None when the directory has no checkpoint.
@@ -229,31 +256,51 @@ def restore_newest(
     UnreadableCheckpointsError: checkpoints exist and none restores.
   """
   failures = []
-  for step in sorted(manager.all_steps(), reverse=True):
+
+  def agreed(error: Optional[Exception], step: int) -> bool:
+    ok = multihost.all_true(error is None)
+    if not ok:
+      failures.append((step, error or _FailedElsewhere(
+          'another process could not read it')))
+    return ok
+
+  steps = multihost.broadcast_json(sorted(manager.all_steps(), reverse=True))
+  for step in steps:
     name = f'checkpoint_{step}'
+    error = saved = record = None
     try:
       saved = state_shapes(manager, step)
       record = read_record(manager, step)
     except Exception as e:  # pylint: disable=broad-except
-      failures.append((step, e))
+      error = e
+    if not agreed(error, step):
       continue
-    check(step, record)  # names settings, so before the shapes
+    # Every process reads the same record: they refuse alike.
+    source = check(step, record)  # names settings, so before the shapes
     check_shapes(saved, abstract_state, name)
+    error = None
+    if source is not None and not _has_iterator(manager, step, source):
+      error = FileNotFoundError(
+          f'{DATASET}/process_{source}/iterator (the data position of this '
+          "process's shard) is missing")
+    if not agreed(error, step):
+      continue
     iterator = make_iterator()
     try:
-      state = restore(manager, step, abstract_state, iterator)
+      state = restore(manager, step, abstract_state,
+                      iterator if source is not None else None, source)
     except Exception as e:  # pylint: disable=broad-except
-      failures.append((step, e))
+      error = e
+    if not agreed(error, step):
       continue
     if failures and jax.process_index() == 0:
-      for bad, error in failures:
+      for bad, failure in failures:
         where = _set_aside(manager, bad)
         log.warning('checkpoint_%d cannot be restored (%s); moved it to %s '
                     'and resumed from checkpoint_%d.', bad,
-                    checkpoints.error_summary(error), where, step)
+                    checkpoints.error_summary(failure), where, step)
     if failures:
-      if jax.process_count() > 1:  # every host lists what process 0 moved
-        multihost_utils.sync_global_devices('unreadable checkpoints moved')
+      multihost.sync('unreadable checkpoints moved')  # every host lists them
       manager.reload()
     return step, state, iterator
   if failures:
@@ -264,4 +311,3 @@ def restore_newest(
         '. Nothing was moved or deleted. Check the file system; to start '
         'afresh, use a new MODEL_DIR.')
   return None
-

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import batches
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 
@@ -83,6 +84,12 @@ class Predictor:
   Batches have a fixed size (the last one is padded), so every task of a
   mixture reuses one compiled program per input length.
 
+  Several processes (one per host) run the same evaluation: each reads the
+  whole evaluation set in the same order (seqio's evaluation datasets are
+  deterministic), places the batch on the global mesh (each device takes
+  its rows), and gets every prediction back (the output is replicated), so
+  each process scores what a single process would.
+
   Args:
     model: the network.
     params_axes: the logical axes of its parameters (from `model.init`);
@@ -108,10 +115,12 @@ class Predictor:
     self.batch_sharding = jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec('data'))
     self.params = None
-    self._decode = jax.jit(self._decode_fn,
-                           in_shardings=(self.param_shardings,
-                                         self.batch_sharding,
-                                         self.batch_sharding))
+    self._decode = jax.jit(
+        self._decode_fn,
+        in_shardings=(self.param_shardings, self.batch_sharding,
+                      self.batch_sharding),
+        out_shardings=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec()))
 
   def _decode_fn(self, params, tokens, task_ids):
     with nn_partitioning.axis_rules(self.rules):
@@ -141,9 +150,11 @@ class Predictor:
     if pad:
       tokens = np.pad(tokens, ((0, pad), (0, 0)))
       ids = np.pad(ids, (0, pad))
+    # Every process holds the same batch: each device takes its rows.
+    tokens, ids = jax.device_put((tokens, ids), self.batch_sharding)
     with jax.set_mesh(self.mesh):
       out = self._decode(self.params, tokens, ids)
-    return np.asarray(jax.device_get(out))[:n]
+    return multihost.host_value(out)[:n]
 
   def predict_fn(self, dataset) -> list[tuple[int, list[int]]]:
     """seqio's `PredictFnCallable`: an enumerated dataset of model features

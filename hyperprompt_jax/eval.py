@@ -78,6 +78,7 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                       help="with --metrics_dir and --selection=best_average: "
                       "'glue' (default), 'super_glue', 'glue_super_glue' or "
                       "'all' (SELECTION_BENCHMARK with gin)")
+  gin_utils.add_distributed_flags(parser)
 
 
 # Before the heavy imports: --help needs none of them, and TensorFlow's
@@ -94,6 +95,7 @@ from hyperprompt_jax import checkpoints
 from hyperprompt_jax import decoding
 from hyperprompt_jax import eval_summary
 from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import paper_results
 from hyperprompt_jax import partitioning
@@ -278,7 +280,9 @@ def evaluate(
   if compare_to is not None:
     paper_results.get(compare_to)  # an unknown setup fails before the work
   found = {path: find_checkpoints(path) for path in run_paths}
-  paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR')
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR'),
+      ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
   tasks = eval_tasks(mixture_or_task_name, split)
   _check_selection_covered(selection, selection_benchmark, tasks)
@@ -288,8 +292,11 @@ def evaluate(
   names = run_names(run_paths)
 
   def make_evaluator(output_dir):
-    metrics_dir = os.path.join(output_dir, METRICS_SUBDIR)
-    tf.io.gfile.makedirs(metrics_dir)
+    # Every process scores the same predictions; process 0 writes them.
+    metrics_dir = None
+    if multihost.is_writer():
+      metrics_dir = os.path.join(output_dir, METRICS_SUBDIR)
+      tf.io.gfile.makedirs(metrics_dir)
     return seqio.Evaluator(
         mixture_or_task_name,
         feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
@@ -297,7 +304,8 @@ def evaluate(
         eval_split=split,
         use_cached=use_cached_tasks,
         sequence_length=dict(task_feature_lengths),
-        logger_cls=[_json_logger_cls(write_n_results)],
+        logger_cls=([_json_logger_cls(write_n_results)] if metrics_dir
+                    else []),
         log_dir=metrics_dir,
         async_compute_metrics=False)
 
@@ -317,9 +325,10 @@ def evaluate(
                                      selection_benchmark)
     if unreadable:
       summary['unreadable_checkpoints'] = unreadable
-    written = eval_summary.write(summary, output_dir)
-    print(eval_summary.table(summary))
-    log.info('Wrote %s', ', '.join(written.values()))
+    if multihost.is_writer():
+      written = eval_summary.write(summary, output_dir)
+      print(eval_summary.table(summary))
+      log.info('Wrote %s', ', '.join(written.values()))
     if unreadable:
       log.error('%d checkpoint(s) of %s could not be read and are missing '
                 'from the summary: %s (listed in summary.json under '
@@ -337,9 +346,11 @@ def _finish(summaries: Mapping[str, Mapping[str, Any]],
   then the comparison with the paper, if asked for."""
   if len(summaries) == 1:
     summary = next(iter(summaries.values()))
-  else:
+  elif multihost.is_writer():
     summary = _write_runs(summaries, run_paths, output_dir)
-  if compare_to is not None:
+  else:
+    summary = eval_summary.runs_summary(summaries, run_paths)
+  if compare_to is not None and multihost.is_writer():
     compare_with_paper(summary, compare_to, output_dir)
   return summary
 
@@ -399,14 +410,18 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
   results, unreadable = {}, {}
   for step, path in found:
     tick = time.time()
+    error = None
     try:
       params, _ = checkpoints.restore_params(path, abstract_params)
     except checkpoints.CheckpointMismatchError:
       raise  # another model's checkpoint: every one would fail alike
     except Exception as e:  # pylint: disable=broad-except
-      # A damaged checkpoint (a save cut short, a truncated copy): report
-      # it and evaluate the others.
-      unreadable[str(step)] = checkpoints.error_summary(e)
+      error = checkpoints.error_summary(e)
+    # A damaged checkpoint (a save cut short, a truncated copy) is reported
+    # and the others evaluated; skipped by every process if one cannot read
+    # it.
+    if not multihost.all_true(error is None):
+      unreadable[str(step)] = error or 'another process could not read it'
       log.error('checkpoint_%d cannot be read, skipped (%s).', step,
                 unreadable[str(step)])
       continue
@@ -508,6 +523,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           args.compare_to)
     return 0
   gin_utils.parse_gin_flags(args)
+  multihost.initialize_from_flags(args)
   summary = importlib.import_module('hyperprompt_jax.eval').evaluate()
   # Non-zero when a checkpoint was skipped, so scripts notice.
   return 1 if summary.get('unreadable_checkpoints') else 0

@@ -43,6 +43,36 @@ def parse_gin_flags(args: argparse.Namespace,
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
 
+# JAX's distributed service ends every process once a peer sends no
+# heartbeat for this long (`multihost.HEARTBEAT_TIMEOUT_S`; repeated here so
+# that --help needs no JAX).
+HEARTBEAT_TIMEOUT_S = 30
+
+
+def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
+  """The flags of a command that runs as several processes, one per host
+  (`multihost.initialize_from_flags` reads them)."""
+  group = parser.add_argument_group(
+      'several processes (one per host; every host runs the same command)')
+  group.add_argument(
+      '--multiprocess', action='store_true',
+      help='join the hosts of a TPU pod, SLURM, Open MPI or k8s job: '
+      'jax.distributed.initialize() finds them itself')
+  group.add_argument(
+      '--coordinator_address',
+      help='HOST:PORT of process 0, reachable from every host (default: '
+      '$JAX_COORDINATOR_ADDRESS); with --num_processes and --process_id, '
+      'runs anywhere without a scheduler')
+  group.add_argument('--num_processes', type=int,
+                     help='how many processes (default: $JAX_NUM_PROCESSES)')
+  group.add_argument('--process_id', type=int,
+                     help='this process, 0 .. num_processes - 1 (default: '
+                     '$JAX_PROCESS_ID)')
+  group.add_argument(
+      '--heartbeat_timeout_seconds', type=int, default=HEARTBEAT_TIMEOUT_S,
+      help='a process silent this long is lost and every process stops '
+      '(default: %(default)s)')
+
 
 def _parser(prog: str, description: str,
             add_flags: Optional[AddFlags]) -> argparse.ArgumentParser:

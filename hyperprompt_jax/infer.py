@@ -30,7 +30,7 @@ from hyperprompt_jax import gin_utils
 # Before the heavy imports: --help needs none of them, and TensorFlow's
 # start-up lines are held back while it loads.
 gin_utils.cli_preamble(__name__, 'python -m hyperprompt_jax.infer', __doc__,
-                       tensorflow=True)
+                       gin_utils.add_distributed_flags, tensorflow=True)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
@@ -40,6 +40,7 @@ import tensorflow as tf
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import decoding
 from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
@@ -135,10 +136,16 @@ def infer(
     mesh_data: int = -1,
     mesh_model: int = 1,
 ) -> dict[str, str]:
-  """Writes each task's predictions; returns {task: file}."""
+  """Writes each task's predictions; returns {task: file}.
+
+  As several processes (one per host), each decodes its rows of every batch
+  and gets all predictions back; process 0 writes the files.
+  """
   model = model or gin.get_configurable(network.Transformer)()
   step = _step_of(checkpoint_path)
-  paths.check_writable_dir(output_dir, 'INFER_OUTPUT_DIR')
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(output_dir, 'INFER_OUTPUT_DIR'),
+      ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
   provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
   tasks = [t for t in seqio.get_subtasks(provider) if split in t.splits]
@@ -155,19 +162,23 @@ def infer(
     records = task_predictions(task, predictor, task_feature_lengths, split,
                                num_examples)
     path = os.path.join(output_dir, f'{task.name}-{step}.jsonl')
+    written[task.name] = path
+    if not multihost.is_writer():
+      continue
     with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
       for record in records:
         f.write(json.dumps(record, cls=seqio.loggers.TensorAndNumpyEncoder)
                 + '\n')
     tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
-    written[task.name] = path
     log.info('%s: %d predictions -> %s', task.name, len(records), path)
   return written
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  gin_utils.parse_command_line('python -m hyperprompt_jax.infer', __doc__,
-                               argv, logger=log)
+  args = gin_utils.parse_command_line(
+      'python -m hyperprompt_jax.infer', __doc__, argv, logger=log,
+      add_flags=gin_utils.add_distributed_flags)
+  multihost.initialize_from_flags(args)
   importlib.import_module('hyperprompt_jax.infer').infer()
   return 0
 

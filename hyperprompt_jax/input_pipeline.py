@@ -1,8 +1,10 @@
 """The training input pipeline: seqio batches carrying `task_ids`, per host.
 
-Each host reads its own shard of the mixture (`seqio.ShardInfo`) and batches
-`batch_size / process_count` examples; the runner assembles the global batch
-with `jax.make_array_from_process_local_data`. The tf.data iterator is
+Each host reads its shard of the mixture (`seqio.ShardInfo`; the shard comes
+from the mesh, `multihost.data_layout`: hosts holding the same rows of the
+batch read the same shard) and batches `batch_size / num_shards` examples;
+the runner assembles the global batch with
+`jax.make_array_from_process_local_data`. The tf.data iterator is
 checkpointable (`tf.train.Checkpoint`), so a resumed run continues where the
 data left off instead of replaying it (t5x's `save_dataset`).
 """
@@ -34,10 +36,14 @@ def train_dataset(mixture_or_task_name: str,
                   batch_size: int, seed: Optional[int] = 0,
                   split: str = 'train', pack: bool = False,
                   use_cached: bool = False,
-                  input_prompt_length: int = 0) -> tf.data.Dataset:
+                  input_prompt_length: int = 0,
+                  shard_index: Optional[int] = None,
+                  num_shards: Optional[int] = None) -> tf.data.Dataset:
   """This host's infinite, shuffled, batched training data.
 
   Args:
+    shard_index, num_shards: this host's shard of the data and how many
+      there are (`multihost.DataLayout`; default: one per process).
     pack: several examples per row, with per-token task ids.
     input_prompt_length: with `pack`, Prompt-Tuning's n encoder positions
       reserved per example (`TaskIdsEncDecFeatureConverter`).
@@ -53,10 +59,11 @@ def train_dataset(mixture_or_task_name: str,
   if split not in provider.splits:
     raise ValueError(f'{mixture_or_task_name!r} has no {split!r} split; it '
                      f'has {list(provider.splits)}.')
-  hosts = jax.process_count()
-  if batch_size % hosts:
-    raise ValueError(f'BATCH_SIZE={batch_size} does not divide over {hosts} '
-                     'hosts.')
+  if num_shards is None:
+    shard_index, num_shards = jax.process_index(), jax.process_count()
+  if batch_size % num_shards:
+    raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
+                     f'{num_shards} data shards of the hosts.')
   converter = tasks.TaskIdsEncDecFeatureConverter(
       pack=pack, input_prompt_length=input_prompt_length)
   return seqio.get_dataset(
@@ -65,11 +72,10 @@ def train_dataset(mixture_or_task_name: str,
       dataset_split=split,
       shuffle=True,
       num_epochs=None,
-      shard_info=seqio.ShardInfo(index=jax.process_index(),
-                                 num_shards=hosts),
+      shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
       seed=seed,
       use_cached=use_cached,
-      batch_size=batch_size // hosts,
+      batch_size=batch_size // num_shards,
       feature_converter=converter)
 
 

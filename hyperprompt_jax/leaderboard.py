@@ -44,7 +44,8 @@ from hyperprompt_jax import gin_utils
 
 _PROG = 'python -m hyperprompt_jax.leaderboard'
 
-gin_utils.cli_preamble(__name__, _PROG, __doc__, tensorflow=True)
+gin_utils.cli_preamble(__name__, _PROG, __doc__,
+                       gin_utils.add_distributed_flags, tensorflow=True)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import gin
@@ -55,6 +56,7 @@ from hyperprompt_jax import checkpoints
 from hyperprompt_jax import decoding
 from hyperprompt_jax import infer
 from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
@@ -185,12 +187,16 @@ def write_files(
     mesh_model: int = 1,
 ) -> dict[str, Any]:
   """Decodes `split` of every server task of the mixture and writes their
-  files; returns the summary (also `leaderboard_summary.json`)."""
+  files; returns the summary (also `leaderboard_summary.json`). As several
+  processes (one per host), each decodes its rows of every batch and gets
+  all predictions back; process 0 writes the files."""
   model = model or gin.get_configurable(network.Transformer)()
   if not tf.io.gfile.isdir(checkpoint_path):
     raise FileNotFoundError(f'CHECKPOINT_PATH {checkpoint_path!r} does not '
                             'exist: give one checkpoint_<step> folder.')
-  paths.check_writable_dir(output_dir, 'LEADERBOARD_OUTPUT_DIR')
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(output_dir, 'LEADERBOARD_OUTPUT_DIR'),
+      ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
   provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
   tasks = [t for t in seqio.get_subtasks(provider)
@@ -210,9 +216,10 @@ def write_files(
                                      split)
     name, content, invalid = format_file(file_task(task.name), records)
     path = os.path.join(output_dir, name)
-    with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-      f.write(content)
-    tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+    if multihost.is_writer():
+      with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+        f.write(content)
+      tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
     summary['files'][name] = {'task': task.name, 'examples': len(records),
                               'invalid_predictions_replaced': invalid}
     log.info('%s: %d examples -> %s%s', task.name, len(records), path,
@@ -221,6 +228,8 @@ def write_files(
   summary['missing'] = {
       bench: [f for f in files if f not in summary['files']]
       for bench, files in REQUIRED.items()}
+  if not multihost.is_writer():
+    return summary
   path = os.path.join(output_dir, SUMMARY_FILE)
   with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
     json.dump(summary, f, indent=1)
@@ -233,7 +242,10 @@ def write_files(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  gin_utils.parse_command_line(_PROG, __doc__, argv, logger=log)
+  args = gin_utils.parse_command_line(
+      _PROG, __doc__, argv, logger=log,
+      add_flags=gin_utils.add_distributed_flags)
+  multihost.initialize_from_flags(args)
   importlib.import_module('hyperprompt_jax.leaderboard').write_files()
   return 0
 

@@ -6,6 +6,7 @@ Prints the directory of the shipped gin files, for t5x's
 
 import os
 import sys
+import uuid
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,7 +35,9 @@ def check_writable_dir(path: str, macro: str) -> None:
   created or written."""
   try:
     os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, '.write_test')
+    # A name of this process's own: the hosts of a run check the same
+    # directory at once.
+    probe = os.path.join(path, f'.write_test-{uuid.uuid4().hex}')
     with open(probe, 'w') as f:
       f.write('ok')
     os.remove(probe)

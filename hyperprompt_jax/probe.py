@@ -45,10 +45,12 @@ from hyperprompt_jax import gin_utils
 
 _PROG = 'python -m hyperprompt_jax.probe'
 
-gin_utils.cli_preamble(__name__, _PROG, __doc__, tensorflow=True)
+gin_utils.cli_preamble(__name__, _PROG, __doc__,
+                       gin_utils.add_distributed_flags, tensorflow=True)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
 import gin
 import jax
 import jax.numpy as jnp
@@ -60,7 +62,9 @@ from hyperprompt_jax import checkpoints
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import infer
 from hyperprompt_jax import layers
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
+from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
 from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import task_params
@@ -118,19 +122,28 @@ def has_prompts(config: network.T5Config, stack: str) -> bool:
       hp, stack)
 
 
-def make_probe_step(model: network.Transformer):
+def make_probe_step(model: network.Transformer,
+                    mesh: Optional[jax.sharding.Mesh] = None):
   """`(params, batch) -> {stack: {statistic: [layers, tasks, heads] sums},
-  'counts': {stack: [tasks] real queries}}`, jitted."""
+  'counts': {stack: [tasks] real queries}}`, jitted.
+
+  With a `mesh`, the numpy batch (the same on every process) is placed
+  along its 'data' axis, the parameters must be placed by their logical
+  axes (`partitioning.parameter_shardings`), and the sums come back
+  replicated, as host numpy on every process.
+  """
   cfg = model.config
   n_prompt = prompt_tuning.prompt_length(cfg.prompt_tuning)
+  rules = partitioning.logical_axis_rules()
 
   def step(params, batch):
     enc = batch['encoder_input_tokens']
     tgt = batch['decoder_target_tokens']
-    _, state = model.apply(
-        {'params': params}, enc, batch['decoder_input_tokens'], tgt,
-        task_ids=batch['task_ids'], enable_dropout=False,
-        mutable=[layers.PROBE_COLLECTION])
+    with nn_partitioning.axis_rules(rules):
+      _, state = model.apply(
+          {'params': params}, enc, batch['decoder_input_tokens'], tgt,
+          task_ids=batch['task_ids'], enable_dropout=False,
+          mutable=[layers.PROBE_COLLECTION])
     sown = traverse_util.flatten_dict(state[layers.PROBE_COLLECTION],
                                       sep='/')
     enc_valid = prompt_tuning.extend_valid(cfg.prompt_tuning, enc > 0)
@@ -159,7 +172,19 @@ def make_probe_step(model: network.Transformer):
                                         valid[stack].astype(jnp.float32))
     return out
 
-  return jax.jit(step)
+  if mesh is None:
+    return jax.jit(step)
+  spec = jax.sharding.PartitionSpec
+  jitted = jax.jit(step, out_shardings=jax.sharding.NamedSharding(
+      mesh, spec()))
+  batch_sharding = jax.sharding.NamedSharding(mesh, spec('data'))
+
+  def placed(params, batch):
+    batch = jax.device_put(dict(batch), batch_sharding)
+    with jax.set_mesh(mesh):
+      return multihost.host_value(jitted(params, batch))
+
+  return placed
 
 
 def task_batches(task: seqio.Task, task_feature_lengths: Mapping[str, int],
@@ -216,19 +241,32 @@ def probe(
     split: str = 'validation',
     num_examples: Optional[int] = 100,
     batch_size: int = 8,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
 ) -> dict[str, Any]:
   """Probes every checkpoint at `checkpoint_path`; writes and returns the
-  summary (module docstring)."""
+  summary (module docstring). As several processes (one per host), each
+  runs its rows of every batch and gets every sum back; process 0 writes
+  the files."""
   from hyperprompt_jax import eval as eval_lib  # pylint: disable=g-import-not-at-top
   model = model or gin.get_configurable(network.Transformer)()
   found = eval_lib.find_checkpoints(checkpoint_path)
-  paths.check_writable_dir(output_dir, 'PROBE_OUTPUT_DIR')
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(output_dir, 'PROBE_OUTPUT_DIR'),
+      ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
   tasks = eval_lib.eval_tasks(mixture_or_task_name, split)
-  abstract = network.abstract_variables(
+  variables = network.abstract_variables(
       model, task_feature_lengths['inputs'],
-      task_feature_lengths['targets'])['params']
-  step_fn = make_probe_step(model)
+      task_feature_lengths['targets'])
+  abstract = variables['params']
+  mesh = partitioning.create_mesh(mesh_data, mesh_model)
+  if batch_size % mesh.shape['data']:
+    raise ValueError(f'PROBE_BATCH_SIZE={batch_size} does not divide over '
+                     f"the mesh's {mesh.shape['data']} data shards.")
+  param_shardings = partitioning.parameter_shardings(
+      variables['params_axes'], mesh)
+  step_fn = make_probe_step(model, mesh)
   cfg = model.config
   summary = {
       'methods': task_params.method_names(model) or ['mtl'],
@@ -237,10 +275,13 @@ def probe(
       'split': split, 'num_examples': num_examples, 'steps': {}}
   for step, path in found:
     params, _ = checkpoints.restore_params(path, abstract)
+    params = jax.device_put(params, param_shardings)
     summary['steps'][str(step)] = probe_checkpoint(
         model, params, tasks, task_feature_lengths, split, num_examples,
         batch_size, step_fn)
     log.info('checkpoint_%d probed.', step)
+  if not multihost.is_writer():
+    return summary
   tf.io.gfile.makedirs(output_dir)
   path = os.path.join(output_dir, PROBE_FILE)
   with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
@@ -292,7 +333,10 @@ def plot(summary: Mapping[str, Any], stack: str, output_dir: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  gin_utils.parse_command_line(_PROG, __doc__, argv, logger=log)
+  args = gin_utils.parse_command_line(
+      _PROG, __doc__, argv, logger=log,
+      add_flags=gin_utils.add_distributed_flags)
+  multihost.initialize_from_flags(args)
   importlib.import_module('hyperprompt_jax.probe').probe()
   return 0
 

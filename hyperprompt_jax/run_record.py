@@ -2,11 +2,12 @@
 
 Saved with every checkpoint (`checkpoint_manager`, item `run`): the model's
 settings (`T5Config`, flattened), the data settings the iterator's position
-depends on, and the gin configs. A run that resumes compares its own with
-the newest checkpoint's and refuses a difference, naming each setting:
-orbax would otherwise fail on shapes (advising `strict=False`, which would
-load the wrong model) or, for the data, restore an iterator of another
-mixture.
+depends on, the processes and data shards that wrote it
+(`multihost.DataLayout`), and the gin configs. A run that resumes compares
+its own with the newest checkpoint's and refuses a difference, naming each
+setting: orbax would otherwise fail on shapes (advising `strict=False`,
+which would load the wrong model) or, for the data, restore an iterator of
+another mixture.
 
 The same configs are written to `MODEL_DIR/config.gin` and
 `operative_config.gin` when a run saves its first checkpoint, not at start,
@@ -15,6 +16,7 @@ the checkpoints intact.
 """
 
 import dataclasses
+import logging
 import os
 from typing import Any, Mapping, Optional, Sequence
 
@@ -23,6 +25,8 @@ import gin
 from hyperprompt_jax.checkpoint_manager import ResumeMismatchError
 
 VERSION = 1
+
+log = logging.getLogger('hyperprompt_jax.train')
 
 
 def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
@@ -49,13 +53,16 @@ def data_settings(mixture_or_task_name: str,
 
 
 def make(model_config: Any, data: Mapping[str, Any], start_step: int,
-         task_list: Sequence[str] = ()) -> dict[str, Any]:
+         task_list: Sequence[str] = (),
+         processes: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
   """The record saved with each checkpoint of a run started at
   `start_step`; `task_list` is the run's (id order: which task rows were
-  trained, `task_params`)."""
+  trained, `task_params`); `processes` its data layout
+  (`multihost.DataLayout.record`)."""
   return {'version': VERSION, 'start_step': start_step,
           'model': model_settings(model_config), 'data': dict(data),
           'task_list': list(task_list),
+          'processes': dict(processes or {}),
           'config_gin': gin.config_str(),
           'operative_config_gin': gin.operative_config_str()}
 
@@ -81,6 +88,51 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
         f'this run\'s: {"; ".join(changes)}. Resume with the settings that '
         'wrote it (its record: MODEL_DIR/config.gin), '
         'or train this configuration in a new MODEL_DIR.')
+
+
+def data_source(record: Optional[Mapping[str, Any]], layout: Any,
+                restart_data: bool, checkpoint: str) -> Optional[int]:
+  """The process of the saving run whose data position this process
+  restores: one that read the same data shard. None: the data layout
+  changed and `restart_data` says to start the data stream afresh.
+
+  The position of a shard carries over to any number of processes as long
+  as the data is cut into the same shards (DATA_SHARDS: the 'data' mesh
+  axis spread over processes); with another number of shards no saved
+  position means anything.
+
+  Args:
+    record: the checkpoint's run record (None, or without 'processes':
+      written before layouts were recorded; each process takes its own).
+    layout: this run's `multihost.DataLayout`.
+    restart_data: RESTART_DATA_ON_LAYOUT_CHANGE.
+    checkpoint: its name, for messages.
+
+  Raises:
+    ResumeMismatchError: the number of data shards changed and
+      `restart_data` is off (the same message on every process).
+  """
+  saved = (record or {}).get('processes') or {}
+  if 'DATA_SHARDS' not in saved:
+    return layout.process_index
+  if saved['DATA_SHARDS'] == layout.num_shards:
+    return list(saved['SHARD_OF_PROCESS']).index(layout.shard_index)
+  change = (f"{checkpoint} was written with the data in "
+            f"{saved['DATA_SHARDS']} shard(s) over {saved['PROCESS_COUNT']} "
+            f'process(es); this run cuts it into {layout.num_shards} '
+            f'over {layout.process_count}')
+  if restart_data:
+    log.warning('%s. RESTART_DATA_ON_LAYOUT_CHANGE: the parameters and '
+                'optimizer state resume; the data stream starts afresh '
+                '(from its beginning, under the new layout), so the data '
+                'order is not that of an uninterrupted run.', change)
+    return None
+  raise ResumeMismatchError(
+      f'{change}, so no saved data position applies. Resume with '
+      f"{saved['PROCESS_COUNT']} process(es) and the same MESH_MODEL, or set "
+      '--gin.RESTART_DATA_ON_LAYOUT_CHANGE=True to resume the parameters and '
+      'optimizer state and restart the data stream (the data order is then '
+      'not reproducible).')
 
 
 def _plain(value: Any) -> Any:

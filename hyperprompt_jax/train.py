@@ -32,16 +32,10 @@ from hyperprompt_jax import gin_utils
 _PROG = 'python -m hyperprompt_jax.train'
 
 
-def _add_flags(parser) -> None:
-  parser.add_argument(
-      '--multiprocess', action='store_true',
-      help='call jax.distributed.initialize() (multi-host GPU; TPU pods '
-      'detect their hosts themselves)')
-
-
 # Before the heavy imports: --help needs none of them, and TensorFlow's
 # start-up lines are held back while it loads.
-gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags, tensorflow=True)
+gin_utils.cli_preamble(__name__, _PROG, __doc__,
+                       gin_utils.add_distributed_flags, tensorflow=True)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 
@@ -54,6 +48,7 @@ from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import methods
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import partitioning
@@ -195,6 +190,7 @@ def train(
     new_task_init: str = 'mean',
     new_task_source: Optional[str] = None,
     train_only_new_tasks: bool = False,
+    restart_data_on_layout_change: bool = False,
     optimizer=gin.REQUIRED,
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
@@ -232,11 +228,16 @@ def train(
     train_only_new_tasks: train only those new rows (`optimizers.
       only_task_rows`): the backbone, shared hypernetworks and the trained
       tasks' rows stay bit-identical.
+    restart_data_on_layout_change: resuming with the data cut into another
+      number of shards (another process count or MESH_MODEL,
+      `multihost.data_layout`) restores the parameters and optimizer state
+      and starts the data stream afresh, instead of refusing.
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
   Returns:
     {'step', 'loss', 'params', 'stopped_by'}: the final step, last logged
-    loss, the final parameters (host numpy), and the signal that stopped
+    loss, the final parameters (host numpy; None where the model axis spans
+    processes and no process holds them all), and the signal that stopped
     the run early ('SIGTERM', 'SIGINT', 'preemption'; None if it finished).
   """
   check_settings(
@@ -254,6 +255,9 @@ def train(
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f"mesh's {mesh.shape['data']} data shards.")
+  if not isinstance(restart_data_on_layout_change, bool):
+    raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
+                     f'got {restart_data_on_layout_change!r}.')
   if pack:
     methods.check_packing(model.config)
   first_new_row = None
@@ -262,17 +266,23 @@ def train(
                                         task_params_path)
     optimizer = task_params.only_new_task_rows(optimizer, model,
                                                first_new_row)
-  paths.check_writable_dir(model_dir, 'MODEL_DIR')
+  # Every process writes its part of each checkpoint.
+  multihost.raise_everywhere(
+      lambda: paths.check_writable_dir(model_dir, 'MODEL_DIR'), ValueError,
+      on_process_0_only=False)
+  # Process 0 holds the lock; a refusal stops every process at once, with
+  # the same message.
   lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
-  if lock:
-    lock.acquire()
+  multihost.raise_everywhere(lock.acquire if lock else lambda: None,
+                             run_lock.DirectoryInUseError)
   try:
     return _train(model, model_dir, mixture_or_task_name,
                   task_feature_lengths, train_steps, batch_size,
                   initial_checkpoint_path, save_period, keep_checkpoints,
                   log_period, seed, z_loss, mesh, pack, use_cached_tasks,
                   optimizer, _TaskStart(task_params_path, growth,
-                                        first_new_row))
+                                        first_new_row),
+                  restart_data_on_layout_change)
   finally:
     if lock:
       lock.release()
@@ -281,15 +291,23 @@ def train(
 def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
            train_steps, batch_size, initial_checkpoint_path, save_period,
            keep_checkpoints, log_period, seed, z_loss, mesh, pack,
-           use_cached_tasks, optimizer, task_start) -> dict[str, Any]:
+           use_cached_tasks, optimizer, task_start,
+           restart_data_on_layout_change) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
   prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
+  trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
+                                z_loss=z_loss, seed=seed)
+  layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
       pack=pack, use_cached=use_cached_tasks,
-      input_prompt_length=prompt_length if pack else 0)
-  trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
-                                z_loss=z_loss, seed=seed)
+      input_prompt_length=prompt_length if pack else 0,
+      shard_index=layout.shard_index, num_shards=layout.num_shards)
+  if jax.process_count() > 1:
+    log.info('Process %d of %d reads data shard %d of %d (%d rows of the '
+             'global batch of %d).', jax.process_index(), jax.process_count(),
+             layout.shard_index, layout.num_shards,
+             batch_size // layout.num_shards, batch_size)
   manager = checkpoint_manager.make_manager(model_dir, save_period,
                                             keep_checkpoints)
   data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
@@ -301,6 +319,9 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
     if record is not None:
       run_record.check_resume(record, model.config, data,
                               f'checkpoint_{step}')
+    return run_record.data_source(record, layout,
+                                  restart_data_on_layout_change,
+                                  f'checkpoint_{step}')
 
   restored = checkpoint_manager.restore_newest(
       manager, trainer.abstract_state(), lambda: iter(dataset), check_resume)
@@ -337,7 +358,7 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
   if start == train_steps:
     log.info('Already at TRAIN_STEPS=%d: nothing to train.', train_steps)
     return {'step': start, 'loss': float('nan'),
-            'params': jax.device_get(state['params']), 'stopped_by': None}
+            'params': _host_params(state), 'stopped_by': None}
 
   writer = metric_writers.create_default_writer(
       model_dir, just_logging=jax.process_index() > 0)
@@ -349,7 +370,7 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
     nonlocal record, gin_files_written
     if record is None:
       record = run_record.make(model.config, data, start,
-                               task_ids.run_task_list())
+                               task_ids.run_task_list(), layout.record())
     saved = checkpoint_manager.save(manager, step, state, iterator, record,
                                     force=force)
     if saved:
@@ -423,17 +444,25 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
   if stopped_by:
     log.info('Stopped by %s at step %d with checkpoint_%d saved; run the same '
              'command again to resume.', stopped_by, step, step)
-  params = jax.device_get(state['params'])
-  return {'step': step, 'loss': last_loss, 'params': params,
+  return {'step': step, 'loss': last_loss, 'params': _host_params(state),
           'stopped_by': stopped_by}
 
 
+def _host_params(state) -> Optional[Any]:
+  """The parameters as host numpy, where this process holds all of them
+  (a model axis spanning processes leaves each a part: None, rather than
+  gathering a model the size of the pod onto every host)."""
+  if not multihost.fully_addressable(state['params']):
+    return None
+  return multihost.host_value(state['params'])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  args = gin_utils.parse_command_line(_PROG, __doc__, argv, logger=log,
-                                      add_flags=_add_flags)
+  args = gin_utils.parse_command_line(
+      _PROG, __doc__, argv, logger=log,
+      add_flags=gin_utils.add_distributed_flags)
   # Parsing gin computes nothing, so the hosts may join after it.
-  if args.multiprocess or os.environ.get('JAX_COORDINATOR_ADDRESS'):
-    jax.distributed.initialize()
+  multihost.initialize_from_flags(args)
   # Under `python -m` this file is `__main__`; gin configures the function
   # of the importable module (`hyperprompt_jax.train.train`).
   result = importlib.import_module('hyperprompt_jax.train').train()

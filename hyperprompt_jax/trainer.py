@@ -20,6 +20,7 @@ import optax
 from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import losses
+from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
@@ -112,6 +113,7 @@ class Trainer:
     self.seed = seed
     self.batch_sharding = jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec('data'))
+    self.data_layout = multihost.data_layout(mesh)
     self._lengths = (task_feature_lengths['inputs'],
                      task_feature_lengths['targets'])
     abstract = network.abstract_variables(model, *self._lengths)
@@ -183,8 +185,8 @@ class Trainer:
       fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
     loaded = task_params.grow(
         loaded, abstract, axes, growth, rows, list(task_list),
-        fresh=None if fresh is None else {
-            k: np.asarray(jax.device_get(fresh[k])) for k in axes})
+        fresh=None if fresh is None else multihost.host_value(
+            {k: fresh[k] for k in axes}))
     loaded, missing = checkpoints.match_params(
         loaded, self.abstract_params, path, allow_missing=True)
     backbone_missing = [k for k in missing
@@ -248,9 +250,14 @@ class Trainer:
   # -- stepping ----------------------------------------------------------------
 
   def global_batch(self, local: Mapping[str, np.ndarray]) -> dict:
-    """This host's numpy batch -> global arrays sharded along 'data'."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding,
-                                                      local[k])
+    """This host's numpy batch (its data shard's rows,
+    `multihost.data_layout`) -> global arrays sharded along 'data', of
+    `num_shards` times its rows: hosts that share a shard (the model axis
+    spans them) give the same rows."""
+    shards = self.data_layout.num_shards
+    return {k: jax.make_array_from_process_local_data(
+                self.batch_sharding, local[k],
+                (shards * local[k].shape[0],) + local[k].shape[1:])
             for k in batches.required_features(batches.is_packed(local))}
 
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
