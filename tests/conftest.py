@@ -122,3 +122,4 @@ def decode_with_cache(model, params, enc, dec_in, task_ids,
     logits, cache = step(cache, dec_in[:, i:i + 1])
     steps.append(logits)
   return np.stack(steps, 1), initial
+

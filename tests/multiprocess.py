@@ -7,13 +7,35 @@ collectives between them go over gloo on loopback.
 """
 
 import dataclasses
+import fcntl
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
+
+
+def made_once(basetemp: pathlib.Path, name: str,
+              make: Callable[[pathlib.Path], None]) -> pathlib.Path:
+  """A folder `name` made by `make` once for the whole test session: under
+  pytest-xdist in `basetemp`'s parent, which the workers of one session
+  share; the first to get here makes it while the others wait (the file
+  lock), then reuse it."""
+  shared = (basetemp.parent if os.environ.get('PYTEST_XDIST_WORKER')
+            else basetemp)
+  root = shared / name
+  with open(shared / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = root / '.made'
+    if not done.exists():
+      shutil.rmtree(root, ignore_errors=True)
+      root.mkdir(parents=True)
+      make(root)
+      done.touch()
+  return root
 
 
 def free_port() -> int:
@@ -89,3 +111,54 @@ def run(module: str, args: Sequence[str], log_dir: pathlib.Path,
 def outputs(procs: Sequence[Process], tail: int = 4000) -> str:
   return '\n'.join(f'--- process {i} ---\n{p.output()[-tail:]}'
                    for i, p in enumerate(procs))
+
+
+# -- the reference: one process fed the global batches of several ------------
+
+REFERENCE_USAGE = """python tests/multiprocess.py OUT.npz SHARDS STEPS [gin flags]
+
+Trains the gin-configured model (runs/train.gin's network, optimizer, seed)
+in ONE process on all its devices, each step fed the global batch a run of
+SHARDS data shards would assemble (shard 0's rows, then shard 1's, ...),
+and writes the parameters after STEPS steps to OUT.npz."""
+
+
+def reference(out: str, shards: int, steps: int, gin_args: Sequence[str]
+              ) -> None:
+  # pylint: disable=g-import-not-at-top
+  import gin
+  import numpy as np
+  from flax import traverse_util
+  from hyperprompt_jax import gin_utils
+  from hyperprompt_jax import input_pipeline
+  from hyperprompt_jax import network
+  from hyperprompt_jax import optimizers
+  from hyperprompt_jax import partitioning
+  from hyperprompt_jax import trainer as trainer_lib
+  from hyperprompt_jax import train  # pylint: disable=unused-import
+  # pylint: enable=g-import-not-at-top
+  gin_utils.parse_command_line('reference', REFERENCE_USAGE, gin_args)
+  macro = lambda name: gin.query_parameter(f'{name}/macro.value')  # pylint: disable=unnecessary-lambda-assignment
+  model = gin.get_configurable(network.Transformer)()
+  optimizer = gin.get_configurable(optimizers.make_optimizer)()
+  lengths = macro('TASK_FEATURE_LENGTHS')
+  batch_size, seed = macro('BATCH_SIZE'), macro('SEED')
+  mesh = partitioning.create_mesh(-1, macro('MESH_MODEL'))
+  trainer = trainer_lib.Trainer(model, optimizer, mesh, lengths, seed=seed)
+  state = trainer.new_state(trainer.fresh_params())
+  iterators = [iter(input_pipeline.train_dataset(
+      macro('MIXTURE_OR_TASK_NAME'), lengths, batch_size, seed=seed,
+      pack=macro('PACK'), shard_index=i, num_shards=shards))
+               for i in range(shards)]
+  for _ in range(steps):
+    parts = [input_pipeline.as_numpy(next(it)) for it in iterators]
+    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    state, _ = trainer.step(state, trainer.global_batch(batch))
+  flat = traverse_util.flatten_dict(state['params'], sep='/')
+  np.savez(out, **{k: np.asarray(v) for k, v in flat.items()})
+
+
+if __name__ == '__main__':
+  if len(sys.argv) < 4:
+    sys.exit(REFERENCE_USAGE)
+  reference(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])

@@ -1,0 +1,310 @@
+"""Several hosts: real JAX processes on localhost (2 processes x 2 CPU
+devices, gloo collectives), started as a cluster starts them, against one
+process fed the same data; plus the data layout and the resume rule on their
+own.
+
+The runs that several tests read are made once per session, whichever
+xdist worker needs them first (`multiprocess.made_once`); every process is
+bounded by a timeout.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from hyperprompt_jax import checkpoint_manager
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import multihost
+from hyperprompt_jax import run_record
+
+import multiprocess
+
+TRAIN = 'hyperprompt_jax.train'
+# The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4.
+QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
+         '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
+         '--gin.KEEP_CHECKPOINTS=None']
+# One small task for evaluation and inference.
+EVAL_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
+
+
+def _model_dir(path) -> str:
+  return f'--gin.MODEL_DIR="{path}"'
+
+
+def _params(checkpoint) -> dict[str, np.ndarray]:
+  return checkpoints.load_t5x_params(str(checkpoint))
+
+
+def _max_rel_diff(a, b) -> float:
+  assert sorted(a) == sorted(b)
+  return max(float(np.max(np.abs(a[k] - b[k])) / (np.max(np.abs(b[k]))
+                                                   + 1e-12)) for k in a)
+
+
+@pytest.fixture(scope='session')
+def two_process_run(tmp_path_factory):
+  """4 steps of the quickstart as 2 processes x 2 devices (MESH_MODEL=1),
+  each process reading its data shard; beside it (started at the same time)
+  the parameters of 1 process x 4 devices fed the same global batches
+  (shard 0's rows, then shard 1's): `(run, reference)`."""
+  def make(root):
+    with open(root / 'reference.log', 'w') as log:
+      one = subprocess.Popen(
+          [sys.executable, str(pathlib.Path(multiprocess.__file__)),
+           str(root / 'reference.npz'), '2', '4', *QUICK],
+          env=multiprocess.env(4), stdout=log, stderr=subprocess.STDOUT)
+    multiprocess.run(TRAIN, QUICK + [_model_dir(root / 'run')],
+                     root / 'logs', timeout=300)
+    assert one.wait(300) == 0, (root / 'reference.log').read_text()[-3000:]
+
+  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'two_process_run', make)
+  return root / 'run', dict(np.load(root / 'reference.npz'))
+
+
+@pytest.fixture(scope='session')
+def model_axis_runs(tmp_path_factory):
+  """The quickstart with MESH_MODEL=4 as 2 processes x 2 devices (the model
+  axis spans both) and as 1 process x 4 devices, at the same time:
+  `(two, one)` run directories."""
+  def make(root):
+    args = QUICK + ['--gin.MESH_MODEL=4']
+    two = multiprocess.start(TRAIN, args + [_model_dir(root / 'two')],
+                             root / 'logs', name='two')
+    one = multiprocess.start(TRAIN, args + [_model_dir(root / 'one')],
+                             root / 'logs', num_processes=1, devices=4,
+                             name='one')
+    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
+        multiprocess.outputs(two + one))
+    for p in two:
+      assert 'reads data shard 0 of 1 (8 rows of the global batch of 8)' in (
+          p.output())
+
+  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'model_axis_runs', make)
+  return root / 'two', root / 'one'
+
+
+# -- the data layout ----------------------------------------------------------
+
+
+def _fake_mesh(processes, devices_per_process, model):
+  """A ('data', 'model') mesh of devices that only know their process."""
+  devices = np.array([
+      types.SimpleNamespace(process_index=p)
+      for p in range(processes) for _ in range(devices_per_process)
+  ]).reshape(-1, model)
+  return types.SimpleNamespace(axis_names=('data', 'model'), devices=devices,
+                               shape={'data': devices.shape[0],
+                                      'model': model})
+
+
+@pytest.mark.parametrize('processes,per,model,shards,shard_of_process', [
+    (1, 4, 1, 1, (0,)),
+    (2, 2, 1, 2, (0, 1)),           # each host its own rows
+    (2, 2, 2, 2, (0, 1)),           # model axis inside each host
+    (2, 2, 4, 1, (0, 0)),           # model axis across both hosts
+    (4, 2, 4, 2, (0, 0, 1, 1)),     # pairs of hosts share rows
+    (4, 2, 8, 1, (0, 0, 0, 0)),
+])
+def test_data_layout_follows_the_mesh(processes, per, model, shards,
+                                      shard_of_process):
+  """Hosts holding the same rows of the batch read the same shard (t5x's
+  get_data_layout), counted by hand."""
+  layout = multihost.data_layout(_fake_mesh(processes, per, model))
+  assert layout.num_shards == shards
+  assert layout.shard_of_process == shard_of_process
+  assert layout.record() == {'DATA_SHARDS': shards,
+                             'PROCESS_COUNT': processes,
+                             'SHARD_OF_PROCESS': list(shard_of_process)}
+
+
+def test_a_mesh_cutting_hosts_unevenly_is_refused():
+  # 3 devices per host, model 2: host 0 holds rows {0, 1}, host 1 {1, 2}.
+  with pytest.raises(ValueError, match='overlapping or uneven.*MESH_MODEL'):
+    multihost.data_layout(_fake_mesh(2, 3, 2))
+
+
+def _layout(shards, shard_of_process, me):
+  return multihost.DataLayout(shards, shard_of_process[me],
+                              tuple(shard_of_process), me)
+
+
+def test_a_saved_data_position_carries_over_when_the_shards_do():
+  """Each process restores the file of a saving process that read its
+  shard, whatever the process count."""
+  record = {'processes': {'DATA_SHARDS': 2, 'PROCESS_COUNT': 4,
+                          'SHARD_OF_PROCESS': [0, 0, 1, 1]}}
+  sources = [run_record.data_source(record, _layout(2, (0, 1), me), False,
+                                    'checkpoint_4') for me in (0, 1)]
+  assert sources == [0, 2]
+  # Older checkpoints (no layout recorded): each process its own file.
+  assert run_record.data_source({}, _layout(2, (0, 1), 1), False, 'c') == 1
+
+
+def test_another_number_of_shards_is_refused_or_restarts_the_data():
+  record = {'processes': {'DATA_SHARDS': 2, 'PROCESS_COUNT': 2,
+                          'SHARD_OF_PROCESS': [0, 1]}}
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r'checkpoint_4 was written with the data in 2 '
+                     r'shard\(s\) over 2 process\(es\); this run cuts it into '
+                     r'1 over 1.*RESTART_DATA_ON_LAYOUT_CHANGE=True'):
+    run_record.data_source(record, _layout(1, (0,), 0), False,
+                           'checkpoint_4')
+  assert run_record.data_source(record, _layout(1, (0,), 0), True,
+                                'checkpoint_4') is None
+
+
+def test_the_flags_must_name_all_three_or_none(monkeypatch):
+  for name in (multihost.ENV_COORDINATOR, multihost.ENV_NUM_PROCESSES,
+               multihost.ENV_PROCESS_ID):
+    monkeypatch.delenv(name, raising=False)
+  assert multihost.initialize() is False  # one process: nothing to join
+  with pytest.raises(ValueError, match='--process_id missing'):
+    multihost.initialize('127.0.0.1:1234', num_processes=2)
+  monkeypatch.setenv(multihost.ENV_NUM_PROCESSES, '2')
+  monkeypatch.setenv(multihost.ENV_PROCESS_ID, '2')
+  with pytest.raises(ValueError, match=r'--process_id=2 must be in \[0, 2\)'):
+    multihost.initialize('127.0.0.1:1234')
+
+
+# -- real processes -------------------------------------------------------------
+
+
+def test_two_processes_take_the_steps_of_one_fed_the_same_batches(
+    two_process_run):
+  """MESH_MODEL=1: 2 processes x 2 devices, each reading its shard, end
+  with the parameters of 1 process x 4 devices fed the same global batches
+  (shard 0's rows, then shard 1's)."""
+  run, reference = two_process_run
+  assert _max_rel_diff(_params(run / 'checkpoint_4'), reference) <= 1e-5
+  record = json.loads((run / 'checkpoint_4' / 'run' / 'metadata'
+                       ).read_text())
+  assert record['processes'] == {'DATA_SHARDS': 2, 'PROCESS_COUNT': 2,
+                                 'SHARD_OF_PROCESS': [0, 1]}
+
+
+def test_a_model_axis_across_processes_equals_one_process(model_axis_runs):
+  """MESH_MODEL=4 over 2 processes x 2 devices: both read the one shard,
+  the global batch keeps BATCH_SIZE rows, and the run equals 1 process x 4
+  devices with MESH_MODEL=4 on the same data stream."""
+  two, one = model_axis_runs
+  assert _max_rel_diff(_params(two / 'checkpoint_4'),
+                       _params(one / 'checkpoint_4')) <= 1e-5
+
+
+def test_eval_and_infer_as_two_processes_equal_one(two_process_run,
+                                                   tmp_path):
+  """Each process decodes its rows and gets every prediction back; process
+  0 writes: the same summary.json and predictions, byte for byte."""
+  two_process_run, _ = two_process_run
+  eval_args = ['--gin_file=runs/quickstart_eval.gin', *EVAL_TASK,
+               f'--gin.CHECKPOINT_PATH="{two_process_run}"',
+               '--gin.EVAL_BATCH_SIZE=8']
+  infer_args = ['--gin_file=runs/quickstart_infer.gin', *EVAL_TASK,
+                f'--gin.CHECKPOINT_PATH="{two_process_run}/checkpoint_4"',
+                '--gin.INFER_BATCH_SIZE=8']
+  logs = tmp_path / 'logs'
+  for module, args, out_macro in (
+      ('hyperprompt_jax.eval', eval_args, 'EVAL_OUTPUT_DIR'),
+      ('hyperprompt_jax.infer', infer_args, 'INFER_OUTPUT_DIR')):
+    name = module.rsplit('.', 1)[1]
+    two = multiprocess.start(
+        module, args + [f'--gin.{out_macro}="{tmp_path / name}2"'], logs,
+        name=f'{name}2')
+    one = multiprocess.start(
+        module, args + [f'--gin.{out_macro}="{tmp_path / name}1"'], logs,
+        num_processes=1, devices=4, name=f'{name}1')
+    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
+        multiprocess.outputs(two + one))
+  summary = (tmp_path / 'eval2' / 'summary.json').read_bytes()
+  assert summary == (tmp_path / 'eval1' / 'summary.json').read_bytes()
+  assert set(json.loads(summary)['selection']['tasks']) == {'glue_rte'}
+  (written,) = os.listdir(tmp_path / 'infer2')
+  assert written == 'fixture_glue_rte-4.jsonl'
+  predictions = (tmp_path / 'infer2' / written).read_bytes()
+  assert predictions == (tmp_path / 'infer1' / written).read_bytes()
+  assert len(predictions.splitlines()) > 8  # more than one batch
+
+
+def _copy_run(run, target, keep_step=None):
+  shutil.copytree(run, target)
+  if keep_step is not None:
+    for name in os.listdir(target):
+      if name.startswith('checkpoint_') and name != f'checkpoint_{keep_step}':
+        shutil.rmtree(target / name)
+  lock = target / 'train.lock'
+  if lock.exists():
+    lock.unlink()
+  return target
+
+
+def test_resume_with_another_data_layout_is_refused_on_every_process(
+    two_process_run, model_axis_runs, tmp_path):
+  """2 -> 1 process and 1 -> 2 processes (data in 2 shards, then 1; and
+  back): every process refuses at once, with one message naming the
+  change and the switch."""
+  two_saved = _copy_run(two_process_run[0], tmp_path / 'two_saved')
+  longer = [a for a in QUICK if 'TRAIN_STEPS' not in a] + [
+      '--gin.TRAIN_STEPS=6']
+  tick = time.time()
+  one = multiprocess.run(TRAIN, longer + [_model_dir(two_saved)],
+                         tmp_path / 'logs', num_processes=1, devices=4,
+                         name='two_to_one', timeout=60, expect=2)
+  assert time.time() - tick < 60
+  assert ('checkpoint_4 was written with the data in 2 shard(s) over 2 '
+          'process(es); this run cuts it into 1 over 1') in one[0].output()
+  # A run of one process with the data in one shard, resumed by two
+  # (MESH_MODEL=1: two shards).
+  one_saved = _copy_run(model_axis_runs[1], tmp_path / 'one_saved')
+  tick = time.time()
+  two = multiprocess.run(TRAIN, longer + [_model_dir(one_saved)],
+                         tmp_path / 'logs', name='one_to_two', timeout=60,
+                         expect=2)
+  assert time.time() - tick < 60
+  for p in two:
+    assert ('checkpoint_4 was written with the data in 1 shard(s) over 1 '
+            'process(es); this run cuts it into 2 over 2') in p.output()
+    assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in p.output()
+
+
+def test_a_killed_process_ends_the_other_and_a_restart_resumes_exactly(
+    two_process_run, tmp_path):
+  """SIGKILL of process 1 while the run resumes: process 0 exits non-zero
+  within 60 s, naming the lost process; run again, it resumes from
+  checkpoint_2 and ends with the uninterrupted run's parameters, bit for
+  bit."""
+  two_process_run, _ = two_process_run
+  run = _copy_run(two_process_run, tmp_path / 'run', keep_step=2)
+  procs = multiprocess.start(TRAIN, QUICK + [_model_dir(run)],
+                             tmp_path / 'logs', name='killed')
+  deadline = time.time() + 120
+  while 'Resuming from' not in procs[1].output():
+    assert procs[1].popen.poll() is None, multiprocess.outputs(procs)
+    assert time.time() < deadline, multiprocess.outputs(procs)
+    time.sleep(0.05)
+  procs[1].popen.send_signal(signal.SIGKILL)
+  tick = time.time()
+  (status,) = multiprocess.wait(procs[:1], 60)
+  assert time.time() - tick < 60
+  assert status != 0
+  assert not (run / 'checkpoint_4').exists()
+  lost = procs[0].output()
+  assert 'The following tasks are unhealthy' in lost or (
+      'task 1' in lost.lower()), lost[-3000:]
+  multiprocess.run(TRAIN, QUICK + [_model_dir(run)], tmp_path / 'logs',
+                   name='restarted', timeout=300)
+  restarted = _params(run / 'checkpoint_4')
+  straight = _params(two_process_run / 'checkpoint_4')
+  for k, v in straight.items():
+    np.testing.assert_array_equal(restarted[k], v, err_msg=k)
