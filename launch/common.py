@@ -280,14 +280,47 @@ def install_commands(package: str, runner: str, python: str) -> list[Command]:
   return commands
 
 
+class Together(list):
+  """Commands started at once and waited for together: the processes of one
+  multi-host job, one per host. `--dry-run` prints each with ` &`, then
+  `wait`, as a shell would start them."""
+
+
+def _run_together(commands: 'Together') -> int:
+  """Starts every command, waits for all; the first non-zero exit code."""
+  procs = []
+  for command in commands:
+    print(f'+ {render(command)} &', file=sys.stderr, flush=True)
+    procs.append(subprocess.Popen(['/bin/sh', '-c', render(command)]))
+  try:
+    codes = [p.wait() for p in procs]
+  except KeyboardInterrupt:
+    for p in procs:
+      p.terminate()
+    return 130
+  failed = [(i, c) for i, c in enumerate(codes) if c]
+  for i, code in failed:
+    print(f'error: process {i} exited with status {code}: '
+          f'{render(commands[i])}', file=sys.stderr)
+  return failed[0][1] if failed else 0
+
+
 def execute(commands: Sequence[Command], dry_run: bool) -> int:
-  """Prints (`dry_run`) or runs `commands` in order; returns the exit code,
-  the first failing command's."""
+  """Prints (`dry_run`) or runs `commands` in order (a `Together`: its
+  commands at once); returns the exit code, the first failing command's."""
   if dry_run:
     for command in commands:
-      print(render(command))
+      if isinstance(command, Together):
+        print('\n'.join(f'{render(c)} &' for c in command) + '\nwait')
+      else:
+        print(render(command))
     return 0
   for command in commands:
+    if isinstance(command, Together):
+      code = _run_together(command)
+      if code:
+        return code
+      continue
     print(f'+ {render(command)}', file=sys.stderr, flush=True)
     try:
       # Through a shell, so that what runs is exactly the printed line

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-r"""Runs a train / eval / infer job on one GPU host, here or over ssh.
+r"""Runs a train / eval / infer job on GPU hosts: here, over ssh, or on
+several hosts at once (one process per host), without a scheduler.
 
-  python launch/gpu.py [--host=USER@MACHINE] [--install [--package=SPEC]] \
+  python launch/gpu.py [--host=USER@MACHINE ...] [--install [--package=SPEC]] \
     [--runner={builtin,t5x}] [--mode={train,eval,infer}] \
     --gin_file=FILE [--gin_file=...] [--gin KEY=VALUE ...] \
     [--model_dir=DIR] [--checkpoint_path=DIR --output_dir=DIR] \
-    [--tfds_data_dir=DIR] [--mem_fraction=0.9] [--python=python3] [--dry-run]
+    [--tfds_data_dir=DIR] [--mem_fraction=0.9] [--python=python3] \
+    [--coordinator_address=HOST:PORT] [--dry-run]
 
 For example, HyperPrompt-Global on GLUE with the built-in runner:
 
@@ -18,7 +20,18 @@ Steps: `--install` pip-installs the package (`--package`, default
 jestimator cloned beside it, installed with --no-deps), then the job runs:
 python3 -m hyperprompt_jax.MODE (default) or python3 -m t5x.MODE with the gin
 flags. With --host each step is one `ssh HOST LINE` (relative paths are then
-the remote home's). `--mem_fraction` sets XLA_PYTHON_CLIENT_MEM_FRACTION, the
+the remote home's). With several --host, the job runs as one process per
+host, all started at once: the first host is process 0 and the coordinator
+(`--coordinator_address`, default its machine name, port 12345), each
+command gets `--coordinator_address`, `--num_processes`, `--process_id`
+(t5x: `--multiprocess_gpu`, `--process_count`, `--process_index`), and
+--model_dir / --output_dir must be storage every host sees (NFS, gs://).
+For example, 2 hosts:
+
+  python launch/gpu.py --host=me@gpu-0 --host=me@gpu-1 \
+    --gin_file=runs/hyperprompt_glue.gin --model_dir=/nfs/hyperprompt/glue
+
+`--mem_fraction` sets XLA_PYTHON_CLIENT_MEM_FRACTION, the
 share of GPU memory JAX preallocates (JAX's default: 0.75). `--dry-run` prints
 the commands, one per line, and runs nothing; otherwise they run in order and
 the script exits with the first failure's code.
@@ -33,27 +46,53 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # pylint: disable=g-import-not-at-top
 
 
+COORDINATOR_PORT = 12345
+
+
+def process_flags(runner: str, coordinator: str, count: int,
+                  index: int) -> list[str]:
+  """The flags that make a command process `index` of `count`."""
+  if runner == 't5x':
+    return ['--multiprocess_gpu', f'--coordinator_address={coordinator}',
+            f'--process_count={count}', f'--process_index={index}']
+  return [f'--coordinator_address={coordinator}', f'--num_processes={count}',
+          f'--process_id={index}']
+
+
 def commands(args: argparse.Namespace) -> list[common.Command]:
-  """The commands, in order: install, run (each wrapped in ssh with --host)."""
-  steps = []
-  if args.install:
-    steps.append(common.install_commands(args.package, args.runner,
-                                         args.python))
+  """The commands, in order: install (on each host), run (wrapped in ssh
+  with --host; on several hosts, one process each, started together)."""
+  install = (common.install_commands(args.package, args.runner, args.python)
+             if args.install else [])
   run = common.run_command(args, args.python)
   if args.mem_fraction is not None:
     run = ['env', f'XLA_PYTHON_CLIENT_MEM_FRACTION={args.mem_fraction}'] + run
-  steps.append([run])
-  if args.host:
-    return [['ssh', args.host, common.remote_script(step)] for step in steps]
-  return [command for step in steps for command in step]
+  hosts = args.host or []
+  if not hosts:
+    return install + [run]
+  out = [['ssh', host, common.remote_script(install)] for host in hosts
+         if install]
+  if len(hosts) == 1:
+    return out + [['ssh', hosts[0], common.remote_script([run])]]
+  coordinator = (args.coordinator_address or
+                 f'{hosts[0].split("@")[-1]}:{COORDINATOR_PORT}')
+  return out + [common.Together(
+      ['ssh', host, common.remote_script(
+          [run + process_flags(args.runner, coordinator, len(hosts), i)])]
+      for i, host in enumerate(hosts))]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(
       prog='python launch/gpu.py', description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-  parser.add_argument('--host', help='USER@MACHINE to run on over ssh '
-                      '(default: this machine)')
+  parser.add_argument('--host', action='append',
+                      help='USER@MACHINE to run on over ssh (default: this '
+                      'machine); repeat it to run one process on each host')
+  parser.add_argument('--coordinator_address',
+                      help='with several --host: HOST:PORT of process 0, '
+                      'reachable from every host (default: the first '
+                      f'host\'s machine, port {COORDINATOR_PORT})')
   parser.add_argument('--install', action='store_true',
                       help='install the package (and t5x for --runner=t5x) '
                       'first')
@@ -72,6 +111,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
     parser.error(f'--mem_fraction={args.mem_fraction} must be in (0, 1], '
                  'e.g. 0.9')
+  hosts = args.host or []
+  if len(set(hosts)) < len(hosts):
+    parser.error(f'--host names a host twice ({hosts}): one process per host')
+  if args.coordinator_address and len(hosts) < 2:
+    parser.error('--coordinator_address is for a job on several hosts: '
+                 'repeat --host')
   common.check_run_args(parser, args, require_dirs=True, gcs_only=False,
                         remote=bool(args.host))
   return common.execute(commands(args), args.dry_run)

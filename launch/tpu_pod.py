@@ -22,7 +22,8 @@ Each step is one gcloud command, run from this machine:
              'hyperprompt_jax[tpu]'); for --runner=t5x also t5x, airio and
              jestimator cloned beside it and installed with --no-deps
   (always)   on all workers: python3 -m t5x.MODE (default) or
-             python3 -m hyperprompt_jax.MODE with the gin flags.
+             python3 -m hyperprompt_jax.MODE --multiprocess with the gin
+             flags (every worker joins one job).
 Paths must be gs:// (the workers do not share a disk). `--dry-run` prints the
 commands, one per line, and runs nothing; otherwise they run in order and the
 script exits with the first failure's code.
@@ -74,7 +75,12 @@ def commands(args: argparse.Namespace) -> list[common.Command]:
     script = common.remote_script(
         common.install_commands(args.package, args.runner, args.python))
     result.append(ssh + [f'--command={script}'])
-  run = common.render(common.run_command(args, args.python))
+  run = common.run_command(args, args.python)
+  if args.runner == 'builtin':
+    # Every worker joins the others (JAX finds them from the TPU metadata):
+    # one job, the data laid out by the mesh, process 0 writing.
+    run.append('--multiprocess')
+  run = common.render(run)
   result.append(ssh + [f'--command={run}'])
   return result
 

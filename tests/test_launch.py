@@ -152,13 +152,13 @@ def test_tpu_builtin_runner():
       SSH + '"python3 -m hyperprompt_jax.train '
       '--gin_file=runs/hyperprompt_glue.gin '
       '--gin.MODEL_DIR=\\"\'gs://b/run\'\\" '
-      '--gin.TFDS_DATA_DIR=\\"\'gs://b/tfds\'\\""',
+      '--gin.TFDS_DATA_DIR=\\"\'gs://b/tfds\'\\" --multiprocess"',
   ]
   assert _sh_words(lines[1]) == shlex.split(lines[1])
   assert shlex.split(_remote(lines[1])) == [
       'python3', '-m', 'hyperprompt_jax.train',
       '--gin_file=runs/hyperprompt_glue.gin', "--gin.MODEL_DIR='gs://b/run'",
-      "--gin.TFDS_DATA_DIR='gs://b/tfds'"]
+      "--gin.TFDS_DATA_DIR='gs://b/tfds'", '--multiprocess']
 
 
 def test_tpu_package_and_python():
@@ -301,7 +301,34 @@ def test_gpu_over_ssh_with_t5x():
       "--gin.EVAL_OUTPUT_DIR='/data/eval'"]
 
 
+def test_gpu_on_two_hosts_starts_one_process_each():
+  """Each host runs the same command as process i of 2, process 0's machine
+  coordinating; started together (`&`, then `wait`)."""
+  lines = _dry_run('gpu.py', '--host=me@gpu-0', '--host=me@gpu-1',
+                   '--install', '--gin_file=runs/hyperprompt_glue.gin',
+                   '--model_dir=/nfs/hp')
+  assert lines[:2] == [f'ssh me@gpu-{i} "python3 -m pip install '
+                       "'hyperprompt_jax[gpu]'\"" for i in (0, 1)]
+  assert lines[-1] == 'wait'
+  for i, line in enumerate(lines[2:4]):
+    words = shlex.split(line)
+    assert words[:2] == ['ssh', f'me@gpu-{i}'] and words[-1] == '&'
+    assert shlex.split(words[2]) == [
+        'python3', '-m', 'hyperprompt_jax.train',
+        '--gin_file=runs/hyperprompt_glue.gin', "--gin.MODEL_DIR='/nfs/hp'",
+        '--coordinator_address=gpu-0:12345', '--num_processes=2',
+        f'--process_id={i}']
+  t5x = _dry_run('gpu.py', '--host=a', '--host=b', '--runner=t5x',
+                 '--coordinator_address=10.0.0.1:999',
+                 '--gin_file=t5x/mtl_glue.gin', '--model_dir=/nfs/hp')
+  assert shlex.split(shlex.split(t5x[1])[2])[-4:] == [
+      '--multiprocess_gpu', '--coordinator_address=10.0.0.1:999',
+      '--process_count=2', '--process_index=1']
+
+
 @pytest.mark.parametrize('args,fix', [
+    (['--host=a', '--host=a', '--model_dir=/m'], 'names a host twice'),
+    (['--coordinator_address=a:1', '--model_dir=/m'], 'repeat --host'),
     (['--mem_fraction=1.5'], 'must be in (0, 1]'),
     (['--mode=infer', '--checkpoint_path=/c'], 'needs --output_dir'),
     ([], '--mode=train needs --model_dir'),

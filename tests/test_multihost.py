@@ -24,6 +24,7 @@ import pytest
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import multihost
+from hyperprompt_jax import run_lock
 from hyperprompt_jax import run_record
 
 import multiprocess
@@ -276,6 +277,23 @@ def test_resume_with_another_data_layout_is_refused_on_every_process(
     assert ('checkpoint_4 was written with the data in 1 shard(s) over 1 '
             'process(es); this run cuts it into 2 over 2') in p.output()
     assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in p.output()
+
+
+def test_a_held_lock_is_refused_by_every_process_with_one_message(tmp_path):
+  """Process 0 finds MODEL_DIR held by a live trainer (this test); both
+  processes stop at once with its message, before anything is compiled."""
+  model_dir = tmp_path / 'held'
+  model_dir.mkdir()
+  with run_lock.RunLock(str(model_dir)):
+    tick = time.time()
+    procs = multiprocess.run(TRAIN, QUICK + [_model_dir(model_dir)],
+                             tmp_path / 'logs', name='locked', timeout=60,
+                             expect=2)
+    assert time.time() - tick < 60
+  messages = [[line for line in p.output().splitlines()
+               if line.startswith('error:')] for p in procs]
+  assert messages[0] == messages[1] and len(messages[0]) == 1, messages
+  assert f'in use by another trainer: pid {os.getpid()}' in messages[0][0]
 
 
 def test_a_killed_process_ends_the_other_and_a_restart_resumes_exactly(
