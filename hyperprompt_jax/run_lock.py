@@ -6,10 +6,17 @@ anything and refuses a directory another live run holds, naming it. A run
 killed with SIGKILL cannot remove its lock, so a lock is stale, and is taken
 over, when its holder is gone:
 
-  - same host, and its pid no longer runs; or
-  - its heartbeat (the file's mtime, touched every `HEARTBEAT_S` by a daemon
-    thread of the holder) is older than `STALE_AFTER_S` (any host: the only
-    sign a run on another host can leave, and the cure for a reused pid).
+  - same host: its process no longer runs (the pid, with the process's
+    start time so that a reused pid does not count). A live holder is
+    never stale, however old its heartbeat: a stopped (SIGSTOP), swapped
+    out or debugged trainer resumes later and would overwrite a new run's
+    checkpoints;
+  - another host: its heartbeat (the file's mtime, touched every
+    `HEARTBEAT_S` by a daemon thread of the holder) is older than
+    `STALE_AFTER_S`, the only sign a run on another host can leave.
+
+A holder checks that the lock is still its own (its token) before every
+save (`check_held`) and stops, without saving, if it is not.
 
 The lock is a plain file created with `O_CREAT | O_EXCL` (atomic on local
 and NFS-style file systems); no library offers a stale-aware file lock that
@@ -40,14 +47,34 @@ class DirectoryInUseError(ValueError):
   """Another live trainer holds the MODEL_DIR."""
 
 
-def _pid_alive(pid: int) -> bool:
+class LockLostError(DirectoryInUseError):
+  """This run's lock was taken over (it was presumed gone): it must not
+  write the directory again."""
+
+
+def _process_start(pid: int) -> Optional[str]:
+  """When process `pid` started (clock ticks since boot, /proc; None where
+  there is no /proc or no such process): with the pid, who it is."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      stat = f.read()
+  except OSError:
+    return None
+  # The command name (field 2) may hold spaces; fields after it are plain.
+  return stat.rsplit(')', 1)[-1].split()[19]
+
+
+def _pid_alive(pid: int, start: Optional[str] = None) -> bool:
+  """Whether process `pid` runs, and is the one that started at `start`
+  (when known)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:  # alive, another user's
-    return True
-  return True
+    pass
+  now = _process_start(pid)
+  return start is None or now is None or now == start
 
 
 def _read(path: str) -> Optional[dict[str, Any]]:
@@ -87,6 +114,7 @@ class RunLock:
         'started': datetime.datetime.now().isoformat(timespec='seconds'),
         'command': ' '.join(sys.argv),
         'token': uuid.uuid4().hex,
+        'pid_start': _process_start(os.getpid()),
     }
     self._stop = threading.Event()
     self._thread = None
@@ -110,14 +138,33 @@ class RunLock:
   def stale_reason(self, holder: dict[str, Any], age_s: float
                    ) -> Optional[str]:
     """Why the lock of `holder`, last touched `age_s` ago, is stale (None:
-    it is live)."""
+    it is live). On this host the process decides; elsewhere the
+    heartbeat."""
+    if (holder.get('host') == self._record['host']
+        and isinstance(holder.get('pid'), int)):
+      if _pid_alive(holder['pid'], holder.get('pid_start')):
+        return None
+      return f'process {holder["pid"]} no longer runs'
     if age_s > self.stale_after_s:
       return f'no heartbeat for {age_s:.0f} s'
-    if (holder.get('host') == self._record['host']
-        and isinstance(holder.get('pid'), int)
-        and not _pid_alive(holder['pid'])):
-      return f'process {holder["pid"]} no longer runs'
     return None
+
+  def check_held(self) -> None:
+    """Raises LockLostError, naming the new holder, if the lock is no
+    longer this run's (another run took it over as stale)."""
+    holder = _read(self.path)
+    if holder and holder.get('token') == self._record['token']:
+      return
+    raise LockLostError(
+        f'This run no longer holds {self.path}: '
+        + (f'pid {holder.get("pid")} on {holder.get("host")} (started '
+           f'{holder.get("started")}) took it over'
+           if holder else 'the lock file is gone')
+        + ', presuming this run gone (was it stopped or suspended for '
+        f'longer than {self.stale_after_s:.0f} s?). This run stops without '
+        'saving, so that it does not overwrite the other run\'s '
+        'checkpoints. Resume it in another MODEL_DIR, or stop the other run '
+        'and run again.')
 
   def acquire(self) -> None:
     """Takes the lock, or raises DirectoryInUseError naming the holder."""
@@ -164,6 +211,9 @@ class RunLock:
 
   def _beat(self) -> None:
     while not self._stop.wait(self.heartbeat_s):
+      holder = _read(self.path)
+      if not holder or holder.get('token') != self._record['token']:
+        continue  # taken over: never refresh another run's lock
       try:
         os.utime(self.path)
       except OSError:

@@ -276,7 +276,7 @@ def train(
   multihost.raise_everywhere(lock.acquire if lock else lambda: None,
                              run_lock.DirectoryInUseError)
   try:
-    return _train(model, model_dir, mixture_or_task_name,
+    return _train(lock, model, model_dir, mixture_or_task_name,
                   task_feature_lengths, train_steps, batch_size,
                   initial_checkpoint_path, save_period, keep_checkpoints,
                   log_period, seed, z_loss, mesh, pack, use_cached_tasks,
@@ -288,7 +288,7 @@ def train(
       lock.release()
 
 
-def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
+def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
            train_steps, batch_size, initial_checkpoint_path, save_period,
            keep_checkpoints, log_period, seed, z_loss, mesh, pack,
            use_cached_tasks, optimizer, task_start,
@@ -368,6 +368,10 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
 
   def save(step, force=False):
     nonlocal record, gin_files_written
+    # A run presumed gone whose lock was taken over must not overwrite the
+    # new holder's checkpoints (process 0 holds the lock; all stop).
+    multihost.raise_everywhere(lock.check_held if lock else lambda: None,
+                               run_lock.LockLostError)
     if record is None:
       record = run_record.make(model.config, data, start,
                                task_ids.run_task_list(), layout.record())
@@ -396,8 +400,10 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
   stop = preemption.StopRequest(manager.reached_preemption,
                                 catch_sigterm=jax.process_count() == 1)
   stopped_by = None
-  try:
-    with stop:
+  # The handlers stay until the last save is committed: a SIGTERM while it
+  # is written is recorded (the run is saving anyway), not fatal.
+  with stop:
+    try:
       while step < train_steps:
         local = input_pipeline.as_numpy(next(iterator))
         # Inside jit an out-of-range task or token id would clamp silently.
@@ -438,9 +444,9 @@ def _train(model, model_dir, mixture_or_task_name, task_feature_lengths,
         if stopping and step < train_steps:
           stopped_by = stop.name
           break
-  finally:
-    manager.wait_until_finished()
-    writer.flush()
+    finally:
+      manager.wait_until_finished()
+      writer.flush()
   if stopped_by:
     log.info('Stopped by %s at step %d with checkpoint_%d saved; run the same '
              'command again to resume.', stopped_by, step, step)

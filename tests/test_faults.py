@@ -5,12 +5,16 @@ run's record (SIGTERM and SIGKILL: test_train.py)."""
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 
 import gin
+import jax
 import numpy as np
+import optax
 import pytest
 from flax import traverse_util
 
@@ -233,6 +237,7 @@ def test_a_second_trainer_is_refused_naming_the_first(tmp_path):
     ('elsewhere', 1, 0, False),         # live on another host
     ('elsewhere', 1, 600, True),        # another host, no heartbeat
     ('this', 'self', 0, False),         # alive here
+    ('this', 'self', 600, False),       # alive here, silent (suspended)
 ])
 def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path, host, pid,
                                                           age_s, taken):
@@ -259,3 +264,58 @@ def test_the_lock_has_a_heartbeat(tmp_path):
     while path.stat().st_mtime == 0:
       assert time.time() < deadline, 'no heartbeat'
       time.sleep(0.05)
+
+
+def test_a_suspended_holder_keeps_its_lock(tmp_path):
+  """A trainer stopped with SIGSTOP sends no heartbeat, but its process
+  lives: its lock is never stale on its host (it would resume and overwrite
+  the new run's checkpoints)."""
+  holder = subprocess.Popen(
+      [sys.executable, '-c',
+       'import sys, time; from hyperprompt_jax import run_lock\n'
+       'lock = run_lock.RunLock(sys.argv[1], stale_after_s=0.5, '
+       'heartbeat_s=0.1)\n'
+       'lock.acquire(); print("held", flush=True); time.sleep(60)',
+       str(tmp_path)], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline() == 'held\n'
+    holder.send_signal(signal.SIGSTOP)
+    time.sleep(1.5)  # three stale limits without a heartbeat
+    with pytest.raises(run_lock.DirectoryInUseError,
+                       match=f'pid {holder.pid} on {socket.gethostname()}'):
+      run_lock.RunLock(str(tmp_path), stale_after_s=0.5).acquire()
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def _steal_lock_at(step: int, model_dir) -> optax.GradientTransformation:
+  """Leaves updates alone; at optimizer step `step` another run takes
+  `model_dir`'s lock over (as one would after a long suspension)."""
+  def steal(count):
+    if int(count) == step:
+      _write_lock(pathlib.Path(model_dir), 'elsewhere', 4242)
+
+  def init(params):
+    del params
+    return {'count': jax.numpy.zeros((), jax.numpy.int32)}
+
+  def update(updates, state, params=None):
+    del params
+    jax.debug.callback(steal, state['count'])
+    return updates, {'count': state['count'] + 1}
+
+  return optax.GradientTransformation(init, update)
+
+
+def test_a_run_whose_lock_was_taken_stops_before_saving(tmp_path):
+  model_dir = tmp_path / 'run'
+  optimizer = optax.chain(optimizers.make_optimizer(),
+                          _steal_lock_at(3, model_dir))
+  with pytest.raises(run_lock.LockLostError,
+                     match='pid 4242 on elsewhere .* took it over.*stops '
+                     'without saving'):
+    train_lib.train(_model(), **_kwargs(model_dir, optimizer=optimizer))
+  assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == [
+      'checkpoint_2']
+  assert '"pid": 4242' in (model_dir / run_lock.LOCK_FILE).read_text()

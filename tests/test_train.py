@@ -107,6 +107,29 @@ def test_killed_and_terminated_runs_resume_to_the_uninterrupted_parameters(
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
+def test_sigterm_while_the_last_checkpoint_is_written_keeps_it(tmp_path):
+  """The final save is asynchronous; a SIGTERM that arrives while it is
+  written is recorded, the save is committed and the run ends normally."""
+  run = tmp_path / 'run'
+  proc = subprocess.Popen(_train_cmd(run, 4), env=_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if f'Saving {run}/checkpoint_4' in line:
+      proc.send_signal(signal.SIGTERM)
+      break
+  out = ''.join(lines) + proc.communicate(timeout=300)[0]
+  assert proc.returncode == 0, out[-3000:]
+  assert 'Received SIGTERM' in out and 'Finished at step 4' in out, out
+  assert (run / 'checkpoint_4' / 'state').is_dir()
+  assert not list(run.glob('*.orbax-checkpoint-tmp*'))
+  assert not (run / 'train.lock').exists()
+  assert 'Already at TRAIN_STEPS=4' in subprocess.run(
+      _train_cmd(run, 4), env=_env(), capture_output=True, text=True,
+      timeout=300, check=True).stdout
+
+
 # --------------------------------------------------------- t5x checkpoints --
 
 def _global_tiny_config(**overrides):
