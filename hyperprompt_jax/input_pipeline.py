@@ -31,6 +31,45 @@ def get_mixture_or_task(name: str) -> seqio.DatasetProviderBase:
     ) from None
 
 
+def _has_examples(task: seqio.Task, split: str) -> bool:
+  """Whether `task`'s source has any example in `split`: its recorded size
+  where the source knows it (TFDS), else the first example read."""
+  try:
+    size = task.source.num_input_examples(split)
+  except Exception:  # pylint: disable=broad-except
+    size = None  # sources without sizes raise or return None
+  if isinstance(size, int):
+    return size > 0
+  dataset = task.source.get_dataset(split=split, shuffle=False)
+  return any(True for _ in dataset.take(1))
+
+
+def check_samplable(mixture_or_task_name: str, split: str = 'train') -> None:
+  """Raises ValueError, naming the tasks, when the mixture has nothing to
+  sample: every task at rate 0 (`tasks.EVAL_ONLY`), or a task sampled at a
+  positive rate whose `split` is missing or empty (seqio would raise a bare
+  StopIteration at the first batch, after compiling)."""
+  provider = get_mixture_or_task(mixture_or_task_name)
+  if isinstance(provider, seqio.Mixture):
+    rates = [(t, provider.get_rate(t)) for t in provider.tasks]
+  else:
+    rates = [(provider, 1.0)]
+  sampled = [t for t, rate in rates if rate > 0]
+  if not sampled:
+    raise ValueError(
+        f'MIXTURE_OR_TASK_NAME {mixture_or_task_name!r} has nothing to '
+        f'train on: every task has rate 0 (evaluation only): '
+        f'{sorted(t.name for t, _ in rates)}. Give a task a positive rate, '
+        'or train on a mixture that has one.')
+  empty = sorted(t.name for t in sampled
+                 if split not in t.splits or not _has_examples(t, split))
+  if empty:
+    raise ValueError(
+        f'MIXTURE_OR_TASK_NAME {mixture_or_task_name!r} samples tasks with no '
+        f'{split!r} examples: {empty}. Prepare their data (TFDS_DATA_DIR), or '
+        'give them rate 0 (tasks.EVAL_ONLY) to evaluate them only.')
+
+
 def train_dataset(mixture_or_task_name: str,
                   task_feature_lengths: Mapping[str, int],
                   batch_size: int, seed: Optional[int] = 0,

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import zipfile
 from typing import Any, Mapping, Optional, Sequence
 
 from flax import traverse_util
@@ -130,11 +131,28 @@ def make_header(model: network.Transformer, flat: Mapping[str, np.ndarray],
   }
 
 
+def check_finite(arrays: Mapping[str, np.ndarray], where: str) -> None:
+  """Raises TaskParamsError naming every array of `where` that holds NaN or
+  Inf: such rows would load silently and the run would later stop on a
+  non-finite loss, blamed on the learning rate."""
+  bad = [f'{k} ({int(np.size(v) - np.isfinite(v).sum())} of {np.size(v)} '
+         'values)' for k, v in sorted(arrays.items())
+         if np.issubdtype(np.asarray(v).dtype, np.floating)
+         and not np.isfinite(v).all()]
+  if bad:
+    raise TaskParamsError(
+        f'{where} holds NaN or Inf in {", ".join(bad)}: the task parameters '
+        'are damaged (a diverged run, a bad copy). Export them from an '
+        'earlier checkpoint of the run.')
+
+
 def write(path: str, arrays: Mapping[str, np.ndarray],
           header: Mapping[str, Any]) -> int:
   """Writes the artifact atomically (temporary file, then rename); returns
-  its size in bytes."""
+  its size in bytes. Non-finite arrays are refused (`check_finite`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  check_finite(arrays, f'The task parameters for {path}')
 
   buffer = io.BytesIO()
   np.savez(buffer, **{_HEADER: np.frombuffer(
@@ -161,12 +179,13 @@ def read(path: str) -> tuple[Flat, dict[str, Any]]:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
       arrays = {k: npz[k] for k in npz.files}
     header = json.loads(arrays.pop(_HEADER).tobytes().decode())
-  except (ValueError, KeyError, OSError) as e:
-    raise TaskParamsError(f'{path} is not a task-parameter artifact ({e}).'
-                          ) from None
+  except (ValueError, KeyError, OSError, zipfile.BadZipFile) as e:
+    raise TaskParamsError(f'{path} is not a task-parameter artifact, or is '
+                          f'cut short ({e}): export it again.') from None
   if header.get('format') != FORMAT:
     raise TaskParamsError(f'{path} has format {header.get("format")!r}; this '
                           f'version reads {FORMAT!r}.')
+  check_finite(arrays, path)
   return arrays, header
 
 

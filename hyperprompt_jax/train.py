@@ -251,6 +251,7 @@ def train(
                     train_only_new_tasks)
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
+  input_pipeline.check_samplable(mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '

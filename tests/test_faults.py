@@ -16,6 +16,8 @@ import jax
 import numpy as np
 import optax
 import pytest
+import seqio
+import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import checkpoint_manager
@@ -23,6 +25,7 @@ from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import run_lock
+from hyperprompt_jax import tasks
 from hyperprompt_jax import train as train_lib
 
 import conftest
@@ -319,3 +322,47 @@ def test_a_run_whose_lock_was_taken_stops_before_saving(tmp_path):
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == [
       'checkpoint_2']
   assert '"pid": 4242' in (model_dir / run_lock.LOCK_FILE).read_text()
+
+
+@pytest.fixture
+def empty_train_task():
+  """A task whose train split holds no example, alone and mixed with
+  fixture_glue_rte (rate 1 each), and a mixture of evaluation-only rates."""
+  def examples(split, shuffle_files=False):
+    del shuffle_files
+    n = 0 if split == 'train' else 2
+    return tf.data.Dataset.from_tensor_slices(
+        {'inputs': ['x'] * n, 'targets': ['y'] * n})
+
+  vocabulary = seqio.ByteVocabulary()
+  seqio.TaskRegistry.add(
+      'empty_train', seqio.FunctionDataSource(examples,
+                                              ['train', 'validation']),
+      preprocessors=[], output_features={
+          k: seqio.Feature(vocabulary) for k in ('inputs', 'targets')})
+  seqio.MixtureRegistry.add('empty_mixed',
+                            [('empty_train', 1.0), ('fixture_glue_rte', 1.0)])
+  seqio.MixtureRegistry.add('eval_only', [
+      ('fixture_glue_rte', tasks.EVAL_ONLY),
+      ('fixture_glue_cola', tasks.EVAL_ONLY)])
+  yield
+  for name in ('empty_mixed', 'eval_only'):
+    seqio.MixtureRegistry.remove(name)
+  seqio.TaskRegistry.remove('empty_train')
+
+
+@pytest.mark.parametrize('mixture,message', [
+    ('eval_only', r"nothing to train on: every task has rate 0 .*"
+     r"\['fixture_glue_cola', 'fixture_glue_rte'\]"),
+    ('empty_train', r"samples tasks with no 'train' examples: "
+     r"\['empty_train'\]"),
+    ('empty_mixed', r"samples tasks with no 'train' examples: "
+     r"\['empty_train'\]"),
+])
+def test_a_mixture_with_nothing_to_sample_fails_before_anything(
+    empty_train_task, tmp_path, mixture, message):
+  del empty_train_task
+  with pytest.raises(ValueError, match=message):
+    train_lib.train(_model(), **_kwargs(tmp_path / 'run',
+                                        mixture_or_task_name=mixture))
+  assert not (tmp_path / 'run').exists()

@@ -2,6 +2,9 @@
 task axis, training only the new tasks' rows, and bad input."""
 
 import dataclasses
+import json
+import pathlib
+import re
 
 from flax import traverse_util
 import gin
@@ -192,6 +195,33 @@ def test_an_unreadable_artifact_is_named(tmp_path):
     task_params.read(str(tmp_path / 'x.npz'))
   with pytest.raises(FileNotFoundError, match='export_task_params'):
     task_params.read(str(tmp_path / 'nowhere.npz'))
+
+
+def test_non_finite_task_parameters_are_refused_on_export_and_import(
+    global_on_t5x, tmp_path):
+  """NaN rows would load silently and the run would stop later on a NaN
+  loss, blamed on the learning rate: refused, naming the array."""
+  _, _, artifact = global_on_t5x
+  arrays, header = task_params.read(artifact)
+  name = sorted(arrays)[0]
+  arrays[name] = arrays[name].copy()
+  arrays[name].flat[[0, 3]] = [np.nan, np.inf]
+  with pytest.raises(task_params.TaskParamsError,
+                     match=f'NaN or Inf in {re.escape(name)} \\(2 of '):
+    task_params.write(str(tmp_path / 'out.npz'), arrays, header)
+  assert not (tmp_path / 'out.npz').exists()
+  # An artifact damaged after it was written (np.savez by hand).
+  np.savez(tmp_path / 'damaged.npz', **{
+      task_params._HEADER: np.frombuffer(  # pylint: disable=protected-access
+          json.dumps(header).encode(), np.uint8)}, **arrays)
+  with pytest.raises(task_params.TaskParamsError,
+                     match=f'damaged.npz holds NaN or Inf in {re.escape(name)}'):
+    task_params.read(str(tmp_path / 'damaged.npz'))
+  # Cut short (a copy interrupted): named, no zip traceback.
+  data = pathlib.Path(artifact).read_bytes()
+  (tmp_path / 'short.npz').write_bytes(data[:len(data) // 2])
+  with pytest.raises(task_params.TaskParamsError, match='cut short'):
+    task_params.read(str(tmp_path / 'short.npz'))
 
 
 # ------------------------------------------------------------ growing --
