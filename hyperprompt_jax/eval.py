@@ -100,6 +100,7 @@ from hyperprompt_jax import network
 from hyperprompt_jax import paper_results
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
+from hyperprompt_jax import run_record
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
@@ -411,6 +412,9 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
   for step, path in found:
     tick = time.time()
     error = None
+    # What its rows mean: refused on every process alike (one record).
+    run_record.check_checkpoint(path, predictor.model.config,
+                                task_ids.run_task_list())
     try:
       params, _ = checkpoints.restore_params(path, abstract_params)
     except checkpoints.CheckpointMismatchError:

@@ -50,6 +50,7 @@ import tensorflow as tf
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
+from hyperprompt_jax import run_record
 from hyperprompt_jax import task_params
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
@@ -83,6 +84,7 @@ def export(model: network.Transformer, checkpoint_path: str, output: str,
   task_list = list(task_ids.run_task_list() if task_list is None
                    else task_list)
   task_ids.check_num_tasks(model.config.num_tasks, task_list)
+  run_record.check_checkpoint(checkpoint_path, model.config, task_list)
   loaded = checkpoints.load_t5x_params(checkpoint_path)
   # Every parameter of the model, of the model's shape: or a clear error.
   checkpoints.match_params(

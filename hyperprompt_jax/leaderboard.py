@@ -60,6 +60,7 @@ from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
+from hyperprompt_jax import run_record
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
@@ -207,6 +208,8 @@ def write_files(
   predictor, abstract_params = decoding.make_predictor(
       model, task_feature_lengths,
       partitioning.create_mesh(mesh_data, mesh_model), batch_size)
+  run_record.check_checkpoint(checkpoint_path, model.config,
+                              task_ids.run_task_list())
   predictor.set_params(
       checkpoints.restore_params(checkpoint_path, abstract_params)[0])
   tf.io.gfile.makedirs(output_dir)

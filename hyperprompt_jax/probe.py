@@ -67,6 +67,7 @@ from hyperprompt_jax import network
 from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
 from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax import run_record
 from hyperprompt_jax import task_params
 from hyperprompt_jax.tasks import task_ids
 # pylint: enable=g-import-not-at-top,g-bad-import-order
@@ -274,6 +275,7 @@ def probe(
           stack: has_prompts(cfg, stack) for stack in STACKS},
       'split': split, 'num_examples': num_examples, 'steps': {}}
   for step, path in found:
+    run_record.check_checkpoint(path, cfg, task_ids.run_task_list())
     params, _ = checkpoints.restore_params(path, abstract)
     params = jax.device_put(params, param_shardings)
     summary['steps'][str(step)] = probe_checkpoint(

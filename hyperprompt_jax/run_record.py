@@ -68,9 +68,10 @@ def make(model_config: Any, data: Mapping[str, Any], start_step: int,
 
 
 def check_resume(record: Mapping[str, Any], model_config: Any,
-                 data: Mapping[str, Any], checkpoint: str) -> None:
-  """Raises ResumeMismatchError naming each model or data setting in which
-  this run differs from the checkpoint's `record`."""
+                 data: Mapping[str, Any], checkpoint: str,
+                 task_list: Sequence[str]) -> None:
+  """Raises ResumeMismatchError naming each model or data setting, or task
+  id, in which this run differs from the checkpoint's `record`."""
   changes = []
   now = model_settings(model_config)
   saved = record.get('model', {})
@@ -78,6 +79,9 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
     if now.get(name) != saved.get(name):
       changes.append(f'{name}: {saved.get(name, "(unset)")} -> '
                      f'{now.get(name, "(unset)")}')
+  moved = task_list_change(record.get('task_list') or [], task_list)
+  if moved:
+    changes.append(moved)
   saved_data = record.get('data', {})
   for name in data:
     if name in saved_data and _plain(saved_data[name]) != _plain(data[name]):
@@ -88,6 +92,86 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
         f'this run\'s: {"; ".join(changes)}. Resume with the settings that '
         'wrote it (its record: MODEL_DIR/config.gin), '
         'or train this configuration in a new MODEL_DIR.')
+
+
+# T5Config fields a reader of a checkpoint may set as it likes: they do not
+# change what the parameters mean.
+_READER_CHOICES = ('T5Config.dtype', 'T5Config.dropout_rate',
+                   'T5Config.check_traced_task_ids')
+
+
+class RecordMismatchError(ValueError):
+  """A checkpoint read with other model settings or task ids than it was
+  trained with."""
+
+
+def task_list_change(saved: Sequence[str], now: Sequence[str]
+                     ) -> Optional[str]:
+  """How `now` (a run's task list) moves the ids of `saved` (a
+  checkpoint's), or None: the saved tasks must keep their ids (be the first
+  entries of `now`; appended tasks are new rows)."""
+  for i, name in enumerate(saved):
+    if i >= len(now) or now[i] != name:
+      where = (f'id {list(now).index(name)}' if name in now
+               else 'no id (it is not in the task list)')
+      return (f'task {name!r} has id {i} in the checkpoint but {where} in '
+              f'this run (checkpoint: {list(saved)}; this run: {list(now)})')
+  return None
+
+
+def record_changes(record: Mapping[str, Any], model_config: Any,
+                   task_list: Sequence[str],
+                   ignore: Sequence[str] = _READER_CHOICES) -> list[str]:
+  """Each model setting (but `ignore`) and task id in which a reader
+  differs from the checkpoint's `record`."""
+  now = model_settings(model_config)
+  saved = record.get('model', {})
+  changes = [f'{name}: {saved.get(name, "(unset)")} -> '
+             f'{now.get(name, "(unset)")}'
+             for name in sorted(set(now) | set(saved))
+             if name not in ignore and now.get(name) != saved.get(name)]
+  moved = task_list_change(record.get('task_list') or [], task_list)
+  if moved:
+    changes.append(moved)
+  return changes
+
+
+@gin.configurable
+def check_checkpoint(checkpoint_path: str, model_config: Any,
+                     task_list: Sequence[str], allow_mismatch: bool = False
+                     ) -> None:
+  """Refuses to read a checkpoint of the built-in runner as anything but
+  what it was trained as: its run record's model settings and task ids
+  (a task's row read as another task's gives wrong predictions with no
+  error). t5x's checkpoints record neither: nothing to compare.
+
+  Args:
+    checkpoint_path: a `checkpoint_<step>` folder.
+    model_config: the reader's `T5Config`.
+    task_list: the reader's task list (`task_ids.run_task_list()`).
+    allow_mismatch: read it anyway, with a warning naming each difference
+      (gin: `run_record.check_checkpoint.allow_mismatch = True`), e.g. to
+      evaluate a renamed task.
+
+  Raises:
+    RecordMismatchError: naming each difference and the override.
+  """
+  record = read(checkpoint_path)
+  if record is None:
+    return
+  changes = record_changes(record, model_config, task_list)
+  if not changes:
+    return
+  if allow_mismatch:
+    log.warning('Reading %s despite its record: %s.', checkpoint_path,
+                '; '.join(changes))
+    return
+  raise RecordMismatchError(
+      f'{checkpoint_path} was trained with other settings than this '
+      f'command\'s: {"; ".join(changes)}. Use the gin files that trained it '
+      '(its MODEL_DIR/config.gin) and the same task list (tasks registered in '
+      'the same order); to read it anyway, add '
+      '--gin.run_record.check_checkpoint.allow_mismatch=True.')
 
 
 def data_source(record: Optional[Mapping[str, Any]], layout: Any,

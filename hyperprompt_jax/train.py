@@ -319,7 +319,7 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
   def check_resume(step, record):
     if record is not None:
       run_record.check_resume(record, model.config, data,
-                              f'checkpoint_{step}')
+                              f'checkpoint_{step}', task_ids.run_task_list())
     return run_record.data_source(record, layout,
                                   restart_data_on_layout_change,
                                   f'checkpoint_{step}')

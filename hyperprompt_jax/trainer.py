@@ -24,6 +24,7 @@ from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
 from hyperprompt_jax import partitioning
+from hyperprompt_jax import run_record
 from hyperprompt_jax import task_params
 
 State = dict[str, Any]
@@ -173,6 +174,15 @@ class Trainer:
                 if not param_groups.is_task_conditioned(k)} | arrays
     rows = task_params.trained_rows(self.model, path, task_params_path)
     axes = task_params.task_axes(self.model)
+    record = run_record.read(path)
+    if record and axes and task_list and not task_params_path:
+      moved = run_record.task_list_change(record.get('task_list') or [],
+                                          task_list)
+      if moved:
+        raise task_params.TaskParamsError(
+            f'INITIAL_CHECKPOINT_PATH {path}: {moved}. Its task rows would be '
+            'read as other tasks\' rows: keep the trained tasks\' ids (append '
+            'new tasks after them; tasks.add_task does).')
     abstract = traverse_util.flatten_dict(self.abstract_params, sep='/')
     growth = growth or task_params.Growth()
     # A fresh initialisation only where one is needed (parameters the

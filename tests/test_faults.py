@@ -2,6 +2,7 @@
 with other settings, a second trainer, settings that cannot work, and the
 run's record (SIGTERM and SIGKILL: test_train.py)."""
 
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -21,12 +22,15 @@ import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import checkpoint_manager
+from hyperprompt_jax import eval as eval_lib
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import run_lock
+from hyperprompt_jax import run_record
 from hyperprompt_jax import tasks
 from hyperprompt_jax import train as train_lib
+from hyperprompt_jax.tasks import task_ids
 
 import conftest
 
@@ -149,6 +153,17 @@ def test_resume_with_other_settings_is_refused_naming_them(trained,
                      r'4 -> 6'):
     train_lib.train(_model(encoder_prompt_length=6),
                     **_kwargs(model_dir, train_steps=8))
+  # The task ids (user tasks take ids in import order): the same tasks in
+  # another order would read every task-indexed row as another task's.
+  glue = task_ids.run_task_list()
+  gin.bind_parameter('run_task_list.tasks', glue[::-1])
+  try:
+    with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                       match=f"task '{glue[0]}' has id 0 in the checkpoint "
+                       f'but id {len(glue) - 1} in this run'):
+      train_lib.train(_model(), **_kwargs(model_dir, train_steps=8))
+  finally:
+    gin.clear_config()
   # A failed start leaves the record of the run that wrote the checkpoints.
   assert (model_dir / 'config.gin').read_text() == record
   assert _files(model_dir) == before
@@ -366,3 +381,38 @@ def test_a_mixture_with_nothing_to_sample_fails_before_anything(
     train_lib.train(_model(), **_kwargs(tmp_path / 'run',
                                         mixture_or_task_name=mixture))
   assert not (tmp_path / 'run').exists()
+
+
+def test_eval_refuses_a_checkpoint_read_as_another_model_or_task_list(
+    trained, tmp_path):
+  """The run record says what the rows mean: evaluating (inferring,
+  probing, exporting) with the task list reversed, or another activation of
+  the same shapes, is refused by name; the override reads it anyway."""
+  checkpoint = str(trained[0] / f'checkpoint_{STEPS}')
+  glue = task_ids.run_task_list()
+  model = _model()
+  relu = network.Transformer(dataclasses.replace(
+      model.config, mlp_activations=('relu', 'linear')))
+  kwargs = dict(checkpoint_path=checkpoint,
+                eval_output_dir=str(tmp_path / 'eval'),
+                mixture_or_task_name='fixture_glue_rte',
+                task_feature_lengths=LENGTHS, batch_size=4)
+  with pytest.raises(run_record.RecordMismatchError,
+                     match=r"T5Config.mlp_activations: \('gelu', 'linear'\) "
+                     r"-> \('relu', 'linear'\).*allow_mismatch=True"):
+    eval_lib.evaluate(relu, **kwargs)
+  gin.bind_parameter('run_task_list.tasks', glue[::-1])
+  try:
+    with pytest.raises(run_record.RecordMismatchError,
+                       match=f"task '{glue[0]}' has id 0 in the checkpoint"):
+      eval_lib.evaluate(model, **kwargs)
+    gin.bind_parameter('run_record.check_checkpoint.allow_mismatch', True)
+    run_record.check_checkpoint(checkpoint, model.config,
+                                task_ids.run_task_list())  # warns only
+  finally:
+    gin.clear_config()
+  # Appended tasks keep every saved id: read as before.
+  run_record.check_checkpoint(checkpoint, model.config, glue + ('new',))
+  # A t5x checkpoint records nothing: nothing to compare.
+  run_record.check_checkpoint(
+      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), relu.config, ())
