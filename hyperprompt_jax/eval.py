@@ -155,6 +155,34 @@ def _targets(task: seqio.Task, dataset: tf.data.Dataset) -> list[Any]:
   return out
 
 
+def _unlabelled(targets: Sequence[Any]) -> bool:
+  """Whether no target has a label: GLUE / SuperGLUE test examples hold -1,
+  which the postprocessors keep (MultiRC's `value`), or no answer (ReCoRD)."""
+  def missing(t):
+    t = t['value'] if isinstance(t, Mapping) else t
+    return (isinstance(t, (list, tuple)) and not t) or (
+        isinstance(t, (int, float)) and t == -1)
+  return all(missing(t) for t in targets)
+
+
+def check_labelled(evaluator: seqio.Evaluator, split: str
+                   ) -> dict[str, list[Any]]:
+  """`{task: its postprocessed targets}`, or a ValueError naming the tasks
+  whose `split` has no labels (scoring them would fail in the metrics, or
+  score noise)."""
+  targets = {task.name: _targets(task,
+                                 evaluator.cached_task_datasets[task.name])
+             for task in evaluator.eval_tasks}
+  blank = sorted(name for name, t in targets.items() if t and _unlabelled(t))
+  if blank:
+    raise ValueError(
+        f'The {split!r} split of {", ".join(blank)} has no labels (the GLUE '
+        'and SuperGLUE test labels are hidden): score it on the benchmark '
+        'servers with the files of `python -m hyperprompt_jax.leaderboard`, '
+        "or evaluate EVAL_SPLIT='validation'.")
+  return targets
+
+
 def _majority_values(targets: Sequence[Any]) -> list[Any]:
   """The most frequent target value(s) (all of them on ties); for structured
   targets (MultiRC / ReCoRD dicts) the most frequent `value` / answer."""
@@ -311,13 +339,15 @@ def evaluate(
         async_compute_metrics=False)
 
   summaries = {}
-  majority = None
+  majority = targets = None
   for name, path in zip(names, run_paths):
     output_dir = (eval_output_dir if len(run_paths) == 1
                   else os.path.join(eval_output_dir, name))
     evaluator = make_evaluator(output_dir)
+    if targets is None:  # before any checkpoint is read
+      targets = check_labelled(evaluator, split)
     if majority_baseline and majority is None:
-      majority = _majority_scores(evaluator)
+      majority = _majority_scores(evaluator.eval_tasks, targets)
     log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
              len(found[path]), path, len(tasks), split)
     results, unreadable = _evaluate_checkpoints(
@@ -393,13 +423,13 @@ def _write_runs(summaries: Mapping[str, Mapping[str, Any]],
   return summary
 
 
-def _majority_scores(evaluator: seqio.Evaluator) -> dict[str, float]:
-  """The majority-class score of each task, scored like the model (tasks
-  sharing an id averaged)."""
-  majority = {}
-  for task in evaluator.eval_tasks:
-    targets = _targets(task, evaluator.cached_task_datasets[task.name])
-    majority[task.name] = majority_score(task, targets)
+def _majority_scores(tasks: Sequence[seqio.Task],
+                     targets: Mapping[str, Sequence[Any]]
+                     ) -> dict[str, float]:
+  """The majority-class score of each task (`targets`: its postprocessed
+  targets), scored like the model (tasks sharing an id averaged)."""
+  majority = {task.name: majority_score(task, targets[task.name])
+              for task in tasks}
   return scores.task_scores({t: {'score': s} for t, s in majority.items()})
 
 
@@ -425,6 +455,12 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
     # and the others evaluated; skipped by every process if one cannot read
     # it.
     if not multihost.all_true(error is None):
+      if multihost.all_true(not tf.io.gfile.exists(path)):
+        # Not damaged: a training run beside this eval removed it (its
+        # KEEP_CHECKPOINTS), as it may.
+        log.warning('checkpoint_%d was deleted while eval ran (the training '
+                    'run keeps only KEEP_CHECKPOINTS), skipped.', step)
+        continue
       unreadable[str(step)] = error or 'another process could not read it'
       log.error('checkpoint_%d cannot be read, skipped (%s).', step,
                 unreadable[str(step)])

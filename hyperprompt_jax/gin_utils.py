@@ -12,12 +12,14 @@ without its start-up lines.
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import re
 import sys
 import tempfile
 from typing import Callable, Optional, Sequence
+import zipfile
 
 import gin
 
@@ -80,6 +82,8 @@ def _parser(prog: str, description: str,
       prog=prog, description=description,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   add_gin_flags(parser)
+  parser.add_argument('--traceback', action='store_true',
+                      help='on an error, print the whole traceback too')
   if add_flags is not None:
     add_flags(parser)
   return parser
@@ -197,17 +201,57 @@ def parse_command_line(
   return args
 
 
+class ReportedError(RuntimeError):
+  """A failure (not a usage mistake) whose message names the cause and the
+  fix: `run` prints it as one line and exits 1."""
+
+
+def _without_gin_context(message: str) -> str:
+  # gin appends "In call to configurable 'train' (<function ...>)": the
+  # message already says what to fix.
+  return re.split(r'\n\s*In call to configurable', message)[0]
+
+
+def _failure_line(e: BaseException) -> Optional[str]:
+  """One line naming the cause of a failure a user can act on without its
+  traceback (a missing or unwritable file, a full disk, a damaged archive,
+  a `ReportedError`), or None (a bug: the traceback is the report)."""
+  if isinstance(e, ReportedError):
+    return _without_gin_context(str(e))
+  if isinstance(e, OSError):
+    if e.errno == errno.ENOSPC:
+      return (f'{e}. Free space (or point MODEL_DIR elsewhere) and run the '
+              'same command again: the newest committed checkpoint is kept.')
+    return f'{type(e).__name__}: {e}'
+  if isinstance(e, zipfile.BadZipFile):
+    return f'{e}: the file is not a whole .npz (a copy cut short?).'
+  # tf.io.gfile's errors (tensorflow.python.framework.errors_impl), without
+  # importing TensorFlow here.
+  if (type(e).__module__.startswith('tensorflow')
+      and type(e).__name__.endswith('Error') and hasattr(e, 'message')):
+    return f'{type(e).__name__}: {e.message}'
+  return None
+
+
 def run(main: Callable[[], int]) -> None:
-  """Runs a command-line `main`, turning ValueError into a one-line error
-  and exit status 2 (a usage mistake, not a crash)."""
+  """Runs a command-line `main`: a ValueError (a usage mistake) becomes a
+  one-line error and exit status 2; a failure whose cause one line names
+  (`_failure_line`) a one-line error and exit status 1, its traceback
+  printed too with `--traceback`; anything else raises (a bug)."""
   try:
     sys.exit(main())
   except ValueError as e:
-    # gin appends "In call to configurable 'train' (<function ...>)": the
-    # message already says what to fix.
-    message = re.split(r'\n\s*In call to configurable', str(e))[0]
-    print(f'error: {message}', file=sys.stderr)
+    if '--traceback' in sys.argv[1:]:
+      raise
+    print(f'error: {_without_gin_context(str(e))}', file=sys.stderr)
     sys.exit(2)
+  except Exception as e:  # pylint: disable=broad-except
+    line = _failure_line(e)
+    if line is None or '--traceback' in sys.argv[1:]:
+      raise
+    print(f'error: {line}\n(the traceback: the same command with '
+          '--traceback)', file=sys.stderr)
+    sys.exit(1)
 
 
 def log_to_stdout(logger: logging.Logger) -> None:
@@ -279,12 +323,32 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
       where, hint = 'a command-line binding', _string_hint(statement)
     raise ValueError(f'gin cannot parse {statement!r} ({where}): '
                      f'{why[0].strip().rstrip(".")}.{hint}') from None
+  except RecursionError as e:
+    raise ValueError('The gin files include each other in a cycle: '
+                     f'{_include_cycle(str(e), files)}. Remove the include '
+                     'that closes it.') from None
   except (ValueError, IOError, TypeError) as e:
     raise ValueError(
         f'Invalid gin configuration: {e}\n(Check the spelling of the '
         'configurable, parameter or macro, and that the gin files exist in '
         f'the search paths {search_paths}.)'
     ) from e
+
+
+def _include_cycle(message: str, files: Sequence[str]) -> str:
+  """'a.gin -> b.gin -> a.gin' from gin's RecursionError message, which
+  lists the `include` chain as 'In file "PATH", line N' lines (cut where
+  Python's limit was hit: started at the first of `files` in it)."""
+  cycle = []
+  for path in re.findall(r'In file "([^"]+)", line', message):
+    if path in cycle:
+      break
+    cycle.append(path)
+  if not cycle:
+    return '(gin does not say which)'
+  start = next((cycle.index(f) for f in files if f in cycle), 0)
+  cycle = cycle[start:] + cycle[:start]
+  return ' -> '.join(cycle + cycle[:1])
 
 
 # A binding whose value starts like a bare word or a path, not like a gin

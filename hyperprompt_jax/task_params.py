@@ -185,6 +185,19 @@ def read(path: str) -> tuple[Flat, dict[str, Any]]:
   if header.get('format') != FORMAT:
     raise TaskParamsError(f'{path} has format {header.get("format")!r}; this '
                           f'version reads {FORMAT!r}.')
+  # Arrays against their own header: an edited or mixed-up artifact would
+  # otherwise fail later as a checkpoint whose shapes do not match.
+  shapes = {k: list(np.shape(v)) for k, v in arrays.items()}
+  declared = header.get('shapes', {})
+  wrong = [f'{k} {shapes.get(k, "missing")} (header: '
+           f'{declared.get(k, "none")})'
+           for k in sorted(set(shapes) | set(declared))
+           if shapes.get(k) != declared.get(k)]
+  if wrong:
+    raise TaskParamsError(
+        f'{path} holds arrays that differ from its own header ('
+        f'{"; ".join(wrong)}): the artifact was edited or mixed up; export '
+        'it again.')
   check_finite(arrays, path)
   return arrays, header
 

@@ -23,6 +23,7 @@ run's first checkpoint.
 
 import importlib
 import logging
+import math
 import os
 import time
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
@@ -65,7 +66,7 @@ from hyperprompt_jax.tasks import task_ids
 log = logging.getLogger('hyperprompt_jax.train')
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(gin_utils.ReportedError):
   """The loss became NaN or Inf; the last good checkpoint is kept."""
 
 
@@ -475,7 +476,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   result = importlib.import_module('hyperprompt_jax.train').train()
   if result['stopped_by']:
     return preemption.exit_status(result['stopped_by'])
-  log.info('Finished at step %d, loss %.4f.', result['step'], result['loss'])
+  if math.isnan(result['loss']):  # no step trained (already at the end)
+    log.info('Finished at step %d.', result['step'])
+  else:
+    log.info('Finished at step %d, loss %.4f.', result['step'],
+             result['loss'])
   return 0
 
 

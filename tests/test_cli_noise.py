@@ -94,3 +94,51 @@ def test_held_back_stderr_passes_on_all_but_the_startup_lines(capfd):
       'E0000 00:00:1795466776.114344    3491 kernel.cc:1] a real error\n'
       'W0000 00:00:1795466776.114344    3491 x.cc:1] a warning\n'
       'Traceback (most recent call last):\n')
+
+
+_FAILING_MAIN = """
+import errno, sys, zipfile
+from hyperprompt_jax import gin_utils
+failures = {
+    'missing': FileNotFoundError(errno.ENOENT, 'No such file', '/x/y.npz'),
+    'disk_full': OSError(errno.ENOSPC, 'No space left on device', '/run'),
+    'zip': zipfile.BadZipFile('File is not a zip file'),
+    'reported': gin_utils.ReportedError('The loss became NaN. Lower it.'),
+    'usage': ValueError('Unknown MIXTURE_OR_TASK_NAME'),
+    'bug': KeyError('a bug'),
+}
+def main():
+  raise failures[sys.argv[1]]
+gin_utils.run(main)
+"""
+
+
+def _fail(kind, *flags):
+  return subprocess.run([sys.executable, '-c', _FAILING_MAIN, kind, *flags],
+                        capture_output=True, text=True, timeout=60,
+                        check=False)
+
+
+def test_a_failure_with_a_known_cause_is_one_line_and_exit_1():
+  """A full disk printed 195 lines of traceback; now one line naming the
+  cause (and the fix where there is one), the traceback behind a flag."""
+  expected = {
+      'missing': "error: FileNotFoundError: [Errno 2] No such file: "
+                 "'/x/y.npz'",
+      'disk_full': 'error: [Errno 28] No space left on device: '
+                   "'/run'. Free space",
+      'zip': 'error: File is not a zip file: the file is not a whole .npz',
+      'reported': 'error: The loss became NaN. Lower it.',
+  }
+  for kind, start in expected.items():
+    result = _fail(kind)
+    assert result.returncode == 1, (kind, result.stderr)
+    assert result.stderr.startswith(start), (kind, result.stderr)
+    assert 'Traceback' not in result.stderr
+    assert len(result.stderr.splitlines()) == 2  # the line, the flag's hint
+    assert 'Traceback' in _fail(kind, '--traceback').stderr
+  usage = _fail('usage')
+  assert (usage.returncode, usage.stderr) == (
+      2, 'error: Unknown MIXTURE_OR_TASK_NAME\n')
+  bug = _fail('bug')  # no cause a user can act on: the traceback is the report
+  assert bug.returncode == 1 and 'Traceback' in bug.stderr

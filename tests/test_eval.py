@@ -270,6 +270,49 @@ def test_an_unreadable_checkpoint_is_skipped_and_reported(run_dir, tmp_path):
   assert 'fixture_glue_rte' in written['steps']['100']['metrics']
 
 
+def test_a_checkpoint_deleted_while_eval_runs_is_not_unreadable(
+    run_dir, tmp_path, monkeypatch):
+  """A training run beside eval removes its old checkpoints (its
+  KEEP_CHECKPOINTS): skipped with a warning, not reported as damaged."""
+  checkpoints = tmp_path / 'run'
+  shutil.copytree(run_dir / 'checkpoint_100', checkpoints / 'checkpoint_100')
+  shutil.copytree(run_dir / 'checkpoint_200', checkpoints / 'checkpoint_200')
+  restore = eval_lib.checkpoints.restore_params
+
+  def restore_after_the_trainer_deleted_200(path, *args, **kwargs):
+    shutil.rmtree(checkpoints / 'checkpoint_200', ignore_errors=True)
+    return restore(path, *args, **kwargs)
+
+  monkeypatch.setattr(eval_lib.checkpoints, 'restore_params',
+                      restore_after_the_trainer_deleted_200)
+  summary = _evaluate(tmp_path, checkpoint_path=str(checkpoints),
+                      mixture_or_task_name='fixture_glue_rte')
+  assert list(summary['steps']) == ['100']
+  assert 'unreadable_checkpoints' not in summary
+
+
+def test_an_unlabelled_split_is_refused_before_any_checkpoint(run_dir,
+                                                            tmp_path):
+  """GLUE's test labels are hidden (-1): scoring them ended in an sklearn
+  error; now one error names the tasks and the leaderboard."""
+  with pytest.raises(ValueError, match=r"The 'test' split of "
+                     r'fixture_glue_mnli_matched, fixture_glue_mnli_mismatched'
+                     r', fixture_glue_rte, fixture_glue_stsb has no labels.*'
+                     r'hyperprompt_jax.leaderboard'):
+    _evaluate(tmp_path, checkpoint_path=str(run_dir), split='test')
+
+
+def test_unlabelled_targets_by_hand():
+  assert eval_lib._unlabelled([-1, -1])  # GLUE / SuperGLUE classes
+  assert eval_lib._unlabelled([-1.0])  # STS-B
+  assert eval_lib._unlabelled([{'group': 0, 'value': -1}])  # MultiRC
+  assert eval_lib._unlabelled([[], []])  # ReCoRD: no answers
+  assert not eval_lib._unlabelled([-1, 0])
+  assert not eval_lib._unlabelled([{'group': 0, 'value': 1}])
+  assert not eval_lib._unlabelled([['an answer']])
+  assert not eval_lib._unlabelled(['free text'])
+
+
 def test_unknown_task_is_a_clear_error(run_dir, tmp_path):
   with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_rt'"):
     _evaluate(tmp_path, checkpoint_path=str(run_dir),

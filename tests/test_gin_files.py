@@ -281,3 +281,14 @@ def test_a_binding_typo_that_is_no_string_gets_no_quoting_hint():
   with pytest.raises(ValueError, match='cannot parse') as info:
     gin_utils.parse_gin(['runs/quickstart.gin'], ['TRAIN_STEPS = 10x'])
   assert 'quote' not in str(info.value)
+
+
+def test_an_include_cycle_is_one_error_naming_the_files(tmp_path):
+  """gin recursed until Python's limit: a 3,269-line RecursionError."""
+  (tmp_path / 'a.gin').write_text("include 'b.gin'\nX = 1\n")
+  (tmp_path / 'b.gin').write_text("include 'a.gin'\n")
+  a, b = tmp_path / 'a.gin', tmp_path / 'b.gin'
+  with pytest.raises(ValueError, match=re.escape(
+      f'include each other in a cycle: {a} -> {b} -> {a}.')) as info:
+    gin_utils.parse_gin([str(a)], [], [str(tmp_path)])
+  assert len(str(info.value).splitlines()) == 1

@@ -224,6 +224,23 @@ def test_non_finite_task_parameters_are_refused_on_export_and_import(
     task_params.read(str(tmp_path / 'short.npz'))
 
 
+def test_an_array_unlike_its_header_is_blamed_on_the_artifact(
+    global_on_t5x, tmp_path):
+  """An artifact edited by hand (an array replaced by one of another shape)
+  failed later as a checkpoint whose shapes do not match."""
+  _, _, artifact = global_on_t5x
+  arrays, header = task_params.read(artifact)
+  name = sorted(arrays)[0]
+  arrays[name] = arrays[name][:1]
+  np.savez(tmp_path / 'edited.npz', **{
+      task_params._HEADER: np.frombuffer(  # pylint: disable=protected-access
+          json.dumps(header).encode(), np.uint8)}, **arrays)
+  with pytest.raises(task_params.TaskParamsError,
+                     match=f'edited.npz holds arrays that differ from its own '
+                     f'header \\({re.escape(name)} \\[1'):
+    task_params.read(str(tmp_path / 'edited.npz'))
+
+
 # ------------------------------------------------------------ growing --
 
 def _inputs(num_tasks_seen):
