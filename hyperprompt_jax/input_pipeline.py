@@ -44,16 +44,25 @@ def _has_examples(task: seqio.Task, split: str) -> bool:
   return any(True for _ in dataset.take(1))
 
 
+def _task_rates(mixture_or_task_name: str) -> list[tuple[seqio.Task, float]]:
+  provider = get_mixture_or_task(mixture_or_task_name)
+  if isinstance(provider, seqio.Mixture):
+    return [(t, provider.get_rate(t)) for t in provider.tasks]
+  return [(provider, 1.0)]
+
+
+def sampled_tasks(mixture_or_task_name: str) -> list[str]:
+  """The names of the tasks the mixture trains (rate > 0)."""
+  return [t.name for t, rate in _task_rates(mixture_or_task_name)
+          if rate > 0]
+
+
 def check_samplable(mixture_or_task_name: str, split: str = 'train') -> None:
   """Raises ValueError, naming the tasks, when the mixture has nothing to
   sample: every task at rate 0 (`tasks.EVAL_ONLY`), or a task sampled at a
   positive rate whose `split` is missing or empty (seqio would raise a bare
   StopIteration at the first batch, after compiling)."""
-  provider = get_mixture_or_task(mixture_or_task_name)
-  if isinstance(provider, seqio.Mixture):
-    rates = [(t, provider.get_rate(t)) for t in provider.tasks]
-  else:
-    rates = [(provider, 1.0)]
+  rates = _task_rates(mixture_or_task_name)
   sampled = [t for t, rate in rates if rate > 0]
   if not sampled:
     raise ValueError(

@@ -10,6 +10,16 @@ import jax
 import jax.numpy as jnp
 
 
+def token_losses(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4
+                 ) -> tuple[jax.Array, jax.Array]:
+  """`(cross_entropy, z_term)`, each [batch, length] float32, of every token
+  (padding included: weigh them)."""
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  return log_z - target_logit, z_loss * jnp.square(log_z)
+
+
 def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
                               weights: jax.Array, z_loss: float = 1e-4
                               ) -> dict[str, jax.Array]:
@@ -28,10 +38,8 @@ def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
   """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
-  cross_entropy = (log_z - target_logit) * weights
-  z_term = z_loss * jnp.square(log_z) * weights
+  cross_entropy, z_term = token_losses(logits, targets, z_loss)
+  cross_entropy, z_term = cross_entropy * weights, z_term * weights
   tokens = jnp.maximum(weights.sum(), 1.0)
   hits = (jnp.argmax(logits, -1) == targets) * weights
   return {

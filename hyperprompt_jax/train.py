@@ -21,6 +21,7 @@ The gin config and operative config are written to MODEL_DIR with the
 run's first checkpoint.
 """
 
+import dataclasses
 import importlib
 import logging
 import math
@@ -48,6 +49,7 @@ import numpy as np
 from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoint_manager
 from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import metabalance
 from hyperprompt_jax import methods
 from hyperprompt_jax import multihost
 from hyperprompt_jax import network
@@ -192,6 +194,8 @@ def train(
     new_task_source: Optional[str] = None,
     train_only_new_tasks: bool = False,
     restart_data_on_layout_change: bool = False,
+    gradient_balancing: Optional[str] = None,
+    metabalance_settings: Optional[metabalance.Settings] = None,
     optimizer=gin.REQUIRED,
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
@@ -233,6 +237,10 @@ def train(
       number of shards (another process count or MESH_MODEL,
       `multihost.data_layout`) restores the parameters and optimizer state
       and starts the data stream afresh, instead of refusing.
+    gradient_balancing: None (the loss's gradient) or 'metabalance'
+      (auxiliary learning for one target task: `metabalance`).
+    metabalance_settings: MetaBalance's settings (gin: the METABALANCE_*
+      macros of runs/train.gin).
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
   Returns:
@@ -253,6 +261,8 @@ def train(
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
+  balancing = balancing_plan(gradient_balancing, metabalance_settings, model,
+                             mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
@@ -284,21 +294,46 @@ def train(
                   log_period, seed, z_loss, mesh, pack, use_cached_tasks,
                   optimizer, _TaskStart(task_params_path, growth,
                                         first_new_row),
-                  restart_data_on_layout_change)
+                  restart_data_on_layout_change, balancing)
   finally:
     if lock:
       lock.release()
+
+
+GRADIENT_BALANCINGS = (None, 'metabalance')
+
+
+def balancing_plan(gradient_balancing: Optional[str],
+                   settings: Optional[metabalance.Settings],
+                   model: network.Transformer, mixture_or_task_name: str
+                   ) -> Optional[metabalance.Plan]:
+  """MetaBalance's plan for this run (None: the plain gradient), or a
+  ValueError naming the setting that does not fit."""
+  if gradient_balancing not in GRADIENT_BALANCINGS:
+    raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '
+                     f'one of {list(GRADIENT_BALANCINGS)}.')
+  if gradient_balancing is None:
+    return None
+  settings = settings or metabalance.Settings()
+  if settings.target_task:
+    settings = dataclasses.replace(
+        settings, target_task=task_ids.canonical_task(settings.target_task))
+  return metabalance.make_plan(
+      settings, task_ids.run_task_list(),
+      [task_ids.canonical_task(t)
+       for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
+      task_params.task_axes(model))
 
 
 def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
            train_steps, batch_size, initial_checkpoint_path, save_period,
            keep_checkpoints, log_period, seed, z_loss, mesh, pack,
            use_cached_tasks, optimizer, task_start,
-           restart_data_on_layout_change) -> dict[str, Any]:
+           restart_data_on_layout_change, balancing) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
   prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
-                                z_loss=z_loss, seed=seed)
+                                z_loss=z_loss, seed=seed, balancing=balancing)
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
@@ -316,6 +351,10 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
                                   batch_size, pack, seed)
   # The optimizer state's shape depends on it: a resume must keep it.
   data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = task_start.first_new_row
+  # So is MetaBalance's (its moving averages, one per auxiliary).
+  data['GRADIENT_BALANCING'] = balancing and {
+      'METABALANCE_' + k.upper(): v
+      for k, v in dataclasses.asdict(balancing.settings).items()}
 
   def check_resume(step, record):
     if record is not None:

@@ -20,6 +20,7 @@ import optax
 from hyperprompt_jax import batches
 from hyperprompt_jax import checkpoints
 from hyperprompt_jax import losses
+from hyperprompt_jax import metabalance
 from hyperprompt_jax import multihost
 from hyperprompt_jax import network
 from hyperprompt_jax import param_groups
@@ -28,6 +29,9 @@ from hyperprompt_jax import run_record
 from hyperprompt_jax import task_params
 
 State = dict[str, Any]
+# The state's key for MetaBalance's moving averages (with balancing only:
+# the plain state, and its checkpoints, are as before).
+METABALANCE = 'metabalance'
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,36 +51,104 @@ def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
   `batches.required_features`), with dropout from `rng`: `(loss, terms)`
   (`losses.cross_entropy_with_z_loss`; normalised over the real target
   tokens either way)."""
+  terms = losses.cross_entropy_with_z_loss(
+      _logits(model, params, batch, rng, rules),
+      batch['decoder_target_tokens'], batch['decoder_loss_weights'], z_loss)
+  return terms['loss'], terms
+
+
+def _logits(model, params, batch, rng, rules) -> jax.Array:
   with nn_partitioning.axis_rules(rules or partitioning.logical_axis_rules()):
-    logits = model.apply(
+    return model.apply(
         {'params': params}, batch['encoder_input_tokens'],
         batch['decoder_input_tokens'], batch['decoder_target_tokens'],
         enable_dropout=True, rngs={'dropout': rng}, **model_inputs(batch))
-  terms = losses.cross_entropy_with_z_loss(
-      logits, batch['decoder_target_tokens'], batch['decoder_loss_weights'],
-      z_loss)
-  return terms['loss'], terms
+
+
+def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
+  """The task id of each target token, `[batch, target length]` (packed
+  rows: per token; unpacked: the row's)."""
+  if batches.is_packed(batch):
+    return batch['decoder_task_ids']
+  return jnp.broadcast_to(batch['task_ids'][:, None],
+                          batch['decoder_target_tokens'].shape)
+
+
+def balanced_grads(model: network.Transformer, params: Any, balance: Any,
+                   batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
+                   rules: Optional[partitioning.AxisRules],
+                   plan: metabalance.Plan) -> tuple[Any, Any, dict]:
+  """MetaBalance's gradient: `(grads, new balance state, terms)`.
+
+  The loss is split by the task of each target token into the target's and
+  each auxiliary's share (each over all real target tokens, so the shares
+  sum to the loss), and each share's gradient taken from one forward pass
+  (`jax.vjp`, one backward pass per share). Parameters with a task axis take
+  the plain sum; the others are balanced (`metabalance.balance`).
+  """
+  num_groups = plan.num_auxiliary + 1
+  groups = jnp.asarray(plan.groups + (-1,) * model.config.num_tasks,
+                       jnp.int32)
+  weights = batch['decoder_loss_weights'].astype(jnp.float32)
+  # [batch, length, groups]; a task outside the plan (-1) in no group.
+  in_group = jax.nn.one_hot(groups[target_task_ids(batch)], num_groups)
+
+  def shares(params):
+    logits = _logits(model, params, batch, rng, rules)
+    targets = batch['decoder_target_tokens']
+    terms = losses.cross_entropy_with_z_loss(logits, targets, weights, z_loss)
+    cross_entropy, z_term = losses.token_losses(logits, targets, z_loss)
+    per_token = (cross_entropy + z_term) * weights
+    return (jnp.einsum('bl,blg->g', per_token, in_group)
+            / jnp.maximum(weights.sum(), 1.0)), terms
+
+  loss_shares, vjp_fn, terms = jax.vjp(shares, params, has_aux=True)
+  (grads,) = jax.vmap(vjp_fn)(jnp.eye(num_groups, dtype=loss_shares.dtype))
+  present = jnp.einsum('bl,blg->g', weights, in_group) > 0
+  flat = traverse_util.flatten_dict(grads, sep='/')
+  rows = {k: g.sum(0) for k, g in flat.items() if k in plan.task_rows}
+  shared = {k: g for k, g in flat.items() if k not in plan.task_rows}
+  nest = functools.partial(traverse_util.unflatten_dict, sep='/')
+  settings = plan.settings
+  total, balance = metabalance.balance(
+      nest({k: g[0] for k, g in shared.items()}),
+      [nest({k: g[i] for k, g in shared.items()})
+       for i in range(1, num_groups)],
+      balance, relax_factor=settings.relax_factor, beta=settings.beta,
+      strategy=settings.strategy, present=present)
+  total = traverse_util.flatten_dict(total, sep='/')
+  return nest({**total, **rows}), balance, terms
 
 
 def train_step(model: network.Transformer,
                optimizer: optax.GradientTransformation, state: State,
                batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
-               rules: Optional[partitioning.AxisRules] = None
+               rules: Optional[partitioning.AxisRules] = None,
+               balancing: Optional[metabalance.Plan] = None
                ) -> tuple[State, dict]:
-  """One optimizer step, pure: jit it with the shardings you need.
+  """One optimizer step, pure: jit it with the shardings you need. With
+  `balancing`, the gradient is MetaBalance's (`balanced_grads`; the state
+  holds its moving averages under 'metabalance').
 
   A non-finite loss or update leaves the state as it was (so no NaN ever
   reaches a checkpoint; `terms['finite']` says so and the runner stops at
   its next check).
   """
-  (loss, terms), grads = jax.value_and_grad(loss_fn, argnums=1,
-                                            has_aux=True)(
-      model, state['params'], batch, rng, z_loss, rules)
+  new = {}
+  if balancing is None:
+    (loss, terms), grads = jax.value_and_grad(loss_fn, argnums=1,
+                                              has_aux=True)(
+        model, state['params'], batch, rng, z_loss, rules)
+  else:
+    grads, new[METABALANCE], terms = balanced_grads(
+        model, state['params'], state[METABALANCE], batch, rng, z_loss,
+        rules, balancing)
+    loss = terms['loss']
   updates, opt_state = optimizer.update(grads, state['opt_state'],
                                         state['params'])
-  new = {'step': state['step'] + 1,
-         'params': optax.apply_updates(state['params'], updates),
-         'opt_state': opt_state}
+  new.update({'step': state['step'] + 1,
+              'params': optax.apply_updates(state['params'], updates),
+              'opt_state': opt_state})
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
   new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
   terms['finite'] = finite
@@ -99,14 +171,17 @@ class Trainer:
     z_loss: the z-loss coefficient.
     seed: parameter initialisation and dropout (`fold_in(seed, step)`).
     rules: logical axis rules (default: t5x's standard + the project's).
+    balancing: MetaBalance's plan (None: the plain gradient).
   """
 
   def __init__(self, model: network.Transformer,
                optimizer: optax.GradientTransformation,
                mesh: jax.sharding.Mesh,
                task_feature_lengths: Mapping[str, int], z_loss: float = 1e-4,
-               seed: int = 0, rules: Optional[partitioning.AxisRules] = None):
+               seed: int = 0, rules: Optional[partitioning.AxisRules] = None,
+               balancing: Optional[metabalance.Plan] = None):
     self.model = model
+    self.balancing = balancing
     self.optimizer = optimizer
     self.mesh = mesh
     self.rules = rules or partitioning.logical_axis_rules()
@@ -237,7 +312,19 @@ class Trainer:
       self.state_shardings = {'step': replicated,
                               'params': self.param_shardings,
                               'opt_state': opt_shardings}
+      if self.balancing is not None:  # a few floats per parameter tensor
+        self.state_shardings[METABALANCE] = jax.tree.map(
+            lambda _: replicated, self._abstract_balance())
     return self.state_shardings
+
+  def _abstract_balance(self) -> metabalance.State:
+    """MetaBalance's moving averages, over the parameters it balances."""
+    flat = traverse_util.flatten_dict(self.abstract_params, sep='/')
+    shared = traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items()
+         if k not in self.balancing.task_rows}, sep='/')
+    return jax.eval_shape(functools.partial(
+        metabalance.init, num_auxiliary=self.balancing.num_auxiliary), shared)
 
   def new_state(self, params: Any) -> State:
     """Step 0 and fresh optimizer state around `params`."""
@@ -245,7 +332,12 @@ class Trainer:
     opt_state = jax.jit(self.optimizer.init,
                         out_shardings=shardings['opt_state'])(params)
     step = jax.device_put(jnp.zeros((), jnp.int32), shardings['step'])
-    return {'step': step, 'params': params, 'opt_state': opt_state}
+    state = {'step': step, 'params': params, 'opt_state': opt_state}
+    if self.balancing is not None:
+      state[METABALANCE] = jax.device_put(
+          jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                       self._abstract_balance()), shardings[METABALANCE])
+    return state
 
   def abstract_state(self) -> State:
     """Shapes, dtypes and shardings of the state (for restoring)."""
@@ -253,6 +345,8 @@ class Trainer:
                 'params': self.abstract_params,
                 'opt_state': jax.eval_shape(self.optimizer.init,
                                             self.abstract_params)}
+    if self.balancing is not None:
+      abstract[METABALANCE] = self._abstract_balance()
     return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract, self._shardings())
@@ -273,7 +367,7 @@ class Trainer:
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
     return train_step(self.model, self.optimizer, state, batch, rng,
-                      self.z_loss, self.rules)
+                      self.z_loss, self.rules, self.balancing)
 
   def step(self, state: State, batch: dict) -> tuple[State, dict]:
     """One optimizer step on a global batch (`global_batch`)."""

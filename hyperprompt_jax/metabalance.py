@@ -1,0 +1,225 @@
+"""MetaBalance: auxiliary tasks' gradient magnitudes adapted to the target's.
+
+He et al., "Improving multi-task recommendations via adapting gradient
+magnitudes of auxiliary tasks" (WWW 2022; Yun He's dissertation, ch. 4,
+Algorithm 2, the complete version). One task is the target; the others are
+auxiliaries that matter only as far as they help it. For each parameter
+tensor θ separately ("balanced respectively and adaptively"), at every step:
+
+  m_tar ← β·m_tar + (1 − β)·‖∇θ L_tar‖₂
+  m_i   ← β·m_i   + (1 − β)·‖∇θ L_aux,i‖₂                  (each auxiliary i)
+  G_i   ← r·G_i·m_tar / m_i + (1 − r)·G_i   where the strategy holds
+  G     = G_tar + Σ_i G_i                                  (to the optimizer)
+
+with m starting at 0 (no bias correction) and the strategies 'shrink' (only
+where m_i > m_tar), 'enlarge' (only where m_i < m_tar) and 'both' (the
+paper's best). Defaults r = 0.7, β = 0.9.
+
+Two choices the paper leaves open, for batches drawn from a proportional
+mixture: a task absent from the batch contributes nothing and keeps its
+moving average (a zero gradient would decay m_i and blow up m_tar / m_i);
+an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
+
+The core here is pure (pytrees in, pytrees out); `trainer.train_step`
+computes the per-task gradients and applies it to the shared parameters.
+"""
+
+import dataclasses
+from typing import Any, Collection, NamedTuple, Optional, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+
+STRATEGIES = ('shrink', 'enlarge', 'both')
+AUXILIARIES = ('each', 'all')
+
+
+class State(NamedTuple):
+  """The moving averages of the gradient norms, per parameter tensor.
+
+  target: a pytree of float32 scalars (m_tar of each leaf).
+  auxiliary: a pytree of float32 `[K]` (m_i of each leaf).
+  """
+  target: Any
+  auxiliary: Any
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """MetaBalance's settings (gin: `METABALANCE_*` in `runs/train.gin`).
+
+  target_task: the task trained for (a name of the run's task list, and a
+    task the mixture samples).
+  relax_factor: r in [0, 1]: 0 is plain multi-task training, 1 gives each
+    auxiliary the target's magnitude.
+  beta: β in [0, 1), the moving averages' decay.
+  strategy: 'shrink', 'enlarge' or 'both'.
+  auxiliaries: 'each' (K auxiliary gradients, the paper) or 'all' (one
+    auxiliary: every other task together; 2 backward passes).
+  max_auxiliaries: the most auxiliaries 'each' takes (a backward pass and a
+    gradient's memory each).
+  """
+  target_task: Optional[str] = None
+  relax_factor: float = 0.7
+  beta: float = 0.9
+  strategy: str = 'both'
+  auxiliaries: str = 'each'
+  max_auxiliaries: int = 16
+
+  def check(self) -> None:
+    """Raises ValueError naming a setting out of range."""
+    if not self.target_task:
+      raise ValueError("GRADIENT_BALANCING='metabalance' needs "
+                       "METABALANCE_TARGET_TASK: the task to train for.")
+    if isinstance(self.relax_factor, bool) or not (
+        0 <= self.relax_factor <= 1):
+      raise ValueError(f'METABALANCE_RELAX={self.relax_factor!r}: r must be '
+                       'in [0, 1] (the paper tunes 0.1 ... 0.9; 0.7).')
+    if isinstance(self.beta, bool) or not 0 <= self.beta < 1:
+      raise ValueError(f'METABALANCE_BETA={self.beta!r}: β must be in '
+                       '[0, 1) (the paper: 0.9).')
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f'METABALANCE_STRATEGY={self.strategy!r}; expected '
+                       f'one of {list(STRATEGIES)}.')
+    if self.auxiliaries not in AUXILIARIES:
+      raise ValueError(f'METABALANCE_AUXILIARIES={self.auxiliaries!r}; '
+                       f'expected one of {list(AUXILIARIES)}.')
+
+
+def init(target_grads: Any, num_auxiliary: int) -> State:
+  """Zero moving averages for the leaves of `target_grads` (a gradient
+  pytree, or its shapes) and `num_auxiliary` auxiliaries."""
+  return State(
+      target=jax.tree.map(lambda _: jnp.zeros((), jnp.float32), target_grads),
+      auxiliary=jax.tree.map(
+          lambda _: jnp.zeros((num_auxiliary,), jnp.float32), target_grads))
+
+
+def _rescales(strategy: str, m_target: jax.Array, m_aux: jax.Array
+              ) -> jax.Array:
+  """Where the strategy rescales an auxiliary ([K] bool), never where its
+  moving average is 0."""
+  if strategy == 'shrink':
+    holds = m_aux > m_target
+  elif strategy == 'enlarge':
+    holds = m_aux < m_target
+  elif strategy == 'both':
+    holds = m_aux != m_target
+  else:
+    raise ValueError(f'strategy={strategy!r}; expected one of '
+                     f'{list(STRATEGIES)}.')
+  return holds & (m_aux > 0)
+
+
+def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
+            *, relax_factor: float, beta: float, strategy: str,
+            present: Optional[jax.Array] = None) -> tuple[Any, State]:
+  """One step of Algorithm 2 on every leaf.
+
+  Args:
+    target_grads: ∇L_tar, a gradient pytree.
+    auxiliary_grads: K pytrees of the same structure, ∇L_aux,i.
+    state: the moving averages (`init`).
+    relax_factor: r.
+    beta: β.
+    strategy: 'shrink', 'enlarge' or 'both'.
+    present: `[K + 1]` bool, the target first: whether each task has tokens
+      in the batch (None: all). An absent task contributes nothing and keeps
+      its moving average.
+
+  Returns:
+    `(G_tar + Σ_i G_i, new_state)`.
+  """
+  num_aux = len(auxiliary_grads)
+  if present is None:
+    present = jnp.ones((num_aux + 1,), bool)
+  present = jnp.asarray(present, bool)
+
+  def leaf(g_tar, m_tar, m_aux, *g_aux):
+    norm = lambda g: jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+    m_tar = jnp.where(present[0], beta * m_tar + (1 - beta) * norm(g_tar),
+                      m_tar)
+    norms = jnp.stack([norm(g) for g in g_aux]) if g_aux else jnp.zeros((0,))
+    m_aux = jnp.where(present[1:], beta * m_aux + (1 - beta) * norms, m_aux)
+    safe = jnp.where(m_aux > 0, m_aux, 1.0)
+    scale = jnp.where(_rescales(strategy, m_tar, m_aux),
+                      relax_factor * m_tar / safe + (1 - relax_factor), 1.0)
+    scale = jnp.where(present[1:], scale, 0.0)
+    total = jnp.where(present[0], g_tar, 0).astype(jnp.float32)
+    for i, g in enumerate(g_aux):
+      total = total + scale[i] * g.astype(jnp.float32)
+    return total.astype(g_tar.dtype), m_tar, m_aux
+
+  treedef = jax.tree.structure(target_grads)
+  outputs = [leaf(*args) for args in zip(
+      jax.tree.leaves(target_grads), jax.tree.leaves(state.target),
+      jax.tree.leaves(state.auxiliary),
+      *[jax.tree.leaves(g) for g in auxiliary_grads])]
+  total, m_tar, m_aux = (jax.tree.unflatten(treedef, list(x))
+                         for x in zip(*outputs))
+  return total, State(target=m_tar, auxiliary=m_aux)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What one run balances (static: part of the compiled step).
+
+  settings: the checked `Settings`.
+  groups: per task id, its gradient: 0 the target, i in 1..K auxiliary i,
+    -1 a task the mixture does not train.
+  num_auxiliary: K.
+  task_rows: '/'-joined paths of the parameters with a task axis: each row
+    sees one task's gradient, so they take the plain sum, unbalanced.
+  """
+  settings: Settings
+  groups: tuple[int, ...]
+  num_auxiliary: int
+  task_rows: frozenset[str]
+
+
+def make_plan(settings: Settings, task_list: Sequence[str],
+              trained_tasks: Collection[str], task_rows: Collection[str]
+              ) -> Plan:
+  """The plan of a run, or a ValueError naming what does not fit.
+
+  Args:
+    settings: MetaBalance's settings.
+    task_list: the run's task list (a task's id is its position).
+    trained_tasks: the tasks the mixture samples (rate > 0), by name.
+    task_rows: the parameters with a task axis (`task_params.task_axes`).
+  """
+  settings.check()
+  task_list = list(task_list)
+  if settings.target_task not in task_list:
+    raise ValueError(
+        f'METABALANCE_TARGET_TASK={settings.target_task!r} is not in the '
+        f"run's task list {task_list}.")
+  trained = sorted({task_list.index(t) for t in trained_tasks
+                    if t in task_list})
+  target = task_list.index(settings.target_task)
+  if target not in trained:
+    raise ValueError(
+        f'METABALANCE_TARGET_TASK={settings.target_task!r} is not trained by '
+        'the mixture (it samples '
+        f'{sorted(task_list[i] for i in trained)}): add it to the mixture.')
+  auxiliary = [i for i in trained if i != target]
+  if not auxiliary:
+    raise ValueError('MetaBalance needs auxiliary tasks: the mixture trains '
+                     f'only {settings.target_task!r}.')
+  if settings.auxiliaries == 'each':
+    if len(auxiliary) > settings.max_auxiliaries:
+      raise ValueError(
+          f"METABALANCE_AUXILIARIES='each' takes {len(auxiliary)} auxiliary "
+          f'gradients (a backward pass and a gradient of memory each), more '
+          f'than metabalance.Settings.max_auxiliaries='
+          f"{settings.max_auxiliaries}: use 'all', or raise the bound.")
+    index = {t: k + 1 for k, t in enumerate(auxiliary)}
+  else:
+    index = {t: 1 for t in auxiliary}
+  groups = tuple(0 if i == target else index.get(i, -1)
+                 for i in range(len(task_list)))
+  return Plan(settings=settings, groups=groups,
+              num_auxiliary=max(index.values()),
+              task_rows=frozenset(task_rows))

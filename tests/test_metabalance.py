@@ -1,0 +1,324 @@
+"""MetaBalance (`metabalance.balance`) against a numpy re-derivation of the
+dissertation's Algorithm 2 (ch. 4, the complete version), written from the
+algorithm's lines, not from the module."""
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conftest
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import losses
+from hyperprompt_jax import metabalance
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import task_params
+from hyperprompt_jax import trainer as trainer_lib
+
+R, BETA, K = 0.7, 0.9, 3
+
+
+def numpy_algorithm_2(steps, strategy, r=R, beta=BETA):
+  """`steps`: a list of (G_tar {leaf: array}, [G_aux,i {leaf: array}],
+  present [K + 1]). Returns the G_total of each step."""
+  m_tar, m_aux, totals = {}, {}, []
+  for g_tar, g_aux, present in steps:
+    total = {}
+    for leaf in g_tar:
+      m_t = m_tar.get(leaf, 0.0)  # line 1: m^0 = 0
+      if present[0]:  # line 4, only when the target is in the batch
+        m_t = beta * m_t + (1 - beta) * np.linalg.norm(g_tar[leaf])
+      m_tar[leaf] = m_t
+      out = g_tar[leaf] * present[0]
+      for i in range(len(g_aux)):
+        m_i = m_aux.get((leaf, i), 0.0)
+        if not present[i + 1]:  # absent: nothing, m_i kept
+          continue
+        g = g_aux[i][leaf]
+        m_i = beta * m_i + (1 - beta) * np.linalg.norm(g)  # line 7
+        m_aux[(leaf, i)] = m_i
+        holds = {'shrink': m_i > m_t, 'enlarge': m_i < m_t,
+                 'both': m_i > m_t or m_i < m_t}[strategy]
+        if holds and m_i > 0:  # line 9 (m_i = 0: not rescaled)
+          g = g * m_t / m_i * r + g * (1 - r)
+        out = out + g  # line 12
+      total[leaf] = out
+    totals.append(total)
+  return totals
+
+
+def _steps(seed=0, num_steps=5):
+  rng = np.random.default_rng(seed)
+  shapes = {'a': (3, 4), 'b': (5,), 'c': (2, 2, 2)}
+  steps = []
+  for t in range(num_steps):
+    # Magnitudes that differ by task (auxiliary 1 larger, 2 smaller).
+    g_tar = {k: rng.normal(size=s) for k, s in shapes.items()}
+    g_aux = [{k: rng.normal(size=s) * [1.0, 5.0, 0.2][i]
+              for k, s in shapes.items()} for i in range(K)]
+    present = np.ones(K + 1, bool)
+    if t == 2:  # auxiliary 2 absent: its gradient is 0 (no tokens)
+      present[3] = False
+      g_aux[2] = {k: np.zeros(s) for k, s in shapes.items()}
+    if t == 3:  # the target absent
+      present[0] = False
+      g_tar = {k: np.zeros(s) for k, s in shapes.items()}
+    steps.append((g_tar, g_aux, present))
+  return steps
+
+
+@pytest.mark.parametrize('strategy', metabalance.STRATEGIES)
+def test_balance_matches_algorithm_2(strategy):
+  steps = _steps()
+  expected = numpy_algorithm_2(steps, strategy)
+  state = metabalance.init(steps[0][0], K)
+  for (g_tar, g_aux, present), want in zip(steps, expected):
+    total, state = metabalance.balance(
+        {k: np.float32(v) for k, v in g_tar.items()},
+        [{k: np.float32(v) for k, v in g.items()} for g in g_aux], state,
+        relax_factor=R, beta=BETA, strategy=strategy, present=present)
+    for leaf in want:
+      np.testing.assert_allclose(total[leaf], want[leaf], rtol=2e-5,
+                                 atol=1e-6)
+
+
+def test_a_zero_moving_average_is_not_rescaled():
+  """An auxiliary absent since the start (m = 0) then present with a zero
+  gradient: no division by zero, no NaN."""
+  g = {'w': np.ones((2,), np.float32)}
+  zero = {'w': np.zeros((2,), np.float32)}
+  state = metabalance.init(g, 2)
+  total, state = metabalance.balance(
+      g, [zero, g], state, relax_factor=1.0, beta=0.0, strategy='both',
+      present=np.array([True, True, False]))
+  np.testing.assert_array_equal(total['w'], [1.0, 1.0])  # m_1 = 0: as is
+  assert float(state.auxiliary['w'][1]) == 0.0  # absent: kept
+  assert np.isfinite(state.auxiliary['w']).all()
+
+
+def test_relax_factor_by_hand():
+  """β = 0 makes m the current norm: ‖G_tar‖ = 3, ‖G_aux‖ = 4 (3-4-5), so
+  with r = 1 the auxiliary is scaled to norm 3, with r = 0.5 by
+  0.5·3/4 + 0.5 = 7/8; 'enlarge' leaves it (4 > 3)."""
+  g_tar = {'w': np.array([3.0, 0.0], np.float32)}
+  g_aux = {'w': np.array([0.0, 4.0], np.float32)}
+  state = metabalance.init(g_tar, 1)
+  for r, strategy, want in [(1.0, 'both', [3.0, 3.0]),
+                            (0.5, 'shrink', [3.0, 3.5]),
+                            (1.0, 'enlarge', [3.0, 4.0]),
+                            (0.0, 'both', [3.0, 4.0])]:
+    total, _ = metabalance.balance(g_tar, [g_aux], state, relax_factor=r,
+                                   beta=0.0, strategy=strategy)
+    np.testing.assert_allclose(total['w'], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('target_task', None, 'needs METABALANCE_TARGET_TASK'),
+    ('relax_factor', 1.5, r'METABALANCE_RELAX=1.5: r must be in \[0, 1\]'),
+    ('beta', 1.0, r'METABALANCE_BETA=1.0: β must be in \[0, 1\)'),
+    ('strategy', 'C', "METABALANCE_STRATEGY='C'"),
+    ('auxiliaries', 'some', "METABALANCE_AUXILIARIES='some'"),
+])
+def test_settings_out_of_range_are_named(field, value, message):
+  settings = metabalance.Settings(target_task='glue_rte')
+  settings.check()
+  with pytest.raises(ValueError, match=message):
+    metabalance.Settings(**{**vars(settings), field: value}).check()
+
+
+# ------------------------------------------------ the step (trainer.py) --
+
+TASKS = ('glue_cola', 'glue_sst2', 'glue_mrpc', 'glue_stsb', 'glue_qqp',
+         'glue_mnli', 'glue_qnli', 'glue_rte')
+# Target glue_rte (id 7); auxiliaries cola, sst2, mrpc (ids 0, 1, 2);
+# mrpc absent from the batch.
+ROW_TASKS = np.array([7, 0, 1, 7, 0, 1], np.int32)
+
+
+@pytest.fixture(scope='module')
+def global_model_and_batch():
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+      layer_task_embed_dim=8))
+  model = network.Transformer(network.T5Config(**cfg))
+  rng = np.random.default_rng(0)
+  targets = conftest.random_tokens(rng, (6, 5), pad_from=[5, 3, 4, 2, 5, 4])
+  batch = {
+      'encoder_input_tokens': conftest.random_tokens(
+          rng, (6, 9), pad_from=[9, 7, 5, 9, 6, 8]),
+      'decoder_input_tokens': conftest.decoder_inputs(targets),
+      'decoder_target_tokens': targets,
+      'decoder_loss_weights': (targets > 0).astype(np.float32),
+      'task_ids': ROW_TASKS}
+  params = model.init(jax.random.PRNGKey(1), batch['encoder_input_tokens'],
+                      batch['decoder_input_tokens'], targets,
+                      task_ids=ROW_TASKS, enable_dropout=False)['params']
+  return model, params, batch
+
+
+def _plan(model, **settings):
+  return metabalance.make_plan(
+      metabalance.Settings(target_task='glue_rte', **settings), TASKS,
+      ['glue_rte', 'glue_cola', 'glue_sst2', 'glue_mrpc'],
+      task_params.task_axes(model))
+
+
+def _task_grads(model, params, batch, rows):
+  """∇ of the loss share of the rows of `rows` (their tokens' cross-entropy
+  + z-loss over ALL real target tokens): one masked loss at a time."""
+  weights = batch['decoder_loss_weights']
+  mask = np.isin(ROW_TASKS, rows)[:, None] * weights
+
+  def share(p):
+    logits = model.apply({'params': p}, batch['encoder_input_tokens'],
+                         batch['decoder_input_tokens'],
+                         batch['decoder_target_tokens'],
+                         task_ids=batch['task_ids'], enable_dropout=False)
+    terms = losses.cross_entropy_with_z_loss(
+        logits, batch['decoder_target_tokens'], mask, 1e-4)
+    return terms['loss'] * mask.sum() / weights.sum()
+  return conftest.flat(jax.grad(share)(params))
+
+
+@pytest.mark.parametrize('auxiliaries', metabalance.AUXILIARIES)
+def test_the_step_balances_shared_parameters_only(global_model_and_batch,
+                                                  auxiliaries):
+  """Two steps of `trainer.balanced_grads` against per-task gradients
+  taken one masked loss at a time and Algorithm 2 in numpy; parameters
+  with a task axis take the plain sum."""
+  model, params, batch = global_model_and_batch
+  plan = _plan(model, auxiliaries=auxiliaries)
+  rows = task_params.task_axes(model)
+  assert rows and all(k in rows for k in plan.task_rows)
+  g_tar = _task_grads(model, params, batch, [7])
+  aux_rows = [[0], [1], [2]] if auxiliaries == 'each' else [[0, 1, 2]]
+  g_aux = [_task_grads(model, params, batch, r) for r in aux_rows]
+  present = np.array([True] + [any(t in ROW_TASKS for t in r)
+                               for r in aux_rows])
+  shared = [k for k in g_tar if k not in rows]
+  expected = numpy_algorithm_2(
+      [({k: g_tar[k] for k in shared},
+        [{k: g[k] for k in shared} for g in g_aux], present)] * 2, 'both')
+
+  flat = traverse_util.flatten_dict(params, sep='/')
+  state = metabalance.init(traverse_util.unflatten_dict(
+      {k: v for k, v in flat.items() if k in shared}, sep='/'),
+      plan.num_auxiliary)
+  step = jax.jit(lambda s: trainer_lib.balanced_grads(
+      model, params, s, batch, jax.random.PRNGKey(0), 1e-4, None, plan))
+  for want in expected:
+    grads, state, terms = step(state)
+    got = conftest.flat(grads)
+    for k in shared:
+      np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=1e-7,
+                                 err_msg=k)
+    for k in rows:  # the plain sum of every task's share
+      np.testing.assert_allclose(
+          got[k], g_tar[k] + sum(g[k] for g in g_aux), rtol=2e-4, atol=1e-7,
+          err_msg=k)
+  assert 'loss' in terms
+
+
+def test_relax_0_is_the_plain_step_and_none_is_unchanged(
+    global_model_and_batch):
+  """r = 0 rescales nothing: the step of the summed loss (to float
+  rounding: the shares are summed in another order)."""
+  model, params, batch = global_model_and_batch
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1),
+                           ('data', 'model'))
+  optimizer = optimizers.make_optimizer()
+  states = {}
+  for name, plan in [('plain', None), ('r0', _plan(model, relax_factor=0.0))]:
+    trainer = trainer_lib.Trainer(model, optimizer, mesh,
+                                  {'inputs': 9, 'targets': 5},
+                                  balancing=plan)
+    state = trainer.new_state(jax.tree.map(jnp.copy, params))  # donated
+    for _ in range(2):
+      state, _ = trainer.step(state, trainer.global_batch(batch))
+    states[name] = conftest.flat(state['params'])
+  assert set(states['plain']) == set(states['r0'])
+  for k, v in states['plain'].items():
+    np.testing.assert_allclose(states['r0'][k], v, rtol=1e-4, atol=1e-6,
+                               err_msg=k)
+  # No balancing: the pure step is the loss's gradient through Adafactor.
+  rng = jax.random.PRNGKey(3)
+  new, _ = trainer_lib.train_step(
+      model, optimizer, {'step': 0, 'params': params,
+                         'opt_state': optimizer.init(params)},
+      batch, rng, 1e-4)
+  grads = jax.grad(lambda p: trainer_lib.loss_fn(model, p, batch, rng,
+                                                 1e-4)[0])(params)
+  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  for k, v in conftest.flat(new['params']).items():
+    np.testing.assert_array_equal(
+        v, conftest.flat(jax.tree.map(jnp.add, params, updates))[k])
+
+
+@pytest.mark.parametrize('target, trained, settings, message', [
+    ('glue_wnli', TASKS[:3], {}, "'glue_wnli' is not in the run's task"),
+    ('glue_rte', TASKS[:3], {}, "'glue_rte' is not trained by the mixture"),
+    ('glue_rte', ('glue_rte',), {}, 'needs auxiliary tasks'),
+    ('glue_rte', TASKS, {'max_auxiliaries': 4},
+     "'each' takes 7 auxiliary gradients .* max_auxiliaries=4: use 'all'"),
+])
+def test_a_plan_that_does_not_fit_is_named(target, trained, settings,
+                                           message):
+  with pytest.raises(ValueError, match=message):
+    metabalance.make_plan(
+        metabalance.Settings(target_task=target, **settings), TASKS, trained,
+        ())
+
+
+# ------------------------------------------ the built-in runner (train.py) --
+
+def _train(model_dir, steps, **overrides):
+  from hyperprompt_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+  kwargs = dict(
+      model_dir=str(model_dir), train_steps=steps, batch_size=4,
+      mixture_or_task_name='fixture_glue_proportional',
+      task_feature_lengths={'inputs': 64, 'targets': 8}, save_period=2,
+      log_period=2, optimizer=optimizers.make_optimizer(),
+      gradient_balancing='metabalance',
+      metabalance_settings=metabalance.Settings(
+          target_task='fixture_glue_rte', beta=0.5))
+  kwargs.update(overrides)
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+      layer_task_embed_dim=8))
+  return train_lib.train(network.Transformer(network.T5Config(**cfg)),
+                         **kwargs)
+
+
+def test_a_resumed_run_reaches_the_uninterrupted_parameters(tmp_path):
+  """The moving averages are part of the checkpoint: stopping at step 2
+  and resuming gives step 4's parameters bit for bit."""
+  whole = _train(tmp_path / 'whole', 4)
+  _train(tmp_path / 'cut', 2)
+  resumed = _train(tmp_path / 'cut', 4)
+  a, b = conftest.flat(whole['params']), conftest.flat(resumed['params'])
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  # Resuming the plain way (or with other settings) is refused by name.
+  with pytest.raises(ValueError, match='GRADIENT_BALANCING'):
+    _train(tmp_path / 'cut', 6, gradient_balancing=None)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'gradient_balancing': 'metabalnce'},
+     "GRADIENT_BALANCING='metabalnce'; expected one of"),
+    ({'metabalance_settings': metabalance.Settings(target_task='glue_wnli')},
+     "METABALANCE_TARGET_TASK='glue_wnli' is not in the run's task list"),
+    ({'metabalance_settings': metabalance.Settings(
+        target_task='glue_rte', strategy='C')}, "METABALANCE_STRATEGY='C'"),
+])
+def test_bad_settings_fail_before_anything_is_written(tmp_path, overrides,
+                                                      message):
+  with pytest.raises(ValueError, match=message):
+    _train(tmp_path / 'run', 2, **overrides)
+  assert not (tmp_path / 'run').exists()
