@@ -263,7 +263,7 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
     ('glue_rte', TASKS[:3], {}, "'glue_rte' is not trained by the mixture"),
     ('glue_rte', ('glue_rte',), {}, 'needs auxiliary tasks'),
     ('glue_rte', TASKS, {'max_auxiliaries': 4},
-     "'each' takes 7 auxiliary gradients .* max_auxiliaries=4: use 'all'"),
+     "'each' takes 7 auxiliary gradients .*max_auxiliaries=4: use 'all'"),
 ])
 def test_a_plan_that_does_not_fit_is_named(target, trained, settings,
                                            message):
