@@ -96,6 +96,11 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--lengths', default='fixture,glue_super_glue',
                       help='--packing: length distributions, of '
                            'fixture, glue_super_glue')
+  parser.add_argument('--metabalance', default=None, metavar='T,T',
+                      help='time the step with MetaBalance (auxiliaries '
+                      "'each' and 'all') beside the plain one, for each "
+                      'number of tasks T (e.g. 8,16), at the first batch '
+                      'size')
   parser.add_argument('--flops_batch_size', type=int, default=128,
                       help="batch of the FLOPs count (the papers' 128): "
                            'per-task parts are computed once per batch')
@@ -105,6 +110,7 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
 gin_utils.cli_preamble(__name__, _PROG, __doc__, _add_flags)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
+from flax import traverse_util
 import gin
 import jax
 import jax.numpy as jnp
@@ -112,11 +118,13 @@ import numpy as np
 
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import metabalance
 from hyperprompt_jax import methods
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import param_table
 from hyperprompt_jax import paths
+from hyperprompt_jax import task_params
 from hyperprompt_jax import trainer
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
@@ -220,6 +228,27 @@ def peak_bytes(compiled) -> int:
           + m.output_size_in_bytes - m.alias_size_in_bytes)
 
 
+def step_runner(model: network.Transformer, optimizer, state, batch,
+                balancing: Optional[metabalance.Plan] = None
+                ) -> tuple[Callable[[int], jax.Array], int]:
+  """`(i -> loss of training step i, peak bytes)`: the built-in runner's
+  step (`trainer.train_step`) compiled for `state` and `batch` (donated:
+  each call steps the state on), warmed up."""
+  rng = jax.random.PRNGKey(1)
+  step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
+                                   z_loss=Z_LOSS, balancing=balancing),
+                 donate_argnums=(0,)).lower(state, batch, rng).compile()
+  state, terms = step(state, batch, rng)
+  jax.block_until_ready(terms['loss'])
+  holder = [state]
+
+  def run(i):
+    holder[0], terms = step(holder[0], batch, jax.random.PRNGKey(i))
+    return terms['loss']
+
+  return run, peak_bytes(step)
+
+
 def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
               variants: Sequence[str], placement: str, input_length: int,
               target_length: int, rounds: int, steps: int) -> list[dict]:
@@ -241,19 +270,8 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
       params = fresh_params(model, input_length, target_length)
       state = {'step': jnp.zeros((), jnp.int32), 'params': params,
                'opt_state': optimizer.init(params)}
-      rng = jax.random.PRNGKey(1)
-      step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
-                                       z_loss=Z_LOSS),
-                     donate_argnums=(0,)).lower(state, batch, rng).compile()
-      state, terms = step(state, batch, rng)  # warm up
-      jax.block_until_ready(terms['loss'])
-      holder = [state]
-
-      def run(i, step=step, holder=holder):
-        holder[0], terms = step(holder[0], batch, jax.random.PRNGKey(i))
-        return terms['loss']
-
-      runners[name], peaks[name] = run, peak_bytes(step)
+      runners[name], peaks[name] = step_runner(model, optimizer, state,
+                                               batch)
     seconds = timed_side_by_side(runners, rounds, steps)
     for name in configs:
       rows.append({'batch_size': batch_size, 'model': name,
@@ -261,6 +279,53 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
                    'ratio_to_mtl': seconds[name] / seconds['mtl'],
                    'peak_bytes': peaks[name],
                    'peak_ratio_to_mtl': peaks[name] / peaks['mtl']})
+    del runners
+  return rows
+
+
+def metabalance_benchmark(base: network.T5Config, batch_size: int,
+                          task_counts: Sequence[int], input_length: int,
+                          target_length: int, rounds: int, steps: int
+                          ) -> list[dict]:
+  """One row per (number of tasks T, gradient): the training step of the
+  `base` network (MTL: balancing does not depend on the method) with the
+  plain gradient and with MetaBalance's, K = T - 1 auxiliaries 'each' and
+  'all', timed side by side: seconds, peak bytes and their ratios to the
+  plain step. Every task has rows in the batch (task ids cycle)."""
+  optimizer = optimizers.make_optimizer()
+  rows = []
+  for num_tasks in task_counts:
+    cfg = dataclasses.replace(base, num_tasks=num_tasks)
+    model = network.Transformer(cfg)
+    names = tuple(f'task_{i}' for i in range(num_tasks))
+    batch = random_batch(np.random.default_rng(0), batch_size, input_length,
+                         target_length, base.vocab_size, num_tasks)
+    batch['task_ids'] = np.arange(batch_size, dtype=np.int32) % num_tasks
+    runners, peaks = {}, {}
+    for mode in ('plain', 'each', 'all'):
+      plan = None if mode == 'plain' else metabalance.make_plan(
+          metabalance.Settings(target_task=names[0], auxiliaries=mode,
+                               max_auxiliaries=num_tasks),
+          names, names, task_params.task_axes(model))
+      params = fresh_params(model, input_length, target_length)
+      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+               'opt_state': optimizer.init(params)}
+      if plan is not None:
+        shared = {k: v for k, v in
+                  traverse_util.flatten_dict(params, sep='/').items()
+                  if k not in plan.task_rows}
+        state[trainer.METABALANCE] = metabalance.init(
+            traverse_util.unflatten_dict(shared, sep='/'),
+            plan.num_auxiliary)
+      runners[mode], peaks[mode] = step_runner(model, optimizer, state,
+                                               batch, plan)
+    seconds = timed_side_by_side(runners, rounds, steps)
+    for mode in runners:
+      rows.append({'num_tasks': num_tasks, 'gradient': mode,
+                   'seconds_per_step': seconds[mode],
+                   'ratio_to_plain': seconds[mode] / seconds['plain'],
+                   'peak_bytes': peaks[mode],
+                   'peak_ratio_to_plain': peaks[mode] / peaks['plain']})
     del runners
   return rows
 
@@ -447,6 +512,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{distribution} lengths: batch {batch_sizes[0]} rows of '
             f'{args.input_length} / {args.target_length} tokens')
       print(packing_benchmark.format_packing(rows))
+    return 0
+  if args.metabalance:
+    rows = metabalance_benchmark(
+        variant_config(base, 'mtl', args.placement), batch_sizes[0],
+        [int(t) for t in args.metabalance.split(',')], args.input_length,
+        args.target_length, args.rounds, args.steps)
+    print(f'devices: {jax.devices()}')
+    print(f'training step: batch {batch_sizes[0]}, input '
+          f'{args.input_length}, target {args.target_length}; MetaBalance: '
+          'target = task 0, auxiliaries = the other T - 1')
+    print(f'{"T":>3}  {"gradient":<9}{"s/step":>9}{"x plain":>9}'
+          f'{"peak GB":>9}{"x plain":>9}')
+    for r in rows:
+      print(f'{r["num_tasks"]:>3}  {r["gradient"]:<9}'
+            f'{r["seconds_per_step"]:>9.3f}{r["ratio_to_plain"]:>8.2f}x'
+            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
     return 0
   if args.decode:
     rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,

@@ -49,6 +49,24 @@ def test_report_rows():
   assert 'time / MTL' in benchmark.format_rows(rows)
 
 
+def test_metabalance_rows():
+  """The plain step is the unit; 'each' keeps a gradient per task, so its
+  peak memory grows past 'all''s, which keeps two."""
+  cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
+                            num_decoder_layers=1)
+  rows = benchmark.metabalance_benchmark(cfg, 8, [4, 8], input_length=8,
+                                         target_length=4, rounds=1, steps=1)
+  assert [(r['num_tasks'], r['gradient']) for r in rows] == [
+      (t, g) for t in (4, 8) for g in ('plain', 'each', 'all')]
+  assert all(r['seconds_per_step'] > 0 for r in rows)
+  by = {(r['num_tasks'], r['gradient']): r for r in rows}
+  assert by[4, 'plain']['ratio_to_plain'] == 1.0
+  for t in (4, 8):
+    assert (by[t, 'each']['peak_bytes'] > by[t, 'all']['peak_bytes']
+            > by[t, 'plain']['peak_bytes'])
+  assert by[8, 'each']['peak_bytes'] > by[4, 'each']['peak_bytes']
+
+
 def test_decode_rows():
   """One decode step per model against its cache, MTL the unit; HyperGrid's
   cache (its decoder gates) decodes too."""

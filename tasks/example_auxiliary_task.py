@@ -1,0 +1,61 @@
+"""A small target task with helpers, for MetaBalance (README, MetaBalance).
+
+`quickstart_rte_small`: the fixture RTE with only its first 40 training
+examples (its validation split whole), registered as an alias of `glue_rte`
+(RTE's id, score and metrics). The mixture `quickstart_rte_small_with_help`
+trains it with three fixture GLUE tasks, two of them entailment tasks like
+RTE (MNLI, QNLI) and one not (SST-2), at proportional rates: 40 of its 1,240
+training examples are the target's. The auxiliary-learning case of a small
+task trained with larger ones as help (runs/quickstart_metabalance.gin).
+"""
+
+import seqio
+
+from hyperprompt_jax.tasks import glue
+from hyperprompt_jax.tasks import registration
+from hyperprompt_jax.tasks import sources
+from hyperprompt_jax.tasks.features import FIXTURE_OUTPUT_FEATURES
+
+NAME = 'quickstart_rte_small'
+MIXTURE = 'quickstart_rte_small_with_help'
+AUXILIARIES = ('fixture_glue_mnli', 'fixture_glue_qnli', 'fixture_glue_sst2')
+TRAIN_EXAMPLES = 40
+
+
+class _FirstTrainExamples(sources.FixtureDataSource):
+  """A fixture whose train split is cut to its first `count` examples."""
+
+  def __init__(self, count: int, *args, **kwargs):
+    self._count = count
+    super().__init__(*args, **kwargs)
+
+  def _examples(self, split: str):
+    examples = super()._examples(split)
+    return examples[:self._count] if split == 'train' else examples
+
+
+def register() -> None:
+  """Registers the task and the mixture (once)."""
+  if NAME in seqio.TaskRegistry.names():
+    return
+  rte = next(spec for spec in glue.GLUE if spec.name == 'glue_rte')
+  registration.add_task(
+      NAME,
+      source=_FirstTrainExamples(
+          TRAIN_EXAMPLES, rte.fixture, rte.schema,
+          {'train': 'train', 'validation': 'validation'}),
+      preprocessors=list(rte.preprocessors) + [
+          seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim],
+      output_features=FIXTURE_OUTPUT_FEATURES,
+      postprocess_fn=rte.postprocess_fn,
+      metric_fns=rte.metric_fns,
+      alias_of='glue_rte')
+  registration.add_mixture(
+      MIXTURE, [(NAME, float(TRAIN_EXAMPLES))] + [
+          (name, float(seqio.get_mixture_or_task(name).source
+                       .num_input_examples('train')))
+          for name in AUXILIARIES])
+
+
+register()
