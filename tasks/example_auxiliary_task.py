@@ -2,11 +2,11 @@
 
 `quickstart_rte_small`: the fixture RTE with only its first 40 training
 examples (its validation split whole), registered as an alias of `glue_rte`
-(RTE's id, score and metrics). The mixture `quickstart_rte_small_with_help`
-trains it with three fixture GLUE tasks, two of them entailment tasks like
-RTE (MNLI, QNLI) and one not (SST-2), at proportional rates: 40 of its 1,240
-training examples are the target's. The auxiliary-learning case of a small
-task trained with larger ones as help (runs/quickstart_metabalance.gin).
+(RTE's id, score and metrics). The mixture `quickstart_rte_small_with_glue`
+trains it with the other 7 fixture GLUE tasks at proportional rates: 40 of
+its 2,840 training examples are the target's. The auxiliary-learning case
+of a small task trained with the rest of GLUE as help
+(runs/quickstart_metabalance.gin).
 """
 
 import seqio
@@ -17,8 +17,7 @@ from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks.features import FIXTURE_OUTPUT_FEATURES
 
 NAME = 'quickstart_rte_small'
-MIXTURE = 'quickstart_rte_small_with_help'
-AUXILIARIES = ('fixture_glue_mnli', 'fixture_glue_qnli', 'fixture_glue_sst2')
+MIXTURE = 'quickstart_rte_small_with_glue'
 TRAIN_EXAMPLES = 40
 
 
@@ -51,11 +50,11 @@ def register() -> None:
       postprocess_fn=rte.postprocess_fn,
       metric_fns=rte.metric_fns,
       alias_of='glue_rte')
+  glue_mixture = seqio.get_mixture_or_task('fixture_glue_proportional')
   registration.add_mixture(
       MIXTURE, [(NAME, float(TRAIN_EXAMPLES))] + [
-          (name, float(seqio.get_mixture_or_task(name).source
-                       .num_input_examples('train')))
-          for name in AUXILIARIES])
+          (t.name, glue_mixture.get_rate(t) or registration.EVAL_ONLY)
+          for t in glue_mixture.tasks if t.name != 'fixture_glue_rte'])
 
 
 register()

@@ -15,6 +15,7 @@ from hyperprompt_jax import metabalance
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import task_params
+from hyperprompt_jax import train as train_lib
 from hyperprompt_jax import trainer as trainer_lib
 
 R, BETA, K = 0.7, 0.9, 3
@@ -276,7 +277,6 @@ def test_a_plan_that_does_not_fit_is_named(target, trained, settings,
 # ------------------------------------------ the built-in runner (train.py) --
 
 def _train(model_dir, steps, **overrides):
-  from hyperprompt_jax import train as train_lib  # pylint: disable=g-import-not-at-top
   kwargs = dict(
       model_dir=str(model_dir), train_steps=steps, batch_size=4,
       mixture_or_task_name='fixture_glue_proportional',
