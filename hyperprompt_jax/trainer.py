@@ -83,7 +83,7 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
   The loss is split by the task of each target token into the target's and
   each auxiliary's share (each over all real target tokens, so the shares
   sum to the loss), and each share's gradient taken from one forward pass
-  (`jax.vjp`, one backward pass per share). Parameters with a task axis take
+  (`jax.vjp`, then one backward pass per share). Parameters with a task axis take
   the plain sum; the others are balanced (`metabalance.balance`).
   """
   num_groups = plan.num_auxiliary + 1
@@ -103,7 +103,12 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
             / jnp.maximum(weights.sum(), 1.0)), terms
 
   loss_shares, vjp_fn, terms = jax.vjp(shares, params, has_aux=True)
-  (grads,) = jax.vmap(vjp_fn)(jnp.eye(num_groups, dtype=loss_shares.dtype))
+  # One backward pass per share, in sequence (`lax.map`: one pass in the
+  # compiled graph whatever K). Not `vmap`: under jit (jax 0.10.2, CPU) the
+  # batched backward pass of the packed model gave wrong gradients
+  # (test_relax_0_on_packed_rows_is_the_plain_step catches it).
+  (grads,) = jax.lax.map(vjp_fn,
+                         jnp.eye(num_groups, dtype=loss_shares.dtype))
   present = jnp.einsum('bl,blg->g', weights, in_group) > 0
   flat = traverse_util.flatten_dict(grads, sep='/')
   rows = {k: g.sum(0) for k, g in flat.items() if k in plan.task_rows}

@@ -10,6 +10,7 @@ import pytest
 
 import conftest
 from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import input_pipeline
 from hyperprompt_jax import losses
 from hyperprompt_jax import metabalance
 from hyperprompt_jax import network
@@ -161,11 +162,11 @@ def global_model_and_batch():
   return model, params, batch
 
 
-def _plan(model, **settings):
+def _plan(model, trained=('glue_rte', 'glue_cola', 'glue_sst2', 'glue_mrpc'),
+          **settings):
   return metabalance.make_plan(
       metabalance.Settings(target_task='glue_rte', **settings), TASKS,
-      ['glue_rte', 'glue_cola', 'glue_sst2', 'glue_mrpc'],
-      task_params.task_axes(model))
+      trained, task_params.task_axes(model))
 
 
 def _task_grads(model, params, batch, rows):
@@ -257,6 +258,35 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
   for k, v in conftest.flat(new['params']).items():
     np.testing.assert_array_equal(
         v, conftest.flat(jax.tree.map(jnp.add, params, updates))[k])
+
+
+@pytest.mark.parametrize('auxiliaries', metabalance.AUXILIARIES)
+def test_relax_0_on_packed_rows_is_the_plain_step(global_model_and_batch,
+                                                  auxiliaries):
+  """Packed rows (the real pipeline's, several tasks per row): the shares'
+  gradients, jitted, sum to the loss's gradient. (A batched backward pass,
+  `vmap` of the vjp, got this wrong under jit.)"""
+  model, params, _ = global_model_and_batch
+  batch = input_pipeline.as_numpy(next(iter(input_pipeline.train_dataset(
+      'fixture_glue_proportional', {'inputs': 64, 'targets': 8}, 8, seed=0,
+      pack=True))))
+  tasks = np.unique(batch['decoder_task_ids'][batch['decoder_loss_weights']
+                                              > 0])
+  assert len(tasks) >= 3  # rows that mix tasks
+  plan = _plan(model, TASKS, relax_factor=0.0, auxiliaries=auxiliaries)
+  flat = traverse_util.flatten_dict(params, sep='/')
+  state = metabalance.init(traverse_util.unflatten_dict(
+      {k: v for k, v in flat.items() if k not in plan.task_rows}, sep='/'),
+      plan.num_auxiliary)
+  rng = jax.random.PRNGKey(0)
+  got = jax.jit(lambda p: trainer_lib.balanced_grads(
+      model, p, state, batch, rng, 1e-4, None, plan)[0])(params)
+  want = jax.jit(jax.grad(lambda p: trainer_lib.loss_fn(
+      model, p, batch, rng, 1e-4)[0]))(params)
+  got, want = conftest.flat(got), conftest.flat(want)
+  for k, v in want.items():
+    np.testing.assert_allclose(got[k], v, rtol=1e-4,
+                               atol=1e-6 * np.abs(v).max(), err_msg=k)
 
 
 @pytest.mark.parametrize('target, trained, settings, message', [
