@@ -20,17 +20,27 @@ mixture: a task absent from the batch contributes nothing and keeps its
 moving average (a zero gradient would decay m_i and blow up m_tar / m_i);
 an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
 
-The core here is pure (pytrees in, pytrees out); `trainer.train_step`
-computes the per-task gradients and applies it to the shared parameters.
+`balance` is pure (pytrees in, pytrees out); `balanced_gradient` takes
+the per-share gradients of a loss split by task and applies it to the
+shared parameters, for both runners (`trainer.train_step`, and t5x's
+through `t5x_model.MetaBalanceTrainer`); `run_plan` checks a run's settings.
 """
 
 import dataclasses
-from typing import Any, Collection, NamedTuple, Optional, Sequence
+import functools
+from typing import Any, Callable, Collection, NamedTuple, Optional, Sequence
 
+from flax import traverse_util
 import gin
 import jax
 import jax.numpy as jnp
 
+from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import network
+from hyperprompt_jax import task_params
+from hyperprompt_jax.tasks import task_ids
+
+GRADIENT_BALANCINGS = (None, 'metabalance')
 STRATEGIES = ('shrink', 'enlarge', 'both')
 AUXILIARIES = ('each', 'all')
 
@@ -223,3 +233,96 @@ def make_plan(settings: Settings, task_list: Sequence[str],
   return Plan(settings=settings, groups=groups,
               num_auxiliary=max(index.values()),
               task_rows=frozenset(task_rows))
+
+
+def run_plan(gradient_balancing: Optional[str],
+             settings: Optional[Settings], model: network.Transformer,
+             mixture_or_task_name: str) -> Optional[Plan]:
+  """The plan of a run from its gin settings (None: the plain gradient), or
+  a ValueError naming the setting that does not fit.
+
+  Args:
+    gradient_balancing: GRADIENT_BALANCING, None or 'metabalance'.
+    settings: the METABALANCE_* settings (default: `Settings()`).
+    model: the network (its task-indexed parameters take the plain sum).
+    mixture_or_task_name: what the run trains.
+  """
+  if gradient_balancing not in GRADIENT_BALANCINGS:
+    raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '
+                     f'one of {list(GRADIENT_BALANCINGS)}.')
+  if gradient_balancing is None:
+    return None
+  settings = settings or Settings()
+  if settings.target_task:
+    settings = dataclasses.replace(
+        settings, target_task=task_ids.canonical_task(settings.target_task))
+  return make_plan(
+      settings, task_ids.run_task_list(),
+      [task_ids.canonical_task(t)
+       for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
+      task_params.task_axes(model))
+
+
+def group_masks(plan: Plan, token_task_ids: jax.Array, num_tasks: int
+                ) -> jax.Array:
+  """`[batch, length, K + 1]` float: which share each target token's loss
+  goes to (the target first); a task outside the plan's in none.
+
+  Args:
+    plan: the run's plan.
+    token_task_ids: `[batch, length]`, the task id of each target token.
+    num_tasks: the network's task-id space (ids past the plan's list are in
+      no share).
+  """
+  groups = jnp.asarray(plan.groups + (-1,) * num_tasks, jnp.int32)
+  return jax.nn.one_hot(groups[token_task_ids], plan.num_auxiliary + 1)
+
+
+def shared_state_shapes(plan: Plan, params: Any) -> State:
+  """The moving averages' shapes over the parameters `plan` balances
+  (`params`: arrays or shapes; task-indexed ones are left out)."""
+  flat = traverse_util.flatten_dict(params, sep='/')
+  shared = traverse_util.unflatten_dict(
+      {k: v for k, v in flat.items() if k not in plan.task_rows}, sep='/')
+  return jax.eval_shape(
+      functools.partial(init, num_auxiliary=plan.num_auxiliary), shared)
+
+
+def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
+                      params: Any, state: State, plan: Plan,
+                      present: jax.Array) -> tuple[Any, State, Any]:
+  """MetaBalance's gradient of a loss split into the target's and each
+  auxiliary's share: `(grads, new_state, aux)`.
+
+  One forward pass (`jax.vjp`), then one backward pass per share.
+  Parameters with a task axis (`plan.task_rows`) take the plain sum of the
+  shares' gradients; the others are balanced (`balance`).
+
+  Args:
+    shares_fn: `params -> ([K + 1] loss shares, aux)`.
+    params: the parameters (a nested dict).
+    state: the moving averages (`init` over the shared parameters).
+    plan: the run's plan.
+    present: `[K + 1]` bool, whether each share has tokens in the batch.
+  """
+  num_groups = plan.num_auxiliary + 1
+  loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
+  # The backward passes in sequence (`lax.map`: one pass in the compiled
+  # graph whatever K). Not `vmap`: under jit (jax 0.10.2, CPU) the batched
+  # backward pass of the packed model gave wrong gradients
+  # (test_relax_0_on_packed_rows_is_the_plain_step catches it).
+  (grads,) = jax.lax.map(vjp_fn,
+                         jnp.eye(num_groups, dtype=loss_shares.dtype))
+  flat = traverse_util.flatten_dict(grads, sep='/')
+  rows = {k: g.sum(0) for k, g in flat.items() if k in plan.task_rows}
+  shared = {k: g for k, g in flat.items() if k not in plan.task_rows}
+  nest = functools.partial(traverse_util.unflatten_dict, sep='/')
+  settings = plan.settings
+  total, state = balance(
+      nest({k: g[0] for k, g in shared.items()}),
+      [nest({k: g[i] for k, g in shared.items()})
+       for i in range(1, num_groups)],
+      state, relax_factor=settings.relax_factor, beta=settings.beta,
+      strategy=settings.strategy, present=present)
+  total = traverse_util.flatten_dict(total, sep='/')
+  return nest({**total, **rows}), state, aux

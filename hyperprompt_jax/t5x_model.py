@@ -16,6 +16,13 @@ subclass passes each batch's `task_ids` (int32 `[batch]`, added by
   which gets the beam-expanded ids at every step (HyperGrid's decoder
   recomputes its gate from `encoded` and the task at each step).
 
+MetaBalance (GRADIENT_BALANCING = 'metabalance', gin/t5x/metabalance.gin):
+the model holds the run's plan and its moving averages as the flax
+collection 'metabalance' (t5x keeps it in the train state's
+`flax_mutables`, so its checkpoints hold it and a resumed run is exact);
+`MetaBalanceTrainer`, a `t5x.trainer.Trainer`, takes its gradient from the
+loss split by task (`loss_shares`) and `metabalance.balanced_gradient`.
+
 The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
 `hyperprompt_jax.optimizers.make_optimizer` (gin/t5x/model.gin), so both
 runners optimise identically. t5x's partitioner has no rule for the state of
@@ -29,15 +36,20 @@ import functools
 from typing import Any, Mapping, MutableMapping, Optional
 
 import flax
+from flax import traverse_util
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import optax
 from optax._src import factorized
 import seqio
 from t5x import decoding
+from t5x import losses as t5x_losses
 from t5x import models
 from t5x import optimizers
+from t5x import trainer as t5x_trainer
 
+from hyperprompt_jax import metabalance
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers as hp_optimizers
 from hyperprompt_jax import prompt_tuning
@@ -46,6 +58,9 @@ from hyperprompt_jax.tasks import task_ids as task_ids_lib
 
 PyTree = Any
 TASK_IDS = feature_converter.TASK_IDS
+# The flax collection of MetaBalance's moving averages (the built-in
+# runner's state key too).
+METABALANCE = 'metabalance'
 
 
 class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
@@ -59,9 +74,14 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   feature converter reserves Prompt-Tuning's prompt positions in packed
   rows (`input_prompt_length`).
 
+  With `gradient_balancing='metabalance'` (gin/t5x/metabalance.gin), the
+  model holds the run's MetaBalance plan (`balancing`) and its initial
+  variables the moving averages; `MetaBalanceTrainer` steps it.
+
   Raises:
     ValueError: at construction, when the network's `num_tasks` (gin:
-      NUM_TASKS) is smaller than the run's task list.
+      NUM_TASKS) is smaller than the run's task list, or MetaBalance's
+      settings do not fit the run (`metabalance.run_plan`).
   """
 
   FEATURE_CONVERTER_CLS = feature_converter.TaskIdsEncDecFeatureConverter
@@ -78,10 +98,21 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
       z_loss: float = 0.0,
       loss_normalizing_factor: Optional[Any] = None,
       default_decoder_params: Optional[models.DecoderParams] = None,
+      gradient_balancing: Optional[str] = None,
+      metabalance_settings: Optional[metabalance.Settings] = None,
+      mixture_or_task_name: Optional[str] = None,
   ):
     # t5x builds the model after parsing gin, so the run's task list is
     # known: an id space smaller than it would clamp ids silently in jit.
     task_ids_lib.check_num_tasks(module.config.num_tasks)
+    if gradient_balancing is not None and not mixture_or_task_name:
+      raise ValueError(
+          f'GRADIENT_BALANCING={gradient_balancing!r} needs the mixture the '
+          'run trains: bind TaskIdsEncoderDecoderModel.mixture_or_task_name '
+          '= %MIXTURE_OR_TASK_NAME (gin/t5x/metabalance.gin does).')
+    self.balancing = metabalance.run_plan(
+        gradient_balancing, metabalance_settings, module,
+        mixture_or_task_name)
     if feature_converter_cls is None:
       feature_converter_cls = functools.partial(
           feature_converter.TaskIdsEncDecFeatureConverter,
@@ -136,7 +167,96 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     target_length = input_shapes['decoder_input_tokens'][1]
     variables = network.init_variables(self.module, rng, input_length,
                                        target_length, batch)
+    if self.balancing is not None:
+      variables.update(self._initial_balance(variables['params']))
     return flax.core.freeze(variables)  # as t5x's
+
+  def _initial_balance(self, params: PyTree) -> dict[str, Any]:
+    """MetaBalance's zero moving averages as a flax collection, with its
+    `_axes` collection (replicated: a few floats per parameter tensor)."""
+    shapes = metabalance.shared_state_shapes(self.balancing, params)._asdict()
+    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    flat = traverse_util.flatten_dict(shapes)
+    axes = traverse_util.unflatten_dict({
+        k[:-1] + (k[-1] + '_axes',):
+            nn_partitioning.AxisMetadata(names=(None,) * len(v.shape))
+        for k, v in flat.items()})
+    return {METABALANCE: zeros, METABALANCE + '_axes': axes}
+
+  def loss_fn(self, params: PyTree, batch: Mapping[str, jax.Array],
+              dropout_rng: Optional[jax.Array], *flax_mutables):
+    """t5x's loss and metrics (`EncoderDecoderModel.loss_fn`).
+
+    Raises:
+      ValueError: t5x's plain trainer passes the train state's flax
+        mutables, which only MetaBalance's moving averages make non-empty.
+    """
+    if flax_mutables:
+      raise ValueError(
+          "The train state holds MetaBalance's moving averages "
+          "(GRADIENT_BALANCING='metabalance'), and t5x's plain trainer is "
+          'stepping it: select train.trainer_cls = '
+          '@t5x_model.MetaBalanceTrainer (add '
+          '--gin_file=t5x/metabalance.gin).')
+    return super().loss_fn(params, batch, dropout_rng)
+
+  def eval_fn(self, params: PyTree, batch: Mapping[str, jax.Array],
+              flax_mutables: Optional[PyTree] = None):
+    """t5x's eval loss and metrics. MetaBalance's moving averages (t5x
+    passes the train state's flax mutables) do not enter the loss."""
+    del flax_mutables
+    return super().loss_fn(params, batch, None)
+
+  def loss_shares(self, params: PyTree, batch: Mapping[str, jax.Array],
+                  dropout_rng: Optional[jax.Array], in_share: jax.Array
+                  ) -> tuple[jax.Array, Any]:
+    """t5x's loss split into shares: `([shares] losses, metrics)`.
+
+    Each share is t5x's weighted cross-entropy (label smoothing, z-loss,
+    loss normalizing factor as `loss_fn`) over its tokens only, so the
+    shares sum to `loss_fn`'s loss; the metrics are `loss_fn`'s.
+
+    Args:
+      params: the parameters.
+      batch: a t5x training batch.
+      dropout_rng: dropout's rng.
+      in_share: `[batch, target_length, shares]`, each target token's share
+        (`metabalance.group_masks`).
+    """
+    logits = self._compute_logits(params, batch, dropout_rng)
+    targets = batch['decoder_target_tokens']
+    factor, weights = t5x_losses.get_loss_normalizing_factor_and_weights(
+        self._loss_normalizing_factor, batch)
+    if weights is None:
+      weights = jnp.ones(targets.shape, jnp.float32)
+
+    def share(mask):
+      loss, z_loss, _ = t5x_losses.compute_weighted_cross_entropy(
+          logits, targets=targets, weights=weights * mask,
+          label_smoothing=self._label_smoothing, z_loss=self._z_loss,
+          loss_normalizing_factor=factor)
+      return loss, z_loss
+
+    # Over the masks only: the per-token losses, which do not depend on
+    # them, are computed once.
+    shares, z_shares = jax.vmap(share, in_axes=-1)(in_share)
+    segment_ids = {k[:-len('_segment_ids')]: v for k, v in batch.items()
+                   if k.endswith('_segment_ids')} or {
+                       k: v != 0 for k, v in batch.items()
+                       if k in ('encoder_input_tokens',
+                                'decoder_target_tokens')}
+    metrics = self._compute_metrics(
+        logits=logits, targets=targets, mask=weights, loss=shares.sum(),
+        z_loss=z_shares.sum(), segment_ids=segment_ids)
+    return shares, metrics
+
+  def token_task_ids(self, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """`[batch, target_length]`: the task id of each target token (per
+    token in packed rows, else the row's)."""
+    if 'decoder_task_ids' in batch:
+      return batch['decoder_task_ids']
+    return jnp.broadcast_to(self._task_ids(batch)[:, None],
+                            batch['decoder_target_tokens'].shape)
 
   def _compute_logits(
       self,
@@ -315,6 +435,76 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     if return_all_decodes:
       return decodes, {'scores': scores}
     return decodes[:, -1, :], {'scores': scores[:, -1]}
+
+
+# ------------------------------------------------------------ MetaBalance --
+
+class MetaBalanceTrainer(t5x_trainer.Trainer):
+  """t5x's `Trainer` taking MetaBalance's gradient (gin/t5x/metabalance.gin).
+
+  Same arguments as t5x's. The model is a `TaskIdsEncoderDecoderModel` with
+  a MetaBalance plan; each step splits t5x's loss by the task of each target
+  token into the target's and the auxiliaries' shares (`loss_shares`),
+  balances their gradients on the shared parameters
+  (`metabalance.balanced_gradient`) and applies the sum as t5x's trainer
+  does (`trainer.apply_grads`: learning rate, weight metrics). The moving
+  averages are the train state's flax mutables. A model without a plan
+  takes t5x's plain step.
+
+  Raises:
+    ValueError: microbatches with MetaBalance (each microbatch would need its
+      own shares' backward passes; not supported).
+  """
+
+  def __init__(self, model: TaskIdsEncoderDecoderModel, train_state: Any,
+               partitioner: Any, eval_names: Any, summary_dir: Any,
+               train_state_axes: Any, rng: jax.Array, learning_rate_fn: Any,
+               num_microbatches: Optional[int],
+               weight_metrics_computer: Any = None):
+    balancing = getattr(model, 'balancing', None)
+    if balancing is not None and num_microbatches and num_microbatches > 1:
+      raise ValueError(
+          f'MetaBalanceTrainer.num_microbatches={num_microbatches}: '
+          'MetaBalance takes whole batches (num_microbatches = None).')
+    super().__init__(
+        model=model, train_state=train_state, partitioner=partitioner,
+        eval_names=eval_names, summary_dir=summary_dir,
+        train_state_axes=train_state_axes, rng=rng,
+        learning_rate_fn=learning_rate_fn, num_microbatches=num_microbatches,
+        weight_metrics_computer=weight_metrics_computer)
+
+  def _balanced_step(self, train_state: Any, batch: Mapping[str, jax.Array]):
+    model = self._model
+    plan = model.balancing
+    mutables = flax.core.unfreeze(train_state.flax_mutables)
+    state = metabalance.State(**mutables[METABALANCE])
+    weights = batch['decoder_loss_weights'].astype(jnp.float32)
+    in_share = metabalance.group_masks(plan, model.token_task_ids(batch),
+                                       model.module.config.num_tasks)
+    present = jnp.einsum('bl,blg->g', weights, in_share) > 0
+    rng = self._get_step_rng(train_state.step)
+    grads, state, metrics = metabalance.balanced_gradient(
+        lambda params: model.loss_shares(params, batch, rng, in_share),
+        flax.core.unfreeze(train_state.params), state, plan, present)
+    mutables[METABALANCE] = state._asdict()
+    if isinstance(train_state.params, flax.core.FrozenDict):
+      grads = flax.core.freeze(grads)  # the optimizer's tree structure
+    return t5x_trainer.apply_grads(
+        train_state, grads, metrics,
+        self._learning_rate_fn(train_state.step),
+        self._weight_metrics_computer,
+        other_state_variables={'flax_mutables': flax.core.freeze(mutables)})
+
+  @t5x_trainer.cached_property
+  def _partitioned_train_step(self):
+    if getattr(self._model, 'balancing', None) is None:
+      return super()._partitioned_train_step
+    return self._partitioner.partition(
+        self._balanced_step,
+        in_axis_resources=(self._train_state_axes,
+                           self._partitioner.data_partition_spec),
+        out_axis_resources=(self._train_state_axes, None),
+        donate_argnums=(0,))
 
 
 # ------------------------------------------------- optimizer state axes --

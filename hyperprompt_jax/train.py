@@ -261,8 +261,8 @@ def train(
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
-  balancing = balancing_plan(gradient_balancing, metabalance_settings, model,
-                             mixture_or_task_name)
+  balancing = metabalance.run_plan(gradient_balancing, metabalance_settings,
+                                   model, mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
@@ -298,31 +298,6 @@ def train(
   finally:
     if lock:
       lock.release()
-
-
-GRADIENT_BALANCINGS = (None, 'metabalance')
-
-
-def balancing_plan(gradient_balancing: Optional[str],
-                   settings: Optional[metabalance.Settings],
-                   model: network.Transformer, mixture_or_task_name: str
-                   ) -> Optional[metabalance.Plan]:
-  """MetaBalance's plan for this run (None: the plain gradient), or a
-  ValueError naming the setting that does not fit."""
-  if gradient_balancing not in GRADIENT_BALANCINGS:
-    raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '
-                     f'one of {list(GRADIENT_BALANCINGS)}.')
-  if gradient_balancing is None:
-    return None
-  settings = settings or metabalance.Settings()
-  if settings.target_task:
-    settings = dataclasses.replace(
-        settings, target_task=task_ids.canonical_task(settings.target_task))
-  return metabalance.make_plan(
-      settings, task_ids.run_task_list(),
-      [task_ids.canonical_task(t)
-       for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
-      task_params.task_axes(model))
 
 
 def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,

@@ -82,16 +82,12 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
 
   The loss is split by the task of each target token into the target's and
   each auxiliary's share (each over all real target tokens, so the shares
-  sum to the loss), and each share's gradient taken from one forward pass
-  (`jax.vjp`, then one backward pass per share). Parameters with a task axis take
-  the plain sum; the others are balanced (`metabalance.balance`).
+  sum to the loss); `metabalance.balanced_gradient` balances their
+  gradients.
   """
-  num_groups = plan.num_auxiliary + 1
-  groups = jnp.asarray(plan.groups + (-1,) * model.config.num_tasks,
-                       jnp.int32)
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
-  # [batch, length, groups]; a task outside the plan (-1) in no group.
-  in_group = jax.nn.one_hot(groups[target_task_ids(batch)], num_groups)
+  in_group = metabalance.group_masks(plan, target_task_ids(batch),
+                                     model.config.num_tasks)
 
   def shares(params):
     logits = _logits(model, params, batch, rng, rules)
@@ -102,27 +98,8 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
     return (jnp.einsum('bl,blg->g', per_token, in_group)
             / jnp.maximum(weights.sum(), 1.0)), terms
 
-  loss_shares, vjp_fn, terms = jax.vjp(shares, params, has_aux=True)
-  # One backward pass per share, in sequence (`lax.map`: one pass in the
-  # compiled graph whatever K). Not `vmap`: under jit (jax 0.10.2, CPU) the
-  # batched backward pass of the packed model gave wrong gradients
-  # (test_relax_0_on_packed_rows_is_the_plain_step catches it).
-  (grads,) = jax.lax.map(vjp_fn,
-                         jnp.eye(num_groups, dtype=loss_shares.dtype))
   present = jnp.einsum('bl,blg->g', weights, in_group) > 0
-  flat = traverse_util.flatten_dict(grads, sep='/')
-  rows = {k: g.sum(0) for k, g in flat.items() if k in plan.task_rows}
-  shared = {k: g for k, g in flat.items() if k not in plan.task_rows}
-  nest = functools.partial(traverse_util.unflatten_dict, sep='/')
-  settings = plan.settings
-  total, balance = metabalance.balance(
-      nest({k: g[0] for k, g in shared.items()}),
-      [nest({k: g[i] for k, g in shared.items()})
-       for i in range(1, num_groups)],
-      balance, relax_factor=settings.relax_factor, beta=settings.beta,
-      strategy=settings.strategy, present=present)
-  total = traverse_util.flatten_dict(total, sep='/')
-  return nest({**total, **rows}), balance, terms
+  return metabalance.balanced_gradient(shares, params, balance, plan, present)
 
 
 def train_step(model: network.Transformer,
@@ -324,12 +301,8 @@ class Trainer:
 
   def _abstract_balance(self) -> metabalance.State:
     """MetaBalance's moving averages, over the parameters it balances."""
-    flat = traverse_util.flatten_dict(self.abstract_params, sep='/')
-    shared = traverse_util.unflatten_dict(
-        {k: v for k, v in flat.items()
-         if k not in self.balancing.task_rows}, sep='/')
-    return jax.eval_shape(functools.partial(
-        metabalance.init, num_auxiliary=self.balancing.num_auxiliary), shared)
+    return metabalance.shared_state_shapes(self.balancing,
+                                           self.abstract_params)
 
   def new_state(self, params: Any) -> State:
     """Step 0 and fresh optimizer state around `params`."""

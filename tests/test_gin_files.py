@@ -82,7 +82,8 @@ def _t5x_main(script: str | None):
 
 
 # t5x files given after a run's own files, with the run they are tested on.
-T5X_FRAGMENTS = {'t5x/add_task.gin': 't5x/quickstart_train.gin'}
+T5X_FRAGMENTS = {'t5x/add_task.gin': 't5x/quickstart_train.gin',
+                 't5x/metabalance.gin': 't5x/quickstart_train.gin'}
 
 
 @pytest.mark.parametrize('name', T5X_FILES)
@@ -111,9 +112,20 @@ def test_t5x_gin_file_parses(name):
         'inputs': 512, 'targets': 32}
     assert gin.query_parameter('utils.RestoreCheckpointConfig.'
                                'fallback_to_scratch') is True
+    # t5x's published checkpoints (its docs/models.md) of the file's size.
+    size = re.search(r'_(large|3b|11b)\.gin$', name)
+    expected = {
+        None: ('gs://t5-data/pretrained_models/t5x/t5_1_1_base/'
+               'checkpoint_1000000',
+               'gs://t5-data/pretrained_models/t5x/t5_base/checkpoint_999900'),
+        'large': ('gs://t5-data/pretrained_models/t5x/t5_large/'
+                  'checkpoint_1000700',),
+        '3b': ('gs://t5-data/pretrained_models/t5x/t5_3B/checkpoint_1000000',),
+        '11b': ('gs://t5-data/pretrained_models/t5x/t5_11B/'
+                'checkpoint_1000000',),
+    }[size and size.group(1)]
     assert gin.query_parameter('INITIAL_CHECKPOINT_PATH/macro.value') in (
-        'gs://t5-data/pretrained_models/t5x/t5_1_1_base/checkpoint_1000000',
-        'gs://t5-data/pretrained_models/t5x/t5_base/checkpoint_999900')
+        expected)
 
 
 def _t5x_root() -> str:

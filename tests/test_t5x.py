@@ -41,6 +41,7 @@ from hyperprompt_jax import hyperformer
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import losses
+from hyperprompt_jax import metabalance
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
 from hyperprompt_jax import param_groups
@@ -154,6 +155,61 @@ def test_t5x_eval_and_metrics_summary(quickstart_dir, tmp_path):
   assert sorted(summary['steps'], key=int) == ['0', '2']
   assert len(summary['steps']['2']['task_scores']) == NUM_TASKS
   assert (summary_dir / 'best_per_task.json').exists()
+
+
+def test_t5x_metabalance_quickstart_keeps_its_state_and_evaluates(tmp_path):
+  """t5x/quickstart_metabalance.gin: t5x trains with MetaBalanceTrainer, its
+  checkpoints hold the moving averages (a scalar per balanced parameter for
+  the target, one per auxiliary: 7 other GLUE tasks), and t5x's plain eval
+  reads them."""
+  model_dir = tmp_path / 'train'
+  _run('t5x.train', GIN_SEARCH_PATHS,
+       '--gin_file=t5x/quickstart_metabalance.gin',
+       f"--gin.MODEL_DIR='{model_dir}'", '--gin.TRAIN_STEPS=2',
+       '--gin.SAVE_PERIOD=2', *QUICK)
+  state = _read_t5x_state(model_dir / 'checkpoint_2')
+  params = {k[len('target/'):] for k in state if k.startswith('target/')}
+  averages = {k: v for k, v in state.items()
+              if k.startswith('flax_mutables/metabalance/')}
+  prefix = 'flax_mutables/metabalance/'
+  target = {k[len(prefix + 'target/'):]: v for k, v in averages.items()
+            if k.startswith(prefix + 'target/')}
+  auxiliary = {k[len(prefix + 'auxiliary/'):]: v for k, v in averages.items()
+               if k.startswith(prefix + 'auxiliary/')}
+  # Every parameter but the task-indexed ones (HyperPrompt-Global's task
+  # embeddings and per-task prompts, [8 GLUE tasks, ...]) is balanced.
+  rows = {k for k in params
+          if k.rsplit('/', 1)[1] in ('task_embeddings', 'global_prompts')}
+  assert len(rows) == 4
+  assert all(state[f'target/{k}'].shape[0] == 8 for k in rows)
+  assert target.keys() == auxiliary.keys() == params - rows
+  assert all(v.shape == () for v in target.values())
+  assert all(v.shape == (7,) for v in auxiliary.values())
+  assert any(np.any(v > 0) for v in auxiliary.values())
+
+  out = tmp_path / 'eval'
+  _run('t5x.eval', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_eval.gin',
+       '--gin_file=tasks/fixture_glue.gin',
+       f"--gin.CHECKPOINT_PATH='{model_dir}'",
+       f"--gin.EVAL_OUTPUT_DIR='{out}'", '--gin.EVAL_BATCH_SIZE=8',
+       '--gin.seqio.Evaluator.num_examples=8')
+  assert (out / 'inference_eval' / 'fixture_glue_rte-000002.jsonl').exists()
+
+
+def test_t5x_plain_trainer_refuses_metabalance_state():
+  """A MetaBalance model stepped by t5x's plain trainer (GRADIENT_BALANCING
+  set without t5x/metabalance.gin) names the trainer to select."""
+  model = _t5x_model('hyperprompt_global')
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
+  batch = _batch(np.random.default_rng(0))
+  with pytest.raises(ValueError, match='t5x_model.MetaBalanceTrainer'):
+    model.loss_fn(params, batch, None, {'metabalance': {}})
+  # Without mutables, and in t5x's eval step (which passes them), the loss.
+  loss, _ = model.loss_fn(params, batch, None)
+  np.testing.assert_allclose(
+      model.eval_fn(params, batch, {'metabalance': {}})[0], loss, rtol=1e-6)
 
 
 def test_t5x_fine_tunes_from_a_t5x_checkpoint(tmp_path):
@@ -513,6 +569,28 @@ def test_t5x_train_step_equals_the_builtin_step():
   take step n's dropout rng as fold_in(rng, n), t5x's rng being the
   trainer's (train.py: the second half of split(PRNGKey(RANDOM_SEED))), the
   built-in runner's PRNGKey(seed); given the same rng, the same masks."""
+  _assert_t5x_steps_equal_the_builtin_steps(balancing=None)
+
+
+@pytest.mark.parametrize('auxiliaries', ['each', 'all'])
+def test_t5x_metabalance_step_equals_the_builtin_step(auxiliaries):
+  """Issue 30: t5x's `MetaBalanceTrainer` (gin/t5x/metabalance.gin) and the
+  built-in runner with the same MetaBalance plan take the same steps: the
+  same parameters, optimizer state and moving averages (t5x's flax
+  mutables, the built-in state's 'metabalance'), step after step. Task 9 is
+  the target (two rows of each batch); 0 and 3 are the auxiliaries."""
+  module = network.Transformer(_tiny_config('hyperprompt_global'))
+  plan = metabalance.make_plan(
+      metabalance.Settings(target_task='t9', auxiliaries=auxiliaries),
+      [f't{i}' for i in range(NUM_TASKS)], ['t0', 't3', 't9'],
+      task_params.task_axes(module))
+  assert plan.num_auxiliary == (2 if auxiliaries == 'each' else 1)
+  _assert_t5x_steps_equal_the_builtin_steps(balancing=plan)
+
+
+def _assert_t5x_steps_equal_the_builtin_steps(balancing):
+  """Three steps of t5x's trainer (MetaBalance's with `balancing`) and of
+  the built-in `Trainer` from the same parameters and batches agree."""
   from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
@@ -525,6 +603,9 @@ def test_t5x_train_step_equals_the_builtin_step():
       optimizer_def=t5x_optimizers.OptaxWrapper(
           optimizers.make_optimizer(learning_rate=learning_rate)),
       z_loss=1e-4, loss_normalizing_factor='NUM_REAL_TARGET_TOKENS')
+  # The plan as the constructor makes it from gin (metabalance.run_plan),
+  # without registering a mixture.
+  model.balancing = balancing
   variables = model.get_initial_variables(
       jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
                               'decoder_input_tokens': (4, 6)})
@@ -540,7 +621,9 @@ def test_t5x_train_step_equals_the_builtin_step():
                                                  logical_axis_rules=rules)
   state = t5x_train_state.FlaxOptimTrainState.create(
       model.optimizer_def, flax.core.freeze(variables))
-  trainer = t5x_trainer.Trainer(
+  trainer_cls = (t5x_trainer.Trainer if balancing is None
+                 else t5x_model.MetaBalanceTrainer)
+  trainer = trainer_cls(
       model, state, partitioner, eval_names=[], summary_dir=None,
       train_state_axes=partitioner.get_mesh_axes(state),
       rng=jax.random.PRNGKey(0), learning_rate_fn=lambda step: learning_rate,
@@ -549,7 +632,7 @@ def test_t5x_train_step_equals_the_builtin_step():
   builtin = trainer_lib.Trainer(
       model.module, optimizers.make_optimizer(learning_rate=learning_rate),
       partitioning.create_mesh(-1, 1), {'inputs': 10, 'targets': 6},
-      z_loss=1e-4, seed=0)
+      z_loss=1e-4, seed=0, balancing=balancing)
   builtin_state = builtin.new_state(
       jax.device_put(params, builtin.param_shardings))
 
@@ -577,7 +660,54 @@ def test_t5x_train_step_equals_the_builtin_step():
     for g, w in zip(got_opt, want_opt):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4,
                                  atol=1e-10)
+    if balancing is not None:
+      got_m = conftest.flat(flax.core.unfreeze(
+          t5x_state.flax_mutables)[t5x_model.METABALANCE])
+      want_m = conftest.flat(builtin_state['metabalance']._asdict())
+      assert got_m.keys() == want_m.keys()
+      for k in want_m:
+        assert np.all(want_m[k] > 0), k  # every share has tokens
+        np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5,
+                                   err_msg=f'step {step}: {k}')
   trainer.close()
+
+
+@pytest.mark.parametrize('packed', [False, True])
+def test_loss_shares_are_t5x_loss_over_each_share_tokens(packed):
+  """`loss_shares` (MetaBalance's split of t5x's loss, label smoothing and
+  z-loss included): each share is t5x's own `loss_fn` on the batch with the
+  weights of the share's tokens only, rescaled from their count to all real
+  target tokens; so the shares sum to the loss. Packed rows split per
+  token (tasks 2, 0, 1 share rows)."""
+  import test_packing  # pylint: disable=g-import-not-at-top
+  model = _t5x_model('hyperprompt_global', label_smoothing=0.1)
+  plan = metabalance.make_plan(
+      metabalance.Settings(target_task='t1'),
+      [f't{i}' for i in range(NUM_TASKS)], ['t0', 't1', 't2'],
+      task_params.task_axes(model.module))
+  examples = test_packing._examples(0)  # pylint: disable=protected-access
+  batch = (test_packing._packed(examples, test_packing.ROWS, 22, 10)[0]  # pylint: disable=protected-access
+           if packed else test_packing._unpacked(examples, 8, 5))  # pylint: disable=protected-access
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
+  in_share = metabalance.group_masks(plan, model.token_task_ids(batch),
+                                     NUM_TASKS)
+  shares, metrics = jax.jit(model.loss_shares)(params, batch, None, in_share)
+  loss, want_metrics = jax.jit(model.loss_fn)(params, batch, None)
+  np.testing.assert_allclose(shares.sum(), loss, rtol=1e-5)
+  np.testing.assert_allclose(metrics['loss'].compute(),
+                             want_metrics['loss'].compute(), rtol=1e-5)
+  weights = batch['decoder_loss_weights']
+  for g, tasks in enumerate([(1,), (0,), (2,)]):  # target t1, then t0, t2
+    mask = np.asarray(in_share[..., g])
+    assert mask.sum() > 0
+    np.testing.assert_array_equal(
+        mask > 0, np.isin(np.asarray(model.token_task_ids(batch)), tasks))
+    only = dict(batch, decoder_loss_weights=weights * mask)
+    share, _ = jax.jit(model.loss_fn)(params, only, None)
+    np.testing.assert_allclose(
+        shares[g], share * (weights * mask).sum() / weights.sum(), rtol=1e-5)
 
 
 @pytest.mark.parametrize('kind', ['hyperprompt_global', 'prompt_tuning',
