@@ -20,6 +20,34 @@ def token_losses(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4
   return log_z - target_logit, z_loss * jnp.square(log_z)
 
 
+def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                  z_loss: float = 1e-4) -> dict[str, jax.Array]:
+  """The sums behind `cross_entropy_with_z_loss`, float32 scalars:
+  {'cross_entropy', 'z_loss', 'hits', 'tokens'} over the weighted tokens
+  (sums add up over microbatches; the ratios do not)."""
+  logits = logits.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  cross_entropy, z_term = token_losses(logits, targets, z_loss)
+  hits = (jnp.argmax(logits, -1) == targets) * weights
+  return {'cross_entropy': (cross_entropy * weights).sum(),
+          'z_loss': (z_term * weights).sum(),
+          'hits': hits.sum(),
+          'tokens': weights.sum()}
+
+
+def terms_from_sums(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """`cross_entropy_with_z_loss`'s terms from `weighted_sums` (of one batch,
+  or added up over its microbatches)."""
+  tokens = jnp.maximum(sums['tokens'], 1.0)
+  return {
+      'loss': (sums['cross_entropy'] + sums['z_loss']) / tokens,
+      'cross_entropy': sums['cross_entropy'] / tokens,
+      'z_loss': sums['z_loss'] / tokens,
+      'accuracy': sums['hits'] / tokens,
+      'tokens': sums['tokens'],
+  }
+
+
 def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
                               weights: jax.Array, z_loss: float = 1e-4
                               ) -> dict[str, jax.Array]:
@@ -36,16 +64,4 @@ def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
     tokens, 'z_loss': ... / tokens, 'accuracy': argmax hits / tokens,
     'tokens': the number of real target tokens}, all scalars.
   """
-  logits = logits.astype(jnp.float32)
-  weights = weights.astype(jnp.float32)
-  cross_entropy, z_term = token_losses(logits, targets, z_loss)
-  cross_entropy, z_term = cross_entropy * weights, z_term * weights
-  tokens = jnp.maximum(weights.sum(), 1.0)
-  hits = (jnp.argmax(logits, -1) == targets) * weights
-  return {
-      'loss': (cross_entropy.sum() + z_term.sum()) / tokens,
-      'cross_entropy': cross_entropy.sum() / tokens,
-      'z_loss': z_term.sum() / tokens,
-      'accuracy': hits.sum() / tokens,
-      'tokens': weights.sum(),
-  }
+  return terms_from_sums(weighted_sums(logits, targets, weights, z_loss))

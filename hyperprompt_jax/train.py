@@ -196,6 +196,7 @@ def train(
     restart_data_on_layout_change: bool = False,
     gradient_balancing: Optional[str] = None,
     metabalance_settings: Optional[metabalance.Settings] = None,
+    num_microbatches: Optional[int] = None,
     optimizer=gin.REQUIRED,
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
@@ -241,6 +242,9 @@ def train(
       (auxiliary learning for one target task: `metabalance`).
     metabalance_settings: MetaBalance's settings (gin: the METABALANCE_*
       macros of runs/train.gin).
+    num_microbatches: take each batch's gradient in this many parts, summed
+      into one update (t5x's meaning; None or 1: whole batches): the
+      activations of one part in memory, the one-batch update.
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
 
   Returns:
@@ -267,6 +271,8 @@ def train(
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f"mesh's {mesh.shape['data']} data shards.")
+  num_microbatches = check_num_microbatches(
+      num_microbatches, batch_size // mesh.shape['data'], balancing)
   if not isinstance(restart_data_on_layout_change, bool):
     raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
                      f'got {restart_data_on_layout_change!r}.')
@@ -294,21 +300,57 @@ def train(
                   log_period, seed, z_loss, mesh, pack, use_cached_tasks,
                   optimizer, _TaskStart(task_params_path, growth,
                                         first_new_row),
-                  restart_data_on_layout_change, balancing)
+                  restart_data_on_layout_change, balancing,
+                  num_microbatches)
   finally:
     if lock:
       lock.release()
+
+
+def check_num_microbatches(num_microbatches: Optional[int],
+                           shard_batch: int,
+                           balancing: Optional[metabalance.Plan] = None
+                           ) -> int:
+  """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
+
+  Args:
+    num_microbatches: the setting.
+    shard_batch: the rows of one data shard (BATCH_SIZE / the mesh's data
+      shards): every part takes the same number of each shard's rows.
+    balancing: MetaBalance's plan, which takes whole batches.
+  """
+  if num_microbatches is None:
+    return 1
+  if (isinstance(num_microbatches, bool) or
+      not isinstance(num_microbatches, int) or num_microbatches < 1):
+    raise ValueError(f'NUM_MICROBATCHES={num_microbatches!r}: expected None '
+                     'or a positive integer (the parts each batch is taken '
+                     'in).')
+  if shard_batch % num_microbatches:
+    raise ValueError(
+        f'NUM_MICROBATCHES={num_microbatches} does not divide the '
+        f'{shard_batch} rows of each data shard (BATCH_SIZE / the mesh\'s '
+        'data shards): choose a divisor, or change BATCH_SIZE.')
+  if balancing is not None and num_microbatches > 1:
+    raise ValueError(
+        f'NUM_MICROBATCHES={num_microbatches} with GRADIENT_BALANCING='
+        "'metabalance': MetaBalance takes whole batches (its per-task "
+        'backward passes are not split into parts); set NUM_MICROBATCHES = '
+        'None.')
+  return num_microbatches
 
 
 def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
            train_steps, batch_size, initial_checkpoint_path, save_period,
            keep_checkpoints, log_period, seed, z_loss, mesh, pack,
            use_cached_tasks, optimizer, task_start,
-           restart_data_on_layout_change, balancing) -> dict[str, Any]:
+           restart_data_on_layout_change, balancing,
+           num_microbatches) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
   prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
-                                z_loss=z_loss, seed=seed, balancing=balancing)
+                                z_loss=z_loss, seed=seed, balancing=balancing,
+                                num_microbatches=num_microbatches)
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,

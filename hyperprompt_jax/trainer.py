@@ -74,6 +74,50 @@ def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
                           batch['decoder_target_tokens'].shape)
 
 
+def microbatched_grads(model: network.Transformer, params: Any,
+                       batch: Mapping[str, Any], rng: jax.Array,
+                       z_loss: float, rules: Optional[partitioning.AxisRules],
+                       num_microbatches: int) -> tuple[tuple[jax.Array, dict],
+                                                       Any]:
+  """`((loss, terms), grads)` of the batch taken in `num_microbatches`
+  parts, one after the other (t5x's `num_microbatches`): the gradients are
+  summed, and each part's loss is its tokens' sum over the WHOLE batch's
+  real target tokens, so the result is the one-batch loss and gradient
+  (packed or not) with the activations of one part in memory. Part i's
+  dropout rng is `fold_in(rng, i)`.
+
+  Part i holds rows i, n + i, 2n + i, ... (n = `num_microbatches`): each
+  part keeps the batch's spread over the data shards, so no rows move.
+  """
+  n = num_microbatches
+  tokens = jnp.maximum(
+      batch['decoder_loss_weights'].astype(jnp.float32).sum(), 1.0)
+
+  def parts(x):  # [B, ...] -> [n, B / n, ...]
+    return jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
+
+  def part_loss(params, part, rng):
+    sums = losses.weighted_sums(
+        _logits(model, params, part, rng, rules),
+        part['decoder_target_tokens'], part['decoder_loss_weights'], z_loss)
+    return (sums['cross_entropy'] + sums['z_loss']) / tokens, sums
+
+  grad_fn = jax.value_and_grad(part_loss, has_aux=True)
+
+  def add_part(carry, inputs):
+    i, part = inputs
+    (_, sums), grads = grad_fn(params, part, jax.random.fold_in(rng, i))
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  zeros = (jax.tree.map(jnp.zeros_like, params),
+           {k: jnp.zeros((), jnp.float32)
+            for k in ('cross_entropy', 'z_loss', 'hits', 'tokens')})
+  (grads, sums), _ = jax.lax.scan(
+      add_part, zeros, (jnp.arange(n), jax.tree.map(parts, dict(batch))))
+  terms = losses.terms_from_sums(sums)
+  return (terms['loss'], terms), grads
+
+
 def balanced_grads(model: network.Transformer, params: Any, balance: Any,
                    batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
                    rules: Optional[partitioning.AxisRules],
@@ -106,18 +150,25 @@ def train_step(model: network.Transformer,
                optimizer: optax.GradientTransformation, state: State,
                batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
                rules: Optional[partitioning.AxisRules] = None,
-               balancing: Optional[metabalance.Plan] = None
-               ) -> tuple[State, dict]:
+               balancing: Optional[metabalance.Plan] = None,
+               num_microbatches: int = 1) -> tuple[State, dict]:
   """One optimizer step, pure: jit it with the shardings you need. With
   `balancing`, the gradient is MetaBalance's (`balanced_grads`; the state
-  holds its moving averages under 'metabalance').
+  holds its moving averages under 'metabalance'); with `num_microbatches`
+  > 1, the batch's gradient is taken part by part (`microbatched_grads`).
 
   A non-finite loss or update leaves the state as it was (so no NaN ever
   reaches a checkpoint; `terms['finite']` says so and the runner stops at
   its next check).
   """
   new = {}
-  if balancing is None:
+  if balancing is not None and num_microbatches > 1:
+    raise ValueError('MetaBalance takes whole batches: NUM_MICROBATCHES '
+                     f'= {num_microbatches} with GRADIENT_BALANCING set.')
+  if num_microbatches > 1:
+    (loss, terms), grads = microbatched_grads(
+        model, state['params'], batch, rng, z_loss, rules, num_microbatches)
+  elif balancing is None:
     (loss, terms), grads = jax.value_and_grad(loss_fn, argnums=1,
                                               has_aux=True)(
         model, state['params'], batch, rng, z_loss, rules)
@@ -154,6 +205,8 @@ class Trainer:
     seed: parameter initialisation and dropout (`fold_in(seed, step)`).
     rules: logical axis rules (default: t5x's standard + the project's).
     balancing: MetaBalance's plan (None: the plain gradient).
+    num_microbatches: the parts each batch's gradient is taken in
+      (`microbatched_grads`; None or 1: the whole batch at once).
   """
 
   def __init__(self, model: network.Transformer,
@@ -161,9 +214,11 @@ class Trainer:
                mesh: jax.sharding.Mesh,
                task_feature_lengths: Mapping[str, int], z_loss: float = 1e-4,
                seed: int = 0, rules: Optional[partitioning.AxisRules] = None,
-               balancing: Optional[metabalance.Plan] = None):
+               balancing: Optional[metabalance.Plan] = None,
+               num_microbatches: Optional[int] = None):
     self.model = model
     self.balancing = balancing
+    self.num_microbatches = num_microbatches or 1
     self.optimizer = optimizer
     self.mesh = mesh
     self.rules = rules or partitioning.logical_axis_rules()
@@ -345,7 +400,8 @@ class Trainer:
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
     return train_step(self.model, self.optimizer, state, batch, rng,
-                      self.z_loss, self.rules, self.balancing)
+                      self.z_loss, self.rules, self.balancing,
+                      self.num_microbatches)
 
   def step(self, state: State, batch: dict) -> tuple[State, dict]:
     """One optimizer step on a global batch (`global_batch`)."""

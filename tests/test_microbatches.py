@@ -1,0 +1,166 @@
+"""Gradient accumulation (NUM_MICROBATCHES, issue 31): the batch's gradient
+taken part by part is the one-batch update, packed or not."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import conftest
+from hyperprompt_jax import hyperprompt
+from hyperprompt_jax import input_pipeline
+from hyperprompt_jax import losses
+from hyperprompt_jax import metabalance
+from hyperprompt_jax import network
+from hyperprompt_jax import optimizers
+from hyperprompt_jax import partitioning
+from hyperprompt_jax import train as train_lib
+from hyperprompt_jax import trainer as trainer_lib
+
+LENGTHS = {'inputs': 64, 'targets': 8}
+
+
+@pytest.fixture(scope='module')
+def model():
+  """Tiny HyperPrompt-Global over the 8 fixture GLUE task ids (each row's
+  prompts are its task's: the parts must keep rows and ids together)."""
+  return network.Transformer(dataclasses.replace(
+      conftest.T5X_TINY_CONFIG, num_tasks=8,
+      hyperprompt=hyperprompt.HyperPromptConfig(
+          variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+          hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+          layer_task_embed_dim=8)))
+
+
+def _unpacked_batch(rng):
+  targets = conftest.random_tokens(rng, (8, 8),
+                                   pad_from=[8, 3, 5, 2, 8, 6, 1, 4])
+  return {
+      'encoder_input_tokens': conftest.random_tokens(
+          rng, (8, 64), pad_from=[64, 20, 9, 33, 64, 5, 40, 12]),
+      'decoder_input_tokens': conftest.decoder_inputs(targets),
+      'decoder_target_tokens': targets,
+      'decoder_loss_weights': (targets > 0).astype(np.int32),
+      'task_ids': np.array([7, 0, 1, 7, 2, 5, 6, 3], np.int32)}
+
+
+@pytest.fixture(scope='module')
+def batches():
+  """Two unpacked and two packed batches of 8 rows (the packed ones the
+  pipeline's: several tasks per row, rows of different token counts)."""
+  rng = np.random.default_rng(0)
+  packed = iter(input_pipeline.train_dataset(
+      'fixture_glue_proportional', LENGTHS, 8, seed=0, pack=True))
+  return {False: [_unpacked_batch(rng) for _ in range(2)],
+          True: [input_pipeline.as_numpy(next(packed)) for _ in range(2)]}
+
+
+def _steps(model, batches, num_microbatches):
+  trainer = trainer_lib.Trainer(
+      model, optimizers.make_optimizer(learning_rate=1e-2),
+      partitioning.create_mesh(-1, 1), LENGTHS, z_loss=1e-4, seed=0,
+      num_microbatches=num_microbatches)
+  state = trainer.new_state(trainer.fresh_params())
+  losses_seen = []
+  for batch in batches:
+    state, terms = trainer.step(state, trainer.global_batch(batch))
+    losses_seen.append(float(terms['loss']))
+  return conftest.flat(jax.device_get(state['params'])), losses_seen
+
+
+@pytest.mark.parametrize('packed', [False, True], ids=['unpacked', 'packed'])
+def test_microbatched_grads_are_the_one_batch_grads(model, batches, packed):
+  """`microbatched_grads` in 2 and 4 parts against `jax.grad` of the whole
+  batch's loss (normalised over all its real target tokens): the loss, the
+  accuracy and every gradient, float32, rel <= 1e-5."""
+  batch = jax.tree.map(np.asarray, batches[packed][0])
+  params = jax.jit(lambda r: network.init_variables(
+      model, r, LENGTHS['inputs'], LENGTHS['targets'])['params'])(
+          jax.random.PRNGKey(0))
+  rng = jax.random.PRNGKey(3)
+  (loss, terms), grads = jax.jit(jax.value_and_grad(
+      lambda p: trainer_lib.loss_fn(model, p, batch, rng, 1e-4),
+      has_aux=True))(params)
+  want = conftest.flat(grads)
+  for n in (2, 4):
+    (got_loss, got_terms), got = jax.jit(
+        lambda p, n=n: trainer_lib.microbatched_grads(
+            model, p, batch, rng, 1e-4, None, n))(params)
+    np.testing.assert_allclose(got_loss, loss, rtol=1e-5)
+    for key in ('cross_entropy', 'z_loss', 'accuracy', 'tokens'):
+      np.testing.assert_allclose(got_terms[key], terms[key], rtol=1e-5,
+                                 err_msg=key)
+    got = conftest.flat(got)
+    assert got.keys() == want.keys()
+    for k in want:
+      assert np.abs(want[k]).max() > 0, k
+      err = np.linalg.norm(got[k] - want[k]) / np.linalg.norm(want[k])
+      assert err <= 1e-5, f'{n} parts: {k} rel {err:.2e}'
+
+
+@pytest.mark.parametrize('packed', [False, True], ids=['unpacked', 'packed'])
+def test_microbatched_steps_are_the_one_batch_steps(model, batches, packed):
+  """Two optimizer steps with NUM_MICROBATCHES = 2 and 4 give the
+  parameters of two one-batch steps (Adafactor's update of the same
+  gradient), rel <= 1e-5, and the same logged losses."""
+  want, want_losses = _steps(model, batches[packed], None)
+  for n in (2, 4):
+    got, got_losses = _steps(model, batches[packed], n)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
+    for k in want:
+      err = np.linalg.norm(got[k] - want[k]) / np.linalg.norm(want[k])
+      assert err <= 1e-5, f'{n} parts: {k} rel {err:.2e}'
+
+
+def test_loss_terms_from_sums_by_hand():
+  """Two tokens of one real row, one padding token: cross-entropy of
+  uniform logits over 4 classes is log 4, log Z = log 4 + 0 (logits 0)."""
+  logits = np.zeros((1, 3, 4), np.float32)
+  targets = np.array([[1, 2, 0]])
+  weights = np.array([[1, 1, 0]])
+  sums = losses.weighted_sums(logits, targets, weights, z_loss=0.5)
+  np.testing.assert_allclose(sums['cross_entropy'], 2 * np.log(4), rtol=1e-6)
+  np.testing.assert_allclose(sums['z_loss'], 2 * 0.5 * np.log(4) ** 2,
+                             rtol=1e-6)
+  assert float(sums['tokens']) == 2
+  terms = losses.terms_from_sums(sums)
+  np.testing.assert_allclose(terms['loss'],
+                             np.log(4) + 0.5 * np.log(4) ** 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize('value, shard_batch, message', [
+    (0, 8, 'NUM_MICROBATCHES=0: expected None or a positive integer'),
+    (-2, 8, 'NUM_MICROBATCHES=-2: expected None or a positive integer'),
+    (True, 8, 'NUM_MICROBATCHES=True'),
+    (2.0, 8, 'NUM_MICROBATCHES=2.0'),
+    (3, 8, 'NUM_MICROBATCHES=3 does not divide the 8 rows of each data'),
+])
+def test_bad_num_microbatches_are_named(value, shard_batch, message):
+  with pytest.raises(ValueError, match=message):
+    train_lib.check_num_microbatches(value, shard_batch)
+
+
+def test_num_microbatches_settings_that_fit():
+  assert train_lib.check_num_microbatches(None, 8) == 1
+  assert train_lib.check_num_microbatches(4, 8) == 4
+  assert train_lib.check_num_microbatches(8, 8) == 8
+  plan = metabalance.Plan(metabalance.Settings(target_task='glue_rte'),
+                          (1, 0), 1, frozenset())
+  assert train_lib.check_num_microbatches(1, 8, plan) == 1
+  with pytest.raises(ValueError, match='MetaBalance takes whole batches'):
+    train_lib.check_num_microbatches(2, 8, plan)
+
+
+def test_train_refuses_a_bad_num_microbatches_before_compiling(model,
+                                                              tmp_path):
+  """Through `train.train`: BATCH_SIZE 8 on one data shard, 3 parts."""
+  with pytest.raises(ValueError, match='NUM_MICROBATCHES=3 does not divide'):
+    train_lib.train(
+        model=model,
+        model_dir=str(tmp_path / 'run'),
+        mixture_or_task_name='fixture_glue_proportional',
+        task_feature_lengths=LENGTHS, train_steps=1, batch_size=8,
+        num_microbatches=3,
+        optimizer=optimizers.make_optimizer())
+  assert not (tmp_path / 'run').exists()
