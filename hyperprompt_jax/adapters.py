@@ -187,6 +187,26 @@ class LayerAdapters:
     return out
 
 
+def _flatten_layer_adapters(adapters: LayerAdapters):
+  return ((adapters.weights, adapters.task_ids),
+          (adapters.layer, adapters.activation))
+
+
+def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
+  # Not through __init__: its check is on what the caller passed, and the
+  # activation is already the function.
+  adapters = object.__new__(LayerAdapters)
+  adapters.weights, adapters.task_ids = children
+  adapters.layer, adapters.activation = aux
+  return adapters
+
+
+# A pytree (weights and task ids the leaves): layers under `nn.remat`
+# (T5Config.remat_policy) take it inside their LayerConditioning.
+jax.tree_util.register_pytree_node(LayerAdapters, _flatten_layer_adapters,
+                                   _unflatten_layer_adapters)
+
+
 class VanillaAdapters(nn.Module):
   """The per-task adapters of one stack (parameters: module docstring)."""
 

@@ -136,6 +136,12 @@ class LayerConditioning:
     return y if self.adapters is None else self.adapters(y, kind)
 
 
+# A pytree (its arrays the leaves), so that a layer under `nn.remat`
+# (T5Config.remat_policy) takes it as an argument like any array.
+jax.tree_util.register_dataclass(
+    LayerConditioning, data_fields=['prompts', 'adapters', 'gating'],
+    meta_fields=['cross_attention_prompts'])
+
 NONE = LayerConditioning()
 
 

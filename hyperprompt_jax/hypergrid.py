@@ -496,3 +496,10 @@ class StackGating:
     if cfg.target in ('wo', 'both'):
       gates['wo_grid'] = orient_grid(grid, kernel_rows_are_model=False)
     return gates
+
+
+# A pytree (its arrays the leaves): layers under `nn.remat` take it inside
+# their `conditioning.LayerConditioning`.
+jax.tree_util.register_dataclass(
+    StackGating, data_fields=['task_vectors', 'token_valid'],
+    meta_fields=['config', 'emb_dim', 'mlp_dim', 'decode'])

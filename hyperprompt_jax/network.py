@@ -16,6 +16,7 @@ This file is the backbone only. Each stack builds one
 the baselines), listed in `methods.REGISTRY`.
 """
 
+import functools
 from typing import Any, Optional, Sequence
 
 from flax import linen as nn
@@ -58,6 +59,12 @@ class T5Config:
   # Turn off only where batches are validated on the host first
   # (`batches.validate_batch`); concrete ids are always checked.
   check_traced_task_ids: bool = True
+  # Activation rematerialisation of the encoder and decoder layers in
+  # training (`REMAT_POLICIES`): 'none' keeps every activation for the
+  # backward pass; 'minimal' keeps the matmul outputs and recomputes the
+  # rest; 'full' keeps each layer's inputs only and recomputes the layer.
+  # Parameters and results are the same either way.
+  remat_policy: str = 'none'
   # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
   # method of `methods.REGISTRY` (its CONFIG_FIELD).
   hyperprompt: Optional[methods.hyperprompt.HyperPromptConfig] = None
@@ -84,12 +91,33 @@ def check_config(cfg: T5Config) -> None:
                      f'{cfg.dropout_rate}.')
   if not cfg.mlp_activations:
     raise ValueError('T5Config.mlp_activations must name at least one.')
+  if cfg.remat_policy not in REMAT_POLICIES:
+    raise ValueError(f'REMAT_POLICY={cfg.remat_policy!r} (T5Config.'
+                     f'remat_policy); expected one of {list(REMAT_POLICIES)}.')
   if cfg.adapter is not None and cfg.hyperformer is not None:
     raise ValueError(
         'T5Config.adapter (Vanilla Adapter) and T5Config.hyperformer '
         '(HyperFormer++) both adapt the same sublayers: include one of '
         'variants/adapter.gin and variants/hyperformer_pp.gin, not both.')
   methods.check(cfg)
+
+
+# jax.checkpoint's policy of each REMAT_POLICY ('none': no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'minimal': jax.checkpoint_policies.dots_saveable,
+    'full': jax.checkpoint_policies.nothing_saveable,
+}
+
+
+@functools.cache
+def _remat(layer_cls: type[nn.Module], policy: str,
+           static_argnums: tuple[int, ...]) -> type[nn.Module]:
+  """`layer_cls` under `nn.remat` with REMAT_POLICY `policy` (its flags,
+  `static_argnums` counting `self` as 0, are compile-time constants). The
+  module keeps its name, so the parameter paths do not change."""
+  return nn.remat(layer_cls, policy=REMAT_POLICIES[policy],
+                  static_argnums=static_argnums)
 
 
 def is_task_conditioned(cfg: T5Config) -> bool:
@@ -240,8 +268,11 @@ class Encoder(nn.Module):
     x = conditioning.inputs(x)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = x.astype(cfg.dtype)
+    layer_cls = EncoderLayer
+    if cfg.remat_policy != 'none':
+      layer_cls = _remat(EncoderLayer, cfg.remat_policy, (3,))  # deterministic
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, rel_emb, name=f'layers_{i}')(
+      x = layer_cls(cfg, rel_emb, name=f'layers_{i}')(
           x, encoder_mask, deterministic, conditioning.layer(i))
     x = layers.LayerNorm(dtype=cfg.dtype, name='encoder_norm')(x)
     return _dropout(cfg)(x, deterministic=deterministic)
@@ -273,8 +304,12 @@ class Decoder(nn.Module):
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
+    layer_cls = DecoderLayer
+    if cfg.remat_policy != 'none' and not decode:  # decoding keeps no grads
+      # deterministic, decode, max_decode_length
+      layer_cls = _remat(DecoderLayer, cfg.remat_policy, (5, 6, 7))
     for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(cfg, rel_emb, name=f'layers_{i}')(
+      y = layer_cls(cfg, rel_emb, name=f'layers_{i}')(
           y, encoded, decoder_mask, encoder_decoder_mask, deterministic,
           decode, max_decode_length, conditioning.layer(i))
     y = layers.LayerNorm(dtype=cfg.dtype, name='decoder_norm')(y)

@@ -29,13 +29,22 @@ VERSION = 1
 log = logging.getLogger('hyperprompt_jax.train')
 
 
+# T5Config fields that change neither the parameters nor the results, only
+# the memory a step takes: not recorded, so a run may resume (or a reader
+# load) with another value.
+_MEMORY_CHOICES = ('T5Config.remat_policy',)
+
+
 def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
   """`{'T5Config.num_tasks': '8', 'T5Config.hyperprompt.prompt_length':
-  '16', ...}`: a dataclass config flattened, values as `repr`."""
+  '16', ...}`: a dataclass config flattened, values as `repr` (memory
+  choices left out)."""
   out = {}
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
     name = f'{prefix}.{field.name}'
+    if name in _MEMORY_CHOICES:
+      continue
     if dataclasses.is_dataclass(value):
       out.update(model_settings(value, name))
     else:

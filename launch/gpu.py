@@ -7,6 +7,7 @@ several hosts at once (one process per host), without a scheduler.
     --gin_file=FILE [--gin_file=...] [--gin KEY=VALUE ...] \
     [--model_dir=DIR] [--checkpoint_path=DIR --output_dir=DIR] \
     [--tfds_data_dir=DIR] [--mem_fraction=0.9] [--python=python3] \
+    [--num_microbatches=N] [--remat_policy={none,minimal,full}] \
     [--coordinator_address=HOST:PORT] [--dry-run]
 
 For example, HyperPrompt-Global on GLUE with the built-in runner:
@@ -31,6 +32,9 @@ For example, 2 hosts:
   python launch/gpu.py --host=me@gpu-0 --host=me@gpu-1 \
     --gin_file=runs/hyperprompt_glue.gin --model_dir=/nfs/hyperprompt/glue
 
+`--num_microbatches` / `--remat_policy` set NUM_MICROBATCHES /
+REMAT_POLICY (training, either runner): the papers' batch of 128 on GPUs
+whose memory does not hold its activations (README, Training).
 `--mem_fraction` sets XLA_PYTHON_CLIENT_MEM_FRACTION, the
 share of GPU memory JAX preallocates (JAX's default: 0.75). `--dry-run` prints
 the commands, one per line, and runs nothing; otherwise they run in order and
@@ -47,6 +51,7 @@ import common  # pylint: disable=g-import-not-at-top
 
 
 COORDINATOR_PORT = 12345
+REMAT_POLICIES = ('none', 'minimal', 'full')  # network.REMAT_POLICIES
 
 
 def process_flags(runner: str, coordinator: str, count: int,
@@ -65,6 +70,10 @@ def commands(args: argparse.Namespace) -> list[common.Command]:
   install = (common.install_commands(args.package, args.runner, args.python)
              if args.install else [])
   run = common.run_command(args, args.python)
+  if args.num_microbatches is not None:
+    run.append(f'--gin.NUM_MICROBATCHES={args.num_microbatches}')
+  if args.remat_policy is not None:
+    run.append(common.gin_string('REMAT_POLICY', args.remat_policy))
   if args.mem_fraction is not None:
     run = ['env', f'XLA_PYTHON_CLIENT_MEM_FRACTION={args.mem_fraction}'] + run
   hosts = args.host or []
@@ -105,12 +114,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument('--mem_fraction', type=float,
                       help='XLA_PYTHON_CLIENT_MEM_FRACTION, e.g. 0.9 (default: '
                       "unset, JAX's 0.75)")
+  parser.add_argument('--num_microbatches', type=int,
+                      help='training: take each batch in N parts, one '
+                      'update (gin NUM_MICROBATCHES, both runners)')
+  parser.add_argument('--remat_policy', choices=REMAT_POLICIES,
+                      help='training: recompute layer activations in the '
+                      'backward pass (gin REMAT_POLICY)')
   common.add_run_flags(parser, default_runner='builtin')
   args = common.parse_args(parser, argv)
 
   if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
     parser.error(f'--mem_fraction={args.mem_fraction} must be in (0, 1], '
                  'e.g. 0.9')
+  if args.mode != 'train' and (args.num_microbatches is not None or
+                               args.remat_policy is not None):
+    parser.error('--num_microbatches and --remat_policy are training '
+                 f'settings (--mode={args.mode})')
+  if args.num_microbatches is not None and args.num_microbatches < 1:
+    parser.error(f'--num_microbatches={args.num_microbatches} must be >= 1')
   hosts = args.host or []
   if len(set(hosts)) < len(hosts):
     parser.error(f'--host names a host twice ({hosts}): one process per host')

@@ -256,8 +256,11 @@ def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
 
 
 def test_the_t5x_runner_files_bind_nothing_of_the_model():
+  """The model is the experiment files'; the runner may set only how a step
+  spends memory (REMAT_POLICY: same parameters, same results)."""
   for name in ('t5x/train.gin', 't5x/model.gin'):
-    text = (GIN_DIR / name).read_text()
+    text = (GIN_DIR / name).read_text().replace(
+        'network.T5Config.remat_policy = %REMAT_POLICY', '')
     assert 'T5Config' not in text and 'NUM_TASKS =' not in text
 
 

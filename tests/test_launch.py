@@ -287,6 +287,30 @@ def test_gpu_here_install_and_train():
   assert shlex.split(lines[1])[-2] == "--gin.MODEL_DIR='/data/hp run'"
 
 
+@pytest.mark.parametrize('runner, module', [('builtin', 'hyperprompt_jax'),
+                                            ('t5x', 't5x')])
+def test_gpu_passes_the_memory_settings_to_either_runner(runner, module):
+  """--num_microbatches / --remat_policy become the macros both runners'
+  train.gin read; they are training settings only."""
+  lines = _dry_run('gpu.py', f'--runner={runner}',
+                   '--gin_file=t5x/mtl_glue.gin', '--model_dir=/data/run',
+                   '--num_microbatches=4', '--remat_policy=full')
+  words = shlex.split(lines[-1])
+  assert words[:3] == ['python3', '-m', f'{module}.train']
+  assert words[-2:] == ['--gin.NUM_MICROBATCHES=4',
+                        "--gin.REMAT_POLICY='full'"]
+  for bad, message in [(['--mode=eval', '--checkpoint_path=/r',
+                         '--output_dir=/o', '--num_microbatches=2'],
+                        'training settings'),
+                       (['--model_dir=/r', '--num_microbatches=0'],
+                        'must be >= 1'),
+                       (['--model_dir=/r', '--remat_policy=some'],
+                        'invalid choice')]:
+    result = _launch('gpu.py', f'--runner={runner}',
+                     '--gin_file=t5x/mtl_glue.gin', *bad, '--dry-run')
+    assert result.returncode == 2 and message in result.stderr, bad
+
+
 def test_gpu_over_ssh_with_t5x():
   lines = _dry_run('gpu.py', '--host=me@gpu-box', '--install', '--runner=t5x',
                    '--mode=eval', '--gin_file=t5x/mtl_glue.gin',

@@ -1,0 +1,104 @@
+"""Activation rematerialisation (REMAT_POLICY, issue 31): the same parameter
+paths (a real t5x checkpoint still loads) and the same gradients."""
+
+import dataclasses
+
+from flax import traverse_util
+import jax
+import numpy as np
+import pytest
+
+import conftest
+from hyperprompt_jax import checkpoints
+from hyperprompt_jax import hypergrid
+from hyperprompt_jax import network
+import test_packing
+
+POLICIES = ('minimal', 'full')
+# Every conditioning path a layer takes: prompts (each HyperPrompt variant
+# and placement), adapters, Prompt-Tuning, and HyperGrid's gates.
+VARIANTS = dict(test_packing.PACKING_VARIANTS,
+                hypergrid_lg=dict(hypergrid=hypergrid.HyperGridConfig(
+                    variant='lg', grid_rows=4, grid_cols=8)))
+
+
+def _model(variant, policy, dropout_rate=0.0):
+  return network.Transformer(dataclasses.replace(
+      conftest.T5X_TINY_CONFIG, num_tasks=test_packing.TASKS,
+      dropout_rate=dropout_rate, remat_policy=policy, **VARIANTS[variant]))
+
+
+def _batch():
+  rng = np.random.default_rng(1)
+  targets = conftest.random_tokens(rng, (4, 6), pad_from=[6, 3, 5, 2])
+  return dict(
+      encoder_input_tokens=conftest.random_tokens(rng, (4, 12),
+                                                  pad_from=[12, 7, 4, 9]),
+      decoder_input_tokens=conftest.decoder_inputs(targets),
+      decoder_target_tokens=targets,
+      task_ids=np.array([0, 2, 1, 2], np.int32))
+
+
+def _grads(model, params, batch, dropout):
+  """The gradient of the sum of the logits' squares (every output matters),
+  with dropout from a fixed rng when `dropout`."""
+
+  def loss(params):
+    logits = model.apply(
+        {'params': params}, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        task_ids=batch['task_ids'], enable_dropout=dropout,
+        rngs={'dropout': jax.random.PRNGKey(7)} if dropout else None)
+    return (logits ** 2).mean()
+
+  return conftest.flat(jax.jit(jax.grad(loss))(params))
+
+
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_remat_keeps_parameters_and_gradients(variant):
+  """Under 'minimal' and 'full', the parameter tree (paths, shapes) is the
+  plain model's, and from the same parameters the gradients are the plain
+  model's (float32, rel <= 1e-6), dropout on (the same masks: the
+  recomputed layer draws what the first pass drew)."""
+  batch = _batch()
+  plain = _model(variant, 'none', dropout_rate=0.1)
+  params = plain.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+                      batch['decoder_input_tokens'],
+                      batch['decoder_target_tokens'],
+                      task_ids=batch['task_ids'],
+                      enable_dropout=False)['params']
+  shapes = {k: v.shape for k, v in conftest.flat(params).items()}
+  want = _grads(plain, params, batch, dropout=True)
+  for policy in POLICIES:
+    model = _model(variant, policy, dropout_rate=0.1)
+    abstract = jax.eval_shape(lambda m=model: m.init(
+        jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        task_ids=batch['task_ids'], enable_dropout=False)['params'])
+    assert {k: v.shape for k, v in traverse_util.flatten_dict(
+        abstract, sep='/').items()} == shapes, policy
+    got = _grads(model, params, batch, dropout=True)
+    for k in want:
+      err = np.linalg.norm(got[k] - want[k]) / max(
+          np.linalg.norm(want[k]), 1e-30)
+      assert err <= 1e-6, f'{policy}: {k} rel {err:.1e}'
+
+
+@pytest.mark.parametrize('policy', POLICIES)
+def test_a_real_t5x_checkpoint_loads_under_remat(policy):
+  """The parameter paths are t5x's: the tiny checkpoint real t5x wrote
+  restores into the remat model with nothing missing or left over."""
+  loaded = checkpoints.load_t5x_params(
+      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'))
+  model = network.Transformer(dataclasses.replace(
+      conftest.T5X_TINY_CONFIG, remat_policy=policy))
+  abstract = network.abstract_variables(model)['params']
+  params, missing = checkpoints.match_params(loaded, abstract, 'tiny')
+  assert not missing
+  assert set(conftest.flat(params)) == set(loaded)
+
+
+def test_an_unknown_remat_policy_is_named():
+  with pytest.raises(ValueError, match="REMAT_POLICY='some'"):
+    network.check_config(dataclasses.replace(conftest.T5X_TINY_CONFIG,
+                                             remat_policy='some'))
