@@ -38,6 +38,11 @@ at the first batch size, beside MTL's: what the cache holds per task and
 `encoded` (hyper-prompts, HyperGrid's decoder gates) is computed when the
 cache is created, not at every step.
 
+`--remat_microbatches` times MTL's step at the first batch size with every
+NUM_MICROBATCHES in 1, 2, 4 and REMAT_POLICY in none, minimal, full, side by
+side: seconds and peak memory against the plain step (1 / none), and the
+temporaries' share of the peak (what the two knobs cut).
+
 `--packing` compares real target tokens per second of packed and unpacked
 rows for MTL and every variant that packs, on two length distributions, at
 the first batch size (`packing_benchmark.py`).
@@ -101,6 +106,11 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                       "'each' and 'all') beside the plain one, for each "
                       'number of tasks T (e.g. 8,16), at the first batch '
                       'size')
+  parser.add_argument('--remat_microbatches', action='store_true',
+                      help='time the MTL step with NUM_MICROBATCHES 1, 2, 4 '
+                      'and REMAT_POLICY none, minimal, full side by side '
+                      '(seconds and peak memory against 1 / none) at the '
+                      'first batch size')
   parser.add_argument('--flops_batch_size', type=int, default=128,
                       help="batch of the FLOPs count (the papers' 128): "
                            'per-task parts are computed once per batch')
@@ -229,15 +239,20 @@ def peak_bytes(compiled) -> int:
 
 
 def step_runner(model: network.Transformer, optimizer, state, batch,
-                balancing: Optional[metabalance.Plan] = None
+                balancing: Optional[metabalance.Plan] = None,
+                num_microbatches: int = 1, temp_bytes: Optional[list] = None
                 ) -> tuple[Callable[[int], jax.Array], int]:
   """`(i -> loss of training step i, peak bytes)`: the built-in runner's
   step (`trainer.train_step`) compiled for `state` and `batch` (donated:
-  each call steps the state on), warmed up."""
+  each call steps the state on), warmed up. `temp_bytes`, a list, gets the
+  step's temporaries appended."""
   rng = jax.random.PRNGKey(1)
   step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
-                                   z_loss=Z_LOSS, balancing=balancing),
+                                   z_loss=Z_LOSS, balancing=balancing,
+                                   num_microbatches=num_microbatches),
                  donate_argnums=(0,)).lower(state, batch, rng).compile()
+  if temp_bytes is not None:
+    temp_bytes.append(step.memory_analysis().temp_size_in_bytes)
   state, terms = step(state, batch, rng)
   jax.block_until_ready(terms['loss'])
   holder = [state]
@@ -328,6 +343,40 @@ def metabalance_benchmark(base: network.T5Config, batch_size: int,
                    'peak_ratio_to_plain': peaks[mode] / peaks['plain']})
     del runners
   return rows
+
+
+def remat_microbatches_benchmark(base: network.T5Config, batch_size: int,
+                                 input_length: int, target_length: int,
+                                 rounds: int, steps: int) -> list[dict]:
+  """One row per (NUM_MICROBATCHES in 1, 2, 4; REMAT_POLICY): MTL's
+  training step on one batch, timed side by side: seconds, peak bytes,
+  temporary bytes, and the ratios of seconds and peak to 1 / 'none'."""
+  optimizer = optimizers.make_optimizer()
+  batch = random_batch(np.random.default_rng(0), batch_size, input_length,
+                       target_length, base.vocab_size, base.num_tasks)
+  runners, peaks, temps = {}, {}, {}
+  for parts in (1, 2, 4):
+    for policy in network.REMAT_POLICIES:
+      model = network.Transformer(dataclasses.replace(base,
+                                                      remat_policy=policy))
+      params = fresh_params(model, input_length, target_length)
+      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+               'opt_state': optimizer.init(params)}
+      key, temp = (parts, policy), []
+      runners[key], peaks[key] = step_runner(model, optimizer, state, batch,
+                                             num_microbatches=parts,
+                                             temp_bytes=temp)
+      temps[key] = temp[0]
+  seconds = timed_side_by_side(runners, rounds, steps)
+  plain = (1, 'none')
+  return [{'num_microbatches': parts, 'remat_policy': policy,
+           'seconds_per_step': seconds[(parts, policy)],
+           'ratio': seconds[(parts, policy)] / seconds[plain],
+           'peak_bytes': peaks[(parts, policy)],
+           'peak_ratio': peaks[(parts, policy)] / peaks[plain],
+           'temp_bytes': temps[(parts, policy)],
+           'temp_ratio': temps[(parts, policy)] / temps[plain]}
+          for parts, policy in runners]
 
 
 def decode_benchmark(base: network.T5Config, batch_size: int,
@@ -528,6 +577,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{r["num_tasks"]:>3}  {r["gradient"]:<9}'
             f'{r["seconds_per_step"]:>9.3f}{r["ratio_to_plain"]:>8.2f}x'
             f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
+    return 0
+  if args.remat_microbatches:
+    rows = remat_microbatches_benchmark(
+        variant_config(base, 'mtl', args.placement), batch_sizes[0],
+        args.input_length, args.target_length, args.rounds, args.steps)
+    print(f'devices: {jax.devices()}')
+    print(f'training step (MTL): batch {batch_sizes[0]}, input '
+          f'{args.input_length}, target {args.target_length}')
+    print(f'{"parts":>5}  {"remat":<8}{"s/step":>9}{"x plain":>9}'
+          f'{"peak GB":>9}{"x plain":>9}{"temp GB":>9}{"x plain":>9}')
+    for r in rows:
+      print(f'{r["num_microbatches"]:>5}  {r["remat_policy"]:<8}'
+            f'{r["seconds_per_step"]:>9.3f}{r["ratio"]:>8.2f}x'
+            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio"]:>8.2f}x'
+            f'{r["temp_bytes"] / 1e9:>9.2f}{r["temp_ratio"]:>8.2f}x')
     return 0
   if args.decode:
     rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,
