@@ -111,6 +111,20 @@ def _add_flags(parser: argparse.ArgumentParser) -> None:
                       'and REMAT_POLICY none, minimal, full side by side '
                       '(seconds and peak memory against 1 / none) at the '
                       'first batch size')
+  parser.add_argument('--memory', action='store_true',
+                      help="each paper setup's training step at its batch: "
+                      'per-device peak memory without / with full remat, '
+                      'and the smallest NUM_MICROBATCHES that fits '
+                      '--device_memory_gb (memory_table.py)')
+  parser.add_argument('--setups', default=None,
+                      help='--memory: run file names (runs/<name>.gin) to '
+                      'measure (default: every gin/experiments/ setup)')
+  parser.add_argument('--devices', type=int, default=1,
+                      help='--memory: devices of data parallelism the '
+                      'batch is split over (default: 1)')
+  parser.add_argument('--device_memory_gb', default='80,40',
+                      help='--memory: device memories to fit, GB '
+                      '(default: 80,40)')
   parser.add_argument('--flops_batch_size', type=int, default=128,
                       help="batch of the FLOPs count (the papers' 128): "
                            'per-task parts are computed once per batch')
@@ -129,6 +143,7 @@ import numpy as np
 from hyperprompt_jax import hypergrid
 from hyperprompt_jax import hyperprompt
 from hyperprompt_jax import metabalance
+from hyperprompt_jax import memory_table
 from hyperprompt_jax import methods
 from hyperprompt_jax import network
 from hyperprompt_jax import optimizers
@@ -503,6 +518,24 @@ def format_rows(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+def _memory_table(args: argparse.Namespace) -> int:
+  """`--memory`: `memory_table` of the setups, printed."""
+  setups = (args.setups.split(',') if args.setups else sorted(
+      p[:-len('.gin')] for p in os.listdir(
+          os.path.join(paths.gin_dir(), 'experiments'))
+      if p.endswith('.gin')))
+  memories = [float(gb) for gb in args.device_memory_gb.split(',')]
+  if args.devices < 1 or any(gb <= 0 for gb in memories):
+    raise ValueError('--devices and --device_memory_gb must be positive.')
+  rows = memory_table.memory_rows(setups, args.devices, memories)
+  print(f'devices: {args.devices} (data parallel); per-device peak of the '
+        'compiled training step (XLA memory_analysis on this CPU: an '
+        'estimate for GPU / TPU); n = the smallest NUM_MICROBATCHES that '
+        'fits, with REMAT_POLICY none / full')
+  print(memory_table.format_rows(rows, memories))
+  return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.parse_command_line(_PROG, __doc__, argv,
                                       add_flags=_add_flags,
@@ -520,6 +553,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      f'{hyperprompt.PLACEMENTS}.')
   if args.flops_batch_size <= 0:
     raise ValueError('--flops_batch_size must be positive.')
+  if args.memory:
+    return _memory_table(args)
   table_base = None
   if args.table:
     gin.clear_config()
