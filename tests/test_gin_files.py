@@ -98,6 +98,12 @@ def test_t5x_gin_file_parses(name):
     gin_utils.parse_gin(files, [], [t5x_root])
   assert str(gin.query_parameter('MODEL/macro.value')) == (
       '@t5x_model.TaskIdsEncoderDecoderModel()')
+  if _t5x_script(files[0]) == 'train':
+    # Both runners read one NUM_MICROBATCHES / REMAT_POLICY.
+    assert str(gin.query_parameter('trainer.Trainer.num_microbatches')) == (
+        '%NUM_MICROBATCHES')
+    assert str(gin.query_parameter('network.T5Config.remat_policy')) == (
+        '%REMAT_POLICY')
   if name.startswith('t5x/hyper'):  # the papers' runs
     assert gin.query_parameter('USE_CACHED_TASKS/macro.value') is False
     # Packed, except HyperGrid's setup (its gates are per example).

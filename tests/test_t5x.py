@@ -206,6 +206,16 @@ def test_t5x_plain_trainer_refuses_metabalance_state():
   batch = _batch(np.random.default_rng(0))
   with pytest.raises(ValueError, match='t5x_model.MetaBalanceTrainer'):
     model.loss_fn(params, batch, None, {'metabalance': {}})
+  # MetaBalance takes whole batches: its trainer refuses microbatches.
+  model.balancing = metabalance.make_plan(
+      metabalance.Settings(target_task='t9'),
+      [f't{i}' for i in range(NUM_TASKS)], ['t0', 't9'],
+      task_params.task_axes(model.module))
+  with pytest.raises(ValueError, match='num_microbatches=2'):
+    t5x_model.MetaBalanceTrainer(
+        model, None, None, eval_names=[], summary_dir=None,
+        train_state_axes=None, rng=jax.random.PRNGKey(0),
+        learning_rate_fn=lambda step: 1e-3, num_microbatches=2)
   # Without mutables, and in t5x's eval step (which passes them), the loss.
   loss, _ = model.loss_fn(params, batch, None)
   np.testing.assert_allclose(
