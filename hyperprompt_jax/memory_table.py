@@ -45,15 +45,19 @@ class Setup:
 
 
 def read_setup(name: str) -> Setup:
-  """The setup of `runs/<name>.gin` (gin is cleared first)."""
+  """The setup of `runs/<name>.gin`. gin is cleared before and after (the
+  run file's bindings, its task list among them, must not outlive it)."""
   gin.clear_config()
-  gin_utils.parse_gin([f'runs/{name}.gin'], [])
-  lengths = gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value')
-  return Setup(
-      name=name, config=gin.get_configurable(network.T5Config)(),
-      input_length=lengths['inputs'], target_length=lengths['targets'],
-      batch_size=gin.query_parameter('BATCH_SIZE/macro.value'),
-      pack=gin.query_parameter('PACK/macro.value'))
+  try:
+    gin_utils.parse_gin([f'runs/{name}.gin'], [])
+    lengths = gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value')
+    return Setup(
+        name=name, config=gin.get_configurable(network.T5Config)(),
+        input_length=lengths['inputs'], target_length=lengths['targets'],
+        batch_size=gin.query_parameter('BATCH_SIZE/macro.value'),
+        pack=gin.query_parameter('PACK/macro.value'))
+  finally:
+    gin.clear_config()
 
 
 def step_bytes(config: network.T5Config, batch: int, input_length: int,
@@ -130,7 +134,6 @@ def memory_rows(names: Sequence[str], devices: int,
                                    batch, gb * GB)
           for policy in ('none', 'full')}
     rows.append(row)
-  gin.clear_config()
   return rows
 
 
