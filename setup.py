@@ -48,14 +48,21 @@ setuptools.setup(
     # The top-level `tasks/` and `gin/` folders install inside the package:
     # as `hyperprompt_jax.tasks` and `hyperprompt_jax/gin` (no top-level
     # module named `tasks`).
-    packages=['hyperprompt_jax', 'hyperprompt_jax.tasks', 'hyperprompt_jax.gin'],
+    packages=[
+        'hyperprompt_jax',
+        *(f'hyperprompt_jax.{p}' for p in (
+            'model', 'methods', 'runner', 'evaluation', 'task_params', 't5x',
+            'benchmarks')),
+        'hyperprompt_jax.tasks',
+        'hyperprompt_jax.gin',
+    ],
     package_dir={
         'hyperprompt_jax': 'hyperprompt_jax',
         'hyperprompt_jax.tasks': 'tasks',
         'hyperprompt_jax.gin': 'gin',
     },
     package_data={
-        'hyperprompt_jax': ['paper_results.json'],
+        'hyperprompt_jax.evaluation': ['paper_results.json'],
         'hyperprompt_jax.gin': ['*.gin', '*/*.gin', '*/*/*.gin'],
         'hyperprompt_jax.tasks': ['fixtures/*', 'fixtures/*/*'],
     },

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from hyperprompt_jax import network
+from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import task_ids
 
 TESTDATA = pathlib.Path(__file__).parent / 'testdata'

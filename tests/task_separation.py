@@ -15,10 +15,10 @@ import jax
 import numpy as np
 import optax
 
-from hyperprompt_jax import gin_utils
-from hyperprompt_jax import losses
-from hyperprompt_jax import network
-from hyperprompt_jax import param_groups
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
 
 EOS = 1
 FIRST_WORD = 2  # 0 is padding, 1 is EOS
@@ -145,7 +145,7 @@ def main() -> None:
   on 2 CPU cores for all variants.
   """
   import argparse  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax import optimizers  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import optimizers  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser()
   parser.add_argument('--variants', default=','.join(VARIANTS))
   parser.add_argument('--all_steps', type=int, default=2500)

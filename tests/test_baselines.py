@@ -16,11 +16,11 @@ import numpy_baselines
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
-from hyperprompt_jax import adapters
-from hyperprompt_jax import hyperformer
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax.methods import adapters
+from hyperprompt_jax.methods import hyperformer
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
 
 TASKS = 3
 D = T5X_TINY_CONFIG.emb_dim  # 32

@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from conftest import T5X_TINY_CONFIG
-from hyperprompt_jax import benchmark
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import packing_benchmark
-from hyperprompt_jax import trainer
+from hyperprompt_jax.benchmarks import benchmark
+from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.benchmarks import packing_benchmark
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import trainer
 
 
 def test_train_step_reduces_the_loss_on_a_repeated_batch():
   cfg = benchmark.variant_config(T5X_TINY_CONFIG, 'global', 'both')
   model = benchmark.network.Transformer(cfg)
-  batch = benchmark.random_batch(np.random.default_rng(0), 4, 8, 4, 384)
+  batch = timing.random_batch(np.random.default_rng(0), 4, 8, 4, 384)
   params = benchmark.network.init_variables(model, jax.random.PRNGKey(0), 8,
                                             4)['params']
   opt = optimizers.make_optimizer(learning_rate=1e-2)
@@ -26,7 +27,7 @@ def test_train_step_reduces_the_loss_on_a_repeated_batch():
            'opt_state': opt.init(params)}
   # The benchmark times the built-in runner's own step.
   step = jax.jit(functools.partial(trainer.train_step, model, opt,
-                                   z_loss=benchmark.Z_LOSS))
+                                   z_loss=timing.Z_LOSS))
   losses = []
   for i in range(8):
     state, terms = step(state, batch, jax.random.PRNGKey(i))

@@ -4,11 +4,11 @@ import jax
 import numpy as np
 import pytest
 
-from hyperprompt_jax import decoding
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import network
-from hyperprompt_jax import partitioning
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import decoding
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import partitioning
 
 import conftest
 

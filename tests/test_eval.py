@@ -11,14 +11,15 @@ import scipy.stats
 import seqio
 import sklearn.metrics
 
-from hyperprompt_jax import eval as eval_lib
-from hyperprompt_jax import eval_summary
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import infer as infer_lib
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
 from hyperprompt_jax import tasks
-from hyperprompt_jax import train as train_lib
+from hyperprompt_jax import eval as eval_command
+from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import infer as infer_lib
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.tasks import postprocessors
 
 import conftest
@@ -205,7 +206,7 @@ def test_t5x_metrics_files_give_the_same_summary(tmp_path):
   # t5x's EVAL_OUTPUT_DIR (the parent of inference_eval/) works as well.
   assert eval_summary.read_metrics_dir(str(tmp_path)) == read
   out = tmp_path / 'summary'
-  assert eval_lib.main([f'--metrics_dir={tmp_path / "inference_eval"}',
+  assert eval_command.main([f'--metrics_dir={tmp_path / "inference_eval"}',
                         f'--output_dir={out}']) == 0
   assert json.loads((out / 'summary.json').read_text()) == (
       eval_summary.summarize(results))
@@ -342,7 +343,7 @@ def test_metrics_dir_without_metrics_is_a_clear_error(tmp_path):
 # ---------------------------------------------------------------- run files --
 
 def _parsed_model(files, macros=()):
-  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:

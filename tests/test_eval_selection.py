@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from hyperprompt_jax import eval as eval_lib
-from hyperprompt_jax import eval_summary
+from hyperprompt_jax import eval as eval_command
+from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.evaluation import eval_summary
 
 import conftest
 
@@ -187,7 +188,7 @@ def test_several_metrics_dirs_are_summarised_and_aggregated(tmp_path, capsys):
           f.write(json.dumps({'step': step, 'accuracy': s}) + '\n')
     dirs.append(str(d))
   out = tmp_path / 'summary'
-  assert eval_lib.main(['--metrics_dir', *dirs, f'--output_dir={out}',
+  assert eval_command.main(['--metrics_dir', *dirs, f'--output_dir={out}',
                         '--selection=last']) == 0
   # Names: the folder above eval/inference_eval collide ('eval'): run<i>.
   written = json.loads((out / 'summary.json').read_text())
@@ -203,7 +204,7 @@ def test_several_metrics_dirs_are_summarised_and_aggregated(tmp_path, capsys):
   assert '3 runs; last: every task at the last checkpoint' in printed
   assert '70.00 ± 4.00' in printed
   with pytest.raises(ValueError, match='need an --output_dir'):
-    eval_lib.main(['--metrics_dir', *dirs])
+    eval_command.main(['--metrics_dir', *dirs])
 
 
 def test_run_names():
@@ -216,7 +217,7 @@ def test_run_names():
 # ---------------------------------------------------------------- gin files --
 
 def _macros(files):
-  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:

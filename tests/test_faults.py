@@ -21,15 +21,15 @@ import seqio
 import tensorflow as tf
 from flax import traverse_util
 
-from hyperprompt_jax import checkpoint_manager
-from hyperprompt_jax import eval as eval_lib
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import run_lock
-from hyperprompt_jax import run_record
 from hyperprompt_jax import tasks
-from hyperprompt_jax import train as train_lib
+from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import run_lock
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.tasks import task_ids
 
 import conftest

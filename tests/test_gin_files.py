@@ -12,11 +12,11 @@ import sys
 import gin
 import pytest
 
-from hyperprompt_jax import gin_utils
 from hyperprompt_jax import methods
-from hyperprompt_jax import network
-from hyperprompt_jax import param_groups
 from hyperprompt_jax import paths
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
 
 GIN_DIR = pathlib.Path(paths.gin_dir())
 PROJECT_FILES = sorted(p.relative_to(GIN_DIR).as_posix()

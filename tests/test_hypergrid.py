@@ -15,9 +15,9 @@ import numpy_hypergrid
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import network
 from hyperprompt_jax import param_table
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.model import network
 
 TASKS = 3
 

@@ -11,8 +11,8 @@ import numpy_hyperprompt
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import network
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import network
 
 TASKS = 3
 

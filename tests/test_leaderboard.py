@@ -10,8 +10,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hyperprompt_jax import leaderboard
-from hyperprompt_jax import network
+from hyperprompt_jax.evaluation import leaderboard
+from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import fixture_data
 
 import conftest

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import conftest
-from hyperprompt_jax import memory_table
-from hyperprompt_jax import network
+from hyperprompt_jax.benchmarks import memory_table
+from hyperprompt_jax.model import network
 
 
 @pytest.mark.parametrize('batch, limit, want', [

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 import conftest
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import input_pipeline
-from hyperprompt_jax import losses
-from hyperprompt_jax import metabalance
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import partitioning
-from hyperprompt_jax import train as train_lib
-from hyperprompt_jax import trainer as trainer_lib
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import trainer as trainer_lib
 
 LENGTHS = {'inputs': 64, 'targets': 8}
 

@@ -21,11 +21,11 @@ import types
 import numpy as np
 import pytest
 
-from hyperprompt_jax import checkpoint_manager
-from hyperprompt_jax import checkpoints
-from hyperprompt_jax import multihost
-from hyperprompt_jax import run_lock
-from hyperprompt_jax import run_record
+from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import run_lock
+from hyperprompt_jax.runner import run_record
 
 import multiprocess
 

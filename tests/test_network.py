@@ -10,7 +10,7 @@ import pytest
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
-from hyperprompt_jax import network
+from hyperprompt_jax.model import network
 
 CFG = T5X_TINY_CONFIG
 

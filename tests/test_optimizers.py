@@ -12,9 +12,9 @@ import optax
 import pytest
 
 from conftest import T5X_TINY_CONFIG, random_tokens
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
 
 CFG = dataclasses.replace(
     T5X_TINY_CONFIG, num_tasks=3,

@@ -15,15 +15,15 @@ import pytest
 import tensorflow as tf
 
 from conftest import T5X_TINY_CONFIG
-from hyperprompt_jax import adapters
-from hyperprompt_jax import batches
-from hyperprompt_jax import hyperformer
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import losses
-from hyperprompt_jax import network
-from hyperprompt_jax import prompt_tuning
-from hyperprompt_jax import trainer
+from hyperprompt_jax.methods import adapters
+from hyperprompt_jax.methods import hyperformer
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import feature_converter
 
 TASKS = 3

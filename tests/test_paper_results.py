@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from hyperprompt_jax import eval as eval_lib
-from hyperprompt_jax import paper_results
+from hyperprompt_jax import eval as eval_command
+from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.tasks import task_ids
 
 SEEDS = pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'seeds'
@@ -107,7 +107,7 @@ def test_metrics_dir_compare_to(tmp_path, capsys):
   metrics.mkdir()
   (metrics / 'glue_rte-metrics.jsonl').write_text(
       '{"step": 100, "accuracy": 80.0}\n')
-  assert eval_lib.main([f'--metrics_dir={metrics}',
+  assert eval_command.main([f'--metrics_dir={metrics}',
                         f'--output_dir={tmp_path / "out"}',
                         '--compare_to=hyperprompt_global_glue']) == 0
   written = json.loads((tmp_path / 'out' / 'compare_to_paper.json')
@@ -116,5 +116,5 @@ def test_metrics_dir_compare_to(tmp_path, capsys):
   assert (tmp_path / 'out' / paper_results.PLOT_FILE).exists()
   assert 'Compared with hyperprompt_global_glue' in capsys.readouterr().out
   with pytest.raises(ValueError, match='No paper results'):
-    eval_lib.main([f'--metrics_dir={metrics}',
+    eval_command.main([f'--metrics_dir={metrics}',
                    f'--output_dir={tmp_path / "out2"}', '--compare_to=x'])

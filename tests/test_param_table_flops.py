@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from hyperprompt_jax import network
-from hyperprompt_jax import param_table
+from hyperprompt_jax import param_table as param_table_command
+from hyperprompt_jax.benchmarks import param_table
+from hyperprompt_jax.model import network
 
 TINY = '--gin_file=models/t5_1_1_tiny.gin'
 HYPERPROMPT = '--gin_file=variants/hyperprompt_global.gin'
@@ -23,7 +24,7 @@ def _run(*argv: str) -> tuple[dict, network.T5Config]:
   built (the configuration `main` parsed stays bound)."""
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    assert param_table.main([*argv, '--json']) == 0
+    assert param_table_command.main([*argv, '--json']) == 0
   return json.loads(out.getvalue()), param_table.build_network().config
 
 
@@ -120,7 +121,7 @@ def test_flops_flag_in_json_and_table():
           summary['flops_batch_size']) == (16, 4, 2)
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    assert param_table.main(argv) == 0
+    assert param_table_command.main(argv) == 0
   line = out.getvalue().splitlines()[-1]
   assert line == ('forward FLOPs / example (input 16, target 4, batch 2): '
                   f'{summary["forward_flops_per_example"]:.3e}')
@@ -133,6 +134,6 @@ def test_flops_flag_in_json_and_table():
 @pytest.mark.parametrize('value', ['0', '-3', 'x'])
 def test_bad_length_or_batch_is_a_usage_error(capsys, flag, value):
   with pytest.raises(SystemExit) as exit_:
-    param_table.main([TINY, '--flops', f'--{flag}={value}'])
+    param_table_command.main([TINY, '--flops', f'--{flag}={value}'])
   assert exit_.value.code == 2
   assert f'--{flag} must be a positive integer' in capsys.readouterr().err

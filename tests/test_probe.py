@@ -12,11 +12,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import layers
-from hyperprompt_jax import network
-from hyperprompt_jax import probe
-from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax.evaluation import probe
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import network
 
 import conftest
 import numpy_hyperprompt

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import conftest
-from hyperprompt_jax import checkpoints
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import network
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoints
 import test_packing
 
 POLICIES = ('minimal', 'full')

@@ -35,21 +35,21 @@ from t5x import optimizers as t5x_optimizers
 from t5x import partitioning as t5x_partitioning
 from t5x import train_state as t5x_train_state
 
-from hyperprompt_jax import decoding
-from hyperprompt_jax import gin_utils
-from hyperprompt_jax import hyperformer
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import losses
-from hyperprompt_jax import metabalance
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import param_groups
-from hyperprompt_jax import partitioning
 from hyperprompt_jax import paths
-from hyperprompt_jax import prompt_tuning
-from hyperprompt_jax import t5x_model
 from hyperprompt_jax import task_params
+from hyperprompt_jax.methods import hyperformer
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import decoding
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.t5x import t5x_model
 
 import conftest
 
@@ -602,7 +602,7 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
   """Three steps of t5x's trainer (MetaBalance's with `balancing`) and of
   the built-in `Trainer` from the same parameters and batches agree."""
   from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
   learning_rate = 1e-2  # the quickstart's: larger steps, larger differences
   vocabulary = seqio.ByteVocabulary()

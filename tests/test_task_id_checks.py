@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import conftest
-from hyperprompt_jax import decoding
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import network
-from hyperprompt_jax import partitioning
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import decoding
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import partitioning
 
 NUM_TASKS = 8  # the default run task list (GLUE) for the t5x model
 CFG = dataclasses.replace(
@@ -157,8 +157,8 @@ def test_t5x_loss_and_predict(model_and_params):
   pytest.importorskip('t5x')
   from t5x import optimizers as t5x_optimizers  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax import optimizers  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax import t5x_model  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import optimizers  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.t5x import t5x_model  # pylint: disable=g-import-not-at-top
 
   vocabulary = seqio.ByteVocabulary()
   model = t5x_model.TaskIdsEncoderDecoderModel(

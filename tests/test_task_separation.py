@@ -19,8 +19,8 @@ at the papers' rate under T5's relative steps.
 import pytest
 
 import task_separation as ts
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
 
 NUM_TASKS = 4
 LENGTH, WORDS, BATCH = 6, 32, 32

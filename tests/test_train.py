@@ -18,15 +18,15 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import input_pipeline
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import partitioning
-from hyperprompt_jax import prompt_tuning
-from hyperprompt_jax import train as train_lib
-from hyperprompt_jax import trainer as trainer_lib
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import trainer as trainer_lib
 
 import conftest
 
@@ -200,8 +200,8 @@ def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
 
 SHARDED = textwrap.dedent('''
     import jax, numpy as np
-    from hyperprompt_jax import hyperprompt, network, optimizers, partitioning
-    from hyperprompt_jax import trainer as trainer_lib
+    from hyperprompt_jax.methods import hyperprompt, network, optimizers, partitioning
+    from hyperprompt_jax.runner import trainer as trainer_lib
     assert jax.device_count() == 8
     cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
                            mlp_dim=64, num_encoder_layers=2,
@@ -371,7 +371,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     ('hyperprompt_super_glue', 8, 'decoder', 300_000),
     ('hypergrid_glue_super_glue', 16, None, 100_000)])
 def test_run_gin_files(run, num_tasks, placement, steps):
-  from hyperprompt_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:

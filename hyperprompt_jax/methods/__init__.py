@@ -20,11 +20,11 @@ module, an entry here, its T5Config field and its wiring in
 
 from typing import Any
 
-from hyperprompt_jax import adapters
-from hyperprompt_jax import hyperformer
-from hyperprompt_jax import hypergrid
-from hyperprompt_jax import hyperprompt
-from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax.methods import adapters
+from hyperprompt_jax.methods import hyperformer
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import prompt_tuning
 
 REGISTRY = (adapters, hyperformer, prompt_tuning, hyperprompt, hypergrid)
 

@@ -24,9 +24,9 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import conditioning as conditioning_lib
-from hyperprompt_jax import layers
 from hyperprompt_jax import methods
+from hyperprompt_jax.model import conditioning as conditioning_lib
+from hyperprompt_jax.model import layers
 
 Array = jax.Array
 

@@ -17,16 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hyperprompt_jax import batches
-from hyperprompt_jax import checkpoints
-from hyperprompt_jax import losses
-from hyperprompt_jax import metabalance
-from hyperprompt_jax import multihost
-from hyperprompt_jax import network
-from hyperprompt_jax import param_groups
-from hyperprompt_jax import partitioning
-from hyperprompt_jax import run_record
 from hyperprompt_jax import task_params
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_record
 
 State = dict[str, Any]
 # The state's key for MetaBalance's moving averages (with balancing only:

@@ -39,7 +39,7 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import layers
+from hyperprompt_jax.model import layers
 
 Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')

@@ -23,11 +23,11 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import batches
-from hyperprompt_jax import gin_utils
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import trainer
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import trainer
 
 GB = 1e9
 

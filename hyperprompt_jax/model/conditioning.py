@@ -32,14 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import adapters as adapters_lib
-from hyperprompt_jax import batches
-from hyperprompt_jax import hyperformer as hyperformer_lib
-from hyperprompt_jax import hypergrid as hypergrid_lib
-from hyperprompt_jax import hyperprompt as hyperprompt_lib
-from hyperprompt_jax import layers
 from hyperprompt_jax import methods
-from hyperprompt_jax import prompt_tuning as prompt_tuning_lib
+from hyperprompt_jax.methods import adapters as adapters_lib
+from hyperprompt_jax.methods import hyperformer as hyperformer_lib
+from hyperprompt_jax.methods import hypergrid as hypergrid_lib
+from hyperprompt_jax.methods import hyperprompt as hyperprompt_lib
+from hyperprompt_jax.methods import prompt_tuning as prompt_tuning_lib
+from hyperprompt_jax.model import layers
+from hyperprompt_jax.runner import batches
 
 Array = jax.Array
 

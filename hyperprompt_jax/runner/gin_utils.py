@@ -5,14 +5,15 @@
 The shipped gin directory is always searched, so `models/t5_1_1_base.gin`
 resolves from anywhere.
 
-Light (gin and the standard library), so that a tool calls `cli_preamble`
-before its heavy imports: `--help` answers at once, and TensorFlow loads
+Light (gin and the standard library): a command answers `--help` through
+`run_command` before its library's heavy imports, and TensorFlow loads
 without its start-up lines.
 """
 
 import argparse
 import contextlib
 import errno
+import importlib
 import logging
 import os
 import re
@@ -89,30 +90,32 @@ def _parser(prog: str, description: str,
   return parser
 
 
-def cli_preamble(module_name: str, prog: str, description: str,
-                 add_flags: Optional[AddFlags] = None, *,
-                 tensorflow: bool = False) -> None:
-  """A command-line module's first call, before its heavy imports.
+def run_command(prog: str, description: str, library: str,
+                argv: Optional[Sequence[str]], *,
+                add_flags: Optional[AddFlags] = None,
+                tensorflow: bool = False) -> int:
+  """A command's `main`: parses its flags, then imports its library and
+  returns `library.run(flags)`.
 
-  Run as a program (`module_name` is '__main__'), it answers `-h` / `--help`
-  from `description` and the flags, then exits, before TensorFlow or JAX
-  are imported (seconds); otherwise, with `tensorflow`, it imports
-  TensorFlow without its start-up lines (`import_tensorflow_quietly`).
-  Imported as a library, the module is left alone.
+  The command module (`hyperprompt_jax/<command>.py`) holds only its usage
+  and flags, so `--help` and a flag mistake answer before TensorFlow or JAX
+  load (seconds). The library is imported by name afterwards, TensorFlow
+  first without its start-up lines when the library uses it.
 
   Args:
-    module_name: the module's `__name__`.
-    prog, description, add_flags: as `parse_command_line`, which the
-      module's `main` then calls with the same values.
-    tensorflow: the module imports TensorFlow.
+    prog: the command, e.g. 'python -m hyperprompt_jax.train'.
+    description: the `--help` text (the command module's docstring).
+    library: the module whose `run(flags) -> int` does the work; it parses
+      gin itself (after its configurables are registered).
+    argv: the arguments (None: `sys.argv[1:]`).
+    add_flags: adds the command's own flags to the parser.
+    tensorflow: the library imports TensorFlow.
   """
-  if module_name != '__main__':
-    return
-  if any(arg in ('-h', '--help') for arg in sys.argv[1:]):
-    _parser(prog, description, add_flags).print_help()
-    sys.exit(0)
+  args = parse_command_line(prog, description, argv, add_flags=add_flags,
+                            parse_gin_files=False)
   if tensorflow:
     import_tensorflow_quietly()
+  return importlib.import_module(library).run(args)
 
 
 # What TensorFlow writes while it loads and probes its devices that is no

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import batches
-from hyperprompt_jax import multihost
-from hyperprompt_jax import network
-from hyperprompt_jax import partitioning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import partitioning
 
 PyTree = Any
 EOS_ID = 1  # T5's (and seqio's ByteVocabulary's) end-of-sequence id.

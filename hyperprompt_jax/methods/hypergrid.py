@@ -70,7 +70,7 @@ from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import layers
+from hyperprompt_jax.model import layers
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')

@@ -7,7 +7,7 @@
 For each model (MTL and every variant that packs) the built-in runner's
 training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
-process (`benchmark.timed_side_by_side`). A step's work is its real target
+process (`timing.timed_side_by_side`). A step's work is its real target
 tokens (the loss's tokens); throughput is real target tokens per second.
 
 Both batches come out of the project's own feature converter
@@ -42,13 +42,13 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from hyperprompt_jax import benchmark
 from hyperprompt_jax import methods
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers
-from hyperprompt_jax import prompt_tuning
 from hyperprompt_jax import tasks
-from hyperprompt_jax import trainer
+from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import super_glue
 
@@ -200,7 +200,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
   for name, cfg in configs.items():
     methods.check_packing(cfg)
     model = network.Transformer(cfg)
-    params = benchmark.fresh_params(model, input_length, target_length)
+    params = timing.fresh_params(model, input_length, target_length)
     state = {'step': jnp.zeros((), jnp.int32), 'params': params,
              'opt_state': optimizer.init(params)}
     for pack in (False, True):
@@ -219,7 +219,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
             lambda i, step=step, s=state, b=batch:
             step(s, b, jax.random.PRNGKey(i))[1]['loss'])
         info[(d, name, pack)] = _batch_info(batch, pack)
-  seconds = benchmark.timed_side_by_side(runners, rounds, steps)
+  seconds = timing.timed_side_by_side(runners, rounds, steps)
   tables = {}
   for d in distributions:
     rows = []

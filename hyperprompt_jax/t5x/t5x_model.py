@@ -24,7 +24,7 @@ collection 'metabalance' (t5x keeps it in the train state's
 loss split by task (`loss_shares`) and `metabalance.balanced_gradient`.
 
 The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
-`hyperprompt_jax.optimizers.make_optimizer` (gin/t5x/model.gin), so both
+`hyperprompt_jax.runner.optimizers.make_optimizer` (gin/t5x/model.gin), so both
 runners optimise identically. t5x's partitioner has no rule for the state of
 optax's Adafactor (`FactoredState`); importing this module registers one.
 
@@ -49,10 +49,10 @@ from t5x import models
 from t5x import optimizers
 from t5x import trainer as t5x_trainer
 
-from hyperprompt_jax import metabalance
-from hyperprompt_jax import network
-from hyperprompt_jax import optimizers as hp_optimizers
-from hyperprompt_jax import prompt_tuning
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import optimizers as hp_optimizers
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 
@@ -67,7 +67,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   """t5x's encoder-decoder model with per-example task ids.
 
   Takes `EncoderDecoderModel`'s arguments; `module` is a
-  `hyperprompt_jax.network.Transformer`. Batches carry `task_ids` (int32
+  `hyperprompt_jax.model.network.Transformer`. Batches carry `task_ids` (int32
   `[batch]`) beside t5x's features, or, packed (`DatasetConfig.pack =
   True`), per-token `encoder_task_ids` / `decoder_task_ids`; a
   task-conditioned network refuses a batch without them. The default
@@ -355,7 +355,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     if prefill_decoder_prompt:
       raise ValueError(
           'Prefilling the decoder prompt is not supported by '
-          'hyperprompt_jax.network.Transformer.decode; call '
+          'hyperprompt_jax.model.network.Transformer.decode; call '
           'predict_batch_with_aux with prompt_with_targets=False.')
     cache = network.create_cache(self.module, params, encoded_inputs,
                                  encoder_input_tokens,

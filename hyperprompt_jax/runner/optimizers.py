@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hyperprompt_jax import param_groups
+from hyperprompt_jax.methods import param_groups
 
 BACKBONE = 'backbone'
 TASK_CONDITIONED = 'task_conditioned'

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
-from hyperprompt_jax.checkpoint_manager import ResumeMismatchError
+from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
 
 VERSION = 1
 

@@ -35,9 +35,9 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import input_pipeline
-from hyperprompt_jax import network
 from hyperprompt_jax import task_params
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.tasks import task_ids
 
 GRADIENT_BALANCINGS = (None, 'metabalance')

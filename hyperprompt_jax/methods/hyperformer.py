@@ -42,8 +42,8 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax import adapters
-from hyperprompt_jax import layers
+from hyperprompt_jax.methods import adapters
+from hyperprompt_jax.model import layers
 
 Array = jax.Array
 INIT_STDDEV = 1e-2  # the authors' linear_layer init

@@ -1,0 +1,91 @@
+"""What every benchmark measures with: random batches, the runners'
+initialisation, the built-in runner's training step compiled and warmed up,
+XLA's peak-memory estimate, and median timings of several programs run side
+by side in one process (ratios, never absolute targets)."""
+
+import functools
+import statistics
+import time
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import trainer
+
+Z_LOSS = 1e-4
+
+
+def random_batch(rng: np.random.Generator, batch: int, input_length: int,
+                 target_length: int, vocab: int, num_tasks: int = 8):
+  """A batch of `trainer.BATCH_KEYS` with random tokens and task ids."""
+  targets = rng.integers(1, vocab, (batch, target_length), dtype=np.int32)
+  return {
+      'encoder_input_tokens': rng.integers(1, vocab, (batch, input_length),
+                                           dtype=np.int32),
+      'decoder_input_tokens': np.concatenate(
+          [np.zeros((batch, 1), np.int32), targets[:, :-1]], 1),
+      'decoder_target_tokens': targets,
+      'decoder_loss_weights': np.ones_like(targets),
+      'task_ids': rng.integers(0, num_tasks, (batch,), dtype=np.int32),
+  }
+
+
+def fresh_params(model: network.Transformer, input_length: int,
+                  target_length: int):
+  """The runners' initialisation (`network.init_variables`), seed 0."""
+  return jax.jit(lambda rng: network.init_variables(
+      model, rng, input_length, target_length)['params'])(
+          jax.random.PRNGKey(0))
+
+
+def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
+                        rounds: int, steps: int) -> dict[str, float]:
+  """Median seconds per call of each runner (`i -> output`), in interleaved
+  rounds: each round starts at another model, so no model always runs first
+  (right after a switch of programs, or after the previous round)."""
+  names = list(runners)
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      start = time.perf_counter()
+      for i in range(steps):
+        out = runners[name](i)
+      jax.block_until_ready(out)
+      times[name].append((time.perf_counter() - start) / steps)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def peak_bytes(compiled) -> int:
+  """XLA's peak-memory estimate of a compiled computation."""
+  m = compiled.memory_analysis()
+  return (m.temp_size_in_bytes + m.argument_size_in_bytes
+          + m.output_size_in_bytes - m.alias_size_in_bytes)
+
+
+def step_runner(model: network.Transformer, optimizer, state, batch,
+                balancing: Optional[metabalance.Plan] = None,
+                num_microbatches: int = 1, temp_bytes: Optional[list] = None
+                ) -> tuple[Callable[[int], jax.Array], int]:
+  """`(i -> loss of training step i, peak bytes)`: the built-in runner's
+  step (`trainer.train_step`) compiled for `state` and `batch` (donated:
+  each call steps the state on), warmed up. `temp_bytes`, a list, gets the
+  step's temporaries appended."""
+  rng = jax.random.PRNGKey(1)
+  step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
+                                   z_loss=Z_LOSS, balancing=balancing,
+                                   num_microbatches=num_microbatches),
+                 donate_argnums=(0,)).lower(state, batch, rng).compile()
+  if temp_bytes is not None:
+    temp_bytes.append(step.memory_analysis().temp_size_in_bytes)
+  state, terms = step(state, batch, rng)
+  jax.block_until_ready(terms['loss'])
+  holder = [state]
+
+  def run(i):
+    holder[0], terms = step(holder[0], batch, jax.random.PRNGKey(i))
+    return terms['loss']
+
+  return run, peak_bytes(step)

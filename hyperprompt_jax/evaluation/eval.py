@@ -1,0 +1,495 @@
+"""The library behind `python -m hyperprompt_jax.eval` (hyperprompt_jax/eval.py: its usage)."""
+
+
+import argparse
+import collections
+import json
+import logging
+import math
+import os
+import re
+import time
+import warnings
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import gin
+import scipy.stats
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import paper_results
+from hyperprompt_jax.model import decoding
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.tasks import scores
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.eval')
+_CHECKPOINT = re.compile(r'^checkpoint_(\d+)$')
+METRICS_SUBDIR = 'inference_eval'  # where t5x's evaluator logs, too
+
+
+def find_checkpoints(path: str) -> list[tuple[int, str]]:
+  """`[(step, dir)]` for one `checkpoint_<step>` or a directory of them,
+  by step. Incomplete (temporary) orbax saves are not listed."""
+  path = path.rstrip('/')
+  if not tf.io.gfile.isdir(path):
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} does not exist: give a checkpoint_<step> '
+        'folder or the MODEL_DIR holding them.')
+  match = _CHECKPOINT.match(os.path.basename(path))
+  if match:
+    return [(int(match[1]), path)]
+  found = sorted(
+      (int(m[1]), os.path.join(path, name))
+      for name in tf.io.gfile.listdir(path)
+      if (m := _CHECKPOINT.match(name.rstrip('/')))
+      and tf.io.gfile.isdir(os.path.join(path, name)))
+  if not found:
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} holds no checkpoint_<step> folders; '
+        'train first, or point at a MODEL_DIR that has some.')
+  return found
+
+
+def eval_tasks(mixture_or_task_name: str, split: str) -> list[seqio.Task]:
+  """The tasks of the mixture that have `split` and metrics."""
+  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
+  tasks = seqio.evaluation.get_valid_eval_tasks(
+      seqio.get_subtasks(provider), split)
+  if not tasks:
+    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
+                     'split and metrics to evaluate.')
+  return list(tasks)
+
+
+def _targets(task: seqio.Task, dataset: tf.data.Dataset) -> list[Any]:
+  """The postprocessed targets of an evaluation dataset (as seqio scores)."""
+  out = []
+  for example in dataset.as_numpy_iterator():
+    text = example['targets_pretokenized']
+    text = text.decode('utf-8') if isinstance(text, bytes) else text
+    out.append(task.postprocess_fn(text, example=example, is_target=True))
+  return out
+
+
+def _unlabelled(targets: Sequence[Any]) -> bool:
+  """Whether no target has a label: GLUE / SuperGLUE test examples hold -1,
+  which the postprocessors keep (MultiRC's `value`), or no answer (ReCoRD)."""
+  def missing(t):
+    t = t['value'] if isinstance(t, Mapping) else t
+    return (isinstance(t, (list, tuple)) and not t) or (
+        isinstance(t, (int, float)) and t == -1)
+  return all(missing(t) for t in targets)
+
+
+def check_labelled(evaluator: seqio.Evaluator, split: str
+                   ) -> dict[str, list[Any]]:
+  """`{task: its postprocessed targets}`, or a ValueError naming the tasks
+  whose `split` has no labels (scoring them would fail in the metrics, or
+  score noise)."""
+  targets = {task.name: _targets(task,
+                                 evaluator.cached_task_datasets[task.name])
+             for task in evaluator.eval_tasks}
+  blank = sorted(name for name, t in targets.items() if t and _unlabelled(t))
+  if blank:
+    raise ValueError(
+        f'The {split!r} split of {", ".join(blank)} has no labels (the GLUE '
+        'and SuperGLUE test labels are hidden): score it on the benchmark '
+        'servers with the files of `python -m hyperprompt_jax.leaderboard`, '
+        "or evaluate EVAL_SPLIT='validation'.")
+  return targets
+
+
+def _majority_values(targets: Sequence[Any]) -> list[Any]:
+  """The most frequent target value(s) (all of them on ties); for structured
+  targets (MultiRC / ReCoRD dicts) the most frequent `value` / answer."""
+  def values(t):
+    if isinstance(t, Mapping):
+      t = t['value']
+    return t if isinstance(t, (list, tuple)) else [t]
+  counts = collections.Counter(
+      v.decode() if isinstance(v, bytes) else v
+      for t in targets for v in values(t))
+  top = max(counts.values())
+  tied = [v for v, c in counts.items() if c == top]
+  return ([{'value': v} for v in tied] if isinstance(targets[0], Mapping)
+          else tied)
+
+
+def majority_score(task: seqio.Task, targets: Sequence[Any]) -> float:
+  """The task score of predicting the evaluation split's most frequent
+  target for every example (the majority-class baseline; on a tie, the
+  class that scores higher)."""
+  best = -math.inf
+  for prediction in _majority_values(targets):
+    metrics = {}
+    with warnings.catch_warnings():
+      # A constant prediction has no correlation (STS-B): NaN, scored 0.
+      warnings.simplefilter('ignore', scipy.stats.ConstantInputWarning)
+      for fn in task.predict_metric_fns:
+        metrics.update(fn(list(targets), [prediction] * len(targets)))
+    best = max(best, scores.task_score(
+        {k: v if math.isfinite(v) else 0.0 for k, v in metrics.items()}))
+  return best
+
+
+def run_names(paths: Sequence[str]) -> list[str]:
+  """A short name per run directory: its folder name (t5x's
+  `inference_eval/` dropped), or `run<i>` where those collide."""
+  names = []
+  for path in paths:
+    parts = [p for p in path.rstrip('/').split('/') if p]
+    if len(parts) > 1 and parts[-1] == METRICS_SUBDIR:
+      parts = parts[:-1]
+    names.append(parts[-1] if parts else path)
+  if len(set(names)) < len(names):
+    names = [f'run{i}' for i in range(len(paths))]
+  return names
+
+
+def _as_paths(checkpoint_path: Union[str, Sequence[str]]) -> list[str]:
+  paths_ = ([checkpoint_path] if isinstance(checkpoint_path, str)
+            else list(checkpoint_path))
+  if not paths_ or not all(isinstance(p, str) and p for p in paths_):
+    raise ValueError(
+        f'CHECKPOINT_PATH={checkpoint_path!r}: give a path, or a list of run '
+        "directories: --gin.CHECKPOINT_PATH=\"['/runs/seed0', '/runs/seed1']\"")
+  return paths_
+
+
+def _check_selection_covered(selection: str, benchmark: str,
+                             tasks: Sequence[seqio.Task]) -> None:
+  """'best_average' needs every task of its benchmark in the mixture: say so
+  before evaluating rather than after."""
+  eval_summary.check_selection(selection, benchmark)
+  if selection != 'best_average' or benchmark == 'all':
+    return
+  covered = {task_ids.canonical_task(t.name) for t in tasks}
+  missing = [t for t in task_ids.BENCHMARKS[benchmark] if t not in covered]
+  if missing:
+    raise ValueError(
+        f"SELECTION='best_average' with SELECTION_BENCHMARK={benchmark!r} "
+        f'needs every task of {benchmark!r}; the mixture lacks {missing}. '
+        "Set SELECTION_BENCHMARK to one the mixture covers, or 'all'.")
+
+
+@gin.configurable(denylist=['model'])
+def evaluate(
+    model: Optional[network.Transformer] = None,
+    *,
+    checkpoint_path: Union[str, Sequence[str]] = gin.REQUIRED,
+    eval_output_dir: str = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    batch_size: int = 64,
+    split: str = 'validation',
+    majority_baseline: bool = False,
+    selection: str = 'best_per_task',
+    selection_benchmark: str = 'glue',
+    compare_to: Optional[str] = None,
+    use_cached_tasks: bool = False,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
+    write_n_results: Optional[int] = None,
+) -> dict[str, Any]:
+  """Evaluates the checkpoint(s) at `checkpoint_path` on every task.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    checkpoint_path: a `checkpoint_<step>` folder or a folder of them; or a
+      list of such folders, runs (seeds) of one setup: each is evaluated
+      into `eval_output_dir/<run>/` and the runs are aggregated.
+    eval_output_dir: metrics, summaries and the plot go here.
+    mixture_or_task_name: a registered seqio Task / Mixture.
+    task_feature_lengths: {'inputs': L_in, 'targets': L_out}; the targets'
+      length is the most tokens decoded.
+    batch_size: examples per decode call.
+    split: the split to evaluate.
+    majority_baseline: also score the majority-class baseline per task.
+    selection: which checkpoint each task is read at: 'best_per_task',
+      'best_average' or 'last' (`eval_summary.select`).
+    selection_benchmark: the average 'best_average' picks by.
+    compare_to: a paper setup (`paper_results`) to print and plot the
+      selected scores (several runs: their means) beside.
+    use_cached_tasks: read seqio's offline cache.
+    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+    write_n_results: predictions per task kept in seqio's inference files
+      (None: all).
+
+  Returns:
+    The summary (`eval_summary.summarize`; for several runs,
+    `eval_summary.runs_summary`).
+  """
+  model = model or gin.get_configurable(network.Transformer)()
+  run_paths = _as_paths(checkpoint_path)
+  eval_summary.check_selection(selection, selection_benchmark)
+  if compare_to is not None:
+    paper_results.get(compare_to)  # an unknown setup fails before the work
+  found = {path: find_checkpoints(path) for path in run_paths}
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR'),
+      ValueError)
+  task_ids.check_num_tasks(model.config.num_tasks)
+  tasks = eval_tasks(mixture_or_task_name, split)
+  _check_selection_covered(selection, selection_benchmark, tasks)
+  mesh = partitioning.create_mesh(mesh_data, mesh_model)
+  predictor, abstract_params = decoding.make_predictor(
+      model, task_feature_lengths, mesh, batch_size)
+  names = run_names(run_paths)
+
+  def make_evaluator(output_dir):
+    # Every process scores the same predictions; process 0 writes them.
+    metrics_dir = None
+    if multihost.is_writer():
+      metrics_dir = os.path.join(output_dir, METRICS_SUBDIR)
+      tf.io.gfile.makedirs(metrics_dir)
+    return seqio.Evaluator(
+        mixture_or_task_name,
+        feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
+            pack=False),
+        eval_split=split,
+        use_cached=use_cached_tasks,
+        sequence_length=dict(task_feature_lengths),
+        logger_cls=([_json_logger_cls(write_n_results)] if metrics_dir
+                    else []),
+        log_dir=metrics_dir,
+        async_compute_metrics=False)
+
+  summaries = {}
+  majority = targets = None
+  for name, path in zip(names, run_paths):
+    output_dir = (eval_output_dir if len(run_paths) == 1
+                  else os.path.join(eval_output_dir, name))
+    evaluator = make_evaluator(output_dir)
+    if targets is None:  # before any checkpoint is read
+      targets = check_labelled(evaluator, split)
+    if majority_baseline and majority is None:
+      majority = _majority_scores(evaluator.eval_tasks, targets)
+    log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
+             len(found[path]), path, len(tasks), split)
+    results, unreadable = _evaluate_checkpoints(
+        found[path], path, predictor, abstract_params, evaluator)
+    summary = eval_summary.summarize(results, majority, selection,
+                                     selection_benchmark)
+    if unreadable:
+      summary['unreadable_checkpoints'] = unreadable
+    if multihost.is_writer():
+      written = eval_summary.write(summary, output_dir)
+      print(eval_summary.table(summary))
+      log.info('Wrote %s', ', '.join(written.values()))
+    if unreadable:
+      log.error('%d checkpoint(s) of %s could not be read and are missing '
+                'from the summary: %s (listed in summary.json under '
+                'unreadable_checkpoints).', len(unreadable), path,
+                ', '.join(f'checkpoint_{s}' for s in unreadable))
+    summaries[name] = summary
+  return _finish(summaries, dict(zip(names, run_paths)), eval_output_dir,
+                 compare_to)
+
+
+def _finish(summaries: Mapping[str, Mapping[str, Any]],
+            run_paths: Mapping[str, str], output_dir: str,
+            compare_to: Optional[str]) -> dict:
+  """One run's summary, or several runs' aggregate (written and printed);
+  then the comparison with the paper, if asked for."""
+  if len(summaries) == 1:
+    summary = next(iter(summaries.values()))
+  elif multihost.is_writer():
+    summary = _write_runs(summaries, run_paths, output_dir)
+  else:
+    summary = eval_summary.runs_summary(summaries, run_paths)
+  if compare_to is not None and multihost.is_writer():
+    compare_with_paper(summary, compare_to, output_dir)
+  return summary
+
+
+def compare_with_paper(summary: Mapping[str, Any], setup: str,
+                       output_dir: str) -> dict:
+  """The selected scores (several runs: their means) beside the paper's:
+  printed, and written to compare_to_paper.json / .png in `output_dir`."""
+  if 'aggregate' in summary:
+    agg = summary['aggregate']
+    scores_ = {t: v['mean'] for t, v in agg['tasks'].items()}
+    averages = {b: v['mean'] for b, v in agg['averages'].items()}
+  else:
+    scores_ = {t: v['score'] for t, v in summary['selection']['tasks'].items()}
+    averages = summary['selection']['averages']
+  comparison = paper_results.compare(scores_, averages, setup)
+  print(paper_results.compare_table(comparison))
+  path = os.path.join(output_dir, 'compare_to_paper.json')
+  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+    json.dump(comparison, f, indent=1)
+  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  paper_results.plot_compare(
+      comparison, os.path.join(output_dir, paper_results.PLOT_FILE))
+  return comparison
+
+
+def _write_runs(summaries: Mapping[str, Mapping[str, Any]],
+                run_paths: Mapping[str, str], output_dir: str) -> dict:
+  """The aggregate of several runs' summaries: written, printed, returned."""
+  summary = eval_summary.runs_summary(summaries, run_paths)
+  unreadable = {name: s['unreadable_checkpoints']
+                for name, s in summaries.items()
+                if s.get('unreadable_checkpoints')}
+  if unreadable:
+    summary['unreadable_checkpoints'] = unreadable
+  written = eval_summary.write_runs(summary, output_dir)
+  print(eval_summary.runs_table(summary))
+  log.info('Wrote %s', ', '.join(written.values()))
+  return summary
+
+
+def _majority_scores(tasks: Sequence[seqio.Task],
+                     targets: Mapping[str, Sequence[Any]]
+                     ) -> dict[str, float]:
+  """The majority-class score of each task (`targets`: its postprocessed
+  targets), scored like the model (tasks sharing an id averaged)."""
+  majority = {task.name: majority_score(task, targets[task.name])
+              for task in tasks}
+  return scores.task_scores({t: {'score': s} for t, s in majority.items()})
+
+
+def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
+                          predictor: decoding.Predictor, abstract_params,
+                          evaluator: seqio.Evaluator):
+  """`({step: seqio results}, {step: error})` of one run's checkpoints; a
+  checkpoint that cannot be read is skipped and reported."""
+  results, unreadable = {}, {}
+  for step, path in found:
+    tick = time.time()
+    error = None
+    # What its rows mean: refused on every process alike (one record).
+    run_record.check_checkpoint(path, predictor.model.config,
+                                task_ids.run_task_list())
+    try:
+      params, _ = checkpoints.restore_params(path, abstract_params)
+    except checkpoints.CheckpointMismatchError:
+      raise  # another model's checkpoint: every one would fail alike
+    except Exception as e:  # pylint: disable=broad-except
+      error = checkpoints.error_summary(e)
+    # A damaged checkpoint (a save cut short, a truncated copy) is reported
+    # and the others evaluated; skipped by every process if one cannot read
+    # it.
+    if not multihost.all_true(error is None):
+      if multihost.all_true(not tf.io.gfile.exists(path)):
+        # Not damaged: a training run beside this eval removed it (its
+        # KEEP_CHECKPOINTS), as it may.
+        log.warning('checkpoint_%d was deleted while eval ran (the training '
+                    'run keeps only KEEP_CHECKPOINTS), skipped.', step)
+        continue
+      unreadable[str(step)] = error or 'another process could not read it'
+      log.error('checkpoint_%d cannot be read, skipped (%s).', step,
+                unreadable[str(step)])
+      continue
+    predictor.set_params(params)
+    metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
+                                    predict_fn=predictor.predict_fn)
+    results[step] = metrics.result()
+    log.info('checkpoint_%d evaluated in %.1fs.', step, time.time() - tick)
+  evaluator.close()
+  if not results:
+    raise ValueError(
+        f'None of the {len(found)} checkpoint(s) in {run_path} can be read: '
+        + '; '.join(f'checkpoint_{s}: {e}' for s, e in unreadable.items()))
+  return results, unreadable
+
+
+def _json_logger_cls(write_n_results: Optional[int]):
+  """seqio's JSONLogger (the files t5x writes), keeping `write_n_results`
+  predictions per task. Evaluating a step again (a re-run into the same
+  directory) replaces its line of `<task>-metrics.jsonl`; seqio appends."""
+
+  class JSONLogger(seqio.JSONLogger):
+
+    def __init__(self, output_dir):
+      super().__init__(output_dir, write_n_results=write_n_results)
+
+    def __call__(self, task_name, step, metrics, *args, **kwargs):
+      if metrics:  # seqio writes a metrics line only then
+        _drop_step(os.path.join(self.output_dir,
+                                f'{task_name}-metrics.jsonl'),
+                   -1 if step is None else step)  # seqio's step for None
+      super().__call__(task_name, step, metrics, *args, **kwargs)
+
+  return JSONLogger
+
+
+def _drop_step(metrics_file: str, step: int) -> None:
+  """Removes the lines of `step` from a metrics file (JSON lines with a
+  "step"), keeping every other line as it is."""
+  if not tf.io.gfile.exists(metrics_file):
+    return
+  with tf.io.gfile.GFile(metrics_file) as f:
+    lines = f.read().splitlines(keepends=True)
+  kept = [line for line in lines if _line_step(line) != step]
+  if len(kept) == len(lines):
+    return
+  # Written aside and renamed, as seqio writes it (GCS cannot append).
+  with tf.io.gfile.GFile(metrics_file + '.tmp', 'w') as f:
+    f.write(''.join(kept))
+  tf.io.gfile.rename(metrics_file + '.tmp', metrics_file, overwrite=True)
+
+
+def _line_step(line: str) -> Optional[int]:
+  try:
+    record = json.loads(line)
+  except ValueError:
+    return None  # not a metrics line: kept
+  return record.get('step') if isinstance(record, dict) else None
+
+
+def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
+                          output_dir: str, selection: str = 'best_per_task',
+                          selection_benchmark: str = 'glue',
+                          compare_to: Optional[str] = None) -> dict:
+  """The summary of t5x's evaluation output (`--metrics_dir`); of several
+  runs, each run's summary in `output_dir/<run>/` and their aggregate."""
+  eval_summary.check_selection(selection, selection_benchmark)
+  if compare_to is not None:
+    paper_results.get(compare_to)
+  metrics_dirs = _as_paths(metrics_dirs)
+  paths.check_writable_dir(output_dir, '--output_dir')
+  read = {name: eval_summary.read_metrics_dir(d)
+          for name, d in zip(run_names(metrics_dirs), metrics_dirs)}
+  summaries = {}
+  for name, results in read.items():
+    summary = eval_summary.summarize(results, None, selection,
+                                     selection_benchmark)
+    written = eval_summary.write(
+        summary, output_dir if len(read) == 1
+        else os.path.join(output_dir, name))
+    print(eval_summary.table(summary))
+    log.info('Wrote %s', ', '.join(written.values()))
+    summaries[name] = summary
+  return _finish(summaries, dict(zip(read, metrics_dirs)), output_dir,
+                 compare_to)
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.eval` with its parsed flags."""
+  gin_utils.log_to_stdout(log)
+  if args.metrics_dir:
+    if len(args.metrics_dir) > 1 and not args.output_dir:
+      raise ValueError('Several --metrics_dir need an --output_dir for '
+                       'their aggregate.')
+    summarize_metrics_dir(args.metrics_dir,
+                          args.output_dir or args.metrics_dir[0],
+                          args.selection, args.selection_benchmark,
+                          args.compare_to)
+    return 0
+  gin_utils.parse_gin_flags(args)
+  multihost.initialize_from_flags(args)
+  summary = evaluate()
+  # Non-zero when a checkpoint was skipped, so scripts notice.
+  return 1 if summary.get('unreadable_checkpoints') else 0
+

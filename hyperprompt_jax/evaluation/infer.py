@@ -1,0 +1,163 @@
+"""The library behind `python -m hyperprompt_jax.infer` (hyperprompt_jax/infer.py: its usage)."""
+
+
+import argparse
+import json
+import logging
+import os
+import re
+from typing import Any, Mapping, Optional
+
+import gin
+import seqio
+import tensorflow as tf
+
+from hyperprompt_jax import paths
+from hyperprompt_jax.model import decoding
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.infer')
+
+
+def _text(value) -> str:
+  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+
+
+def _step_of(checkpoint_path: str) -> int:
+  match = re.match(r'^checkpoint_(\d+)$',
+                   os.path.basename(checkpoint_path.rstrip('/')))
+  if not match:
+    raise ValueError(f'CHECKPOINT_PATH {checkpoint_path!r} is not a '
+                     'checkpoint_<step> folder; infer reads one checkpoint.')
+  if not tf.io.gfile.isdir(checkpoint_path):
+    raise FileNotFoundError(f'CHECKPOINT_PATH {checkpoint_path!r} does not '
+                            'exist.')
+  return int(match[1])
+
+
+def task_examples(task: seqio.Task, task_feature_lengths: Mapping[str, int],
+                  split: str, num_examples: Optional[int] = None):
+  """`(examples, features)`: the first `num_examples` of `split` in order,
+  and the same examples as unpacked model features (unbatched)."""
+  lengths = dict(task_feature_lengths)
+  examples = task.get_dataset(lengths, split=split, shuffle=False,
+                              num_epochs=1)
+  if num_examples is not None:
+    examples = examples.take(num_examples)
+  converter = feature_converter.TaskIdsEncDecFeatureConverter(pack=False)
+  return examples, converter(examples, lengths)
+
+
+def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
+                     task_feature_lengths: Mapping[str, int], split: str,
+                     num_examples: Optional[int] = None) -> list[dict]:
+  """Decodes `task`'s `split`; one record per example (module docstring)."""
+  examples, features = task_examples(task, task_feature_lengths, split,
+                                     num_examples)
+  # The model features and the raw examples come from the same deterministic
+  # pipeline, in the same order; raw examples are read one by one (their
+  # fields have ragged lengths).
+  raw_examples = examples.as_numpy_iterator()
+  batches = features.batch(predictor.batch_size)
+  vocabulary = task.output_features['targets'].vocabulary
+  records = []
+  for features in batches.as_numpy_iterator():
+    for output in predictor.predict(features):
+      example = next(raw_examples)
+      prediction = vocabulary.decode(output.tolist())
+      target = _text(example['targets_pretokenized'])
+      records.append({
+          'inputs': _text(example['inputs_pretokenized']),
+          'targets': target,
+          'prediction': prediction,
+          'prediction_value': task.postprocess_fn(
+              prediction, example=example, is_target=False),
+          'target_value': task.postprocess_fn(
+              target, example=example, is_target=True),
+          'task_id': int(example['task_ids']),
+          'idx': example_idx(example),
+      })
+  return records
+
+
+def example_idx(example: Mapping[str, Any]) -> Any:
+  """The example's id in its TFDS split: `idx` (an int), or MultiRC's
+  {paragraph, question, answer} / ReCoRD's {passage, query} (seqio's
+  `idx/<part>` features); None without one."""
+  if 'idx' in example:
+    return int(example['idx'])
+  parts = {k[len('idx/'):]: int(v) for k, v in example.items()
+           if k.startswith('idx/')}
+  return parts or None
+
+
+@gin.configurable(denylist=['model'])
+def infer(
+    model: Optional[network.Transformer] = None,
+    *,
+    checkpoint_path: str = gin.REQUIRED,
+    output_dir: str = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    split: str = 'validation',
+    batch_size: int = 64,
+    num_examples: Optional[int] = None,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
+) -> dict[str, str]:
+  """Writes each task's predictions; returns {task: file}.
+
+  As several processes (one per host), each decodes its rows of every batch
+  and gets all predictions back; process 0 writes the files.
+  """
+  model = model or gin.get_configurable(network.Transformer)()
+  step = _step_of(checkpoint_path)
+  multihost.raise_everywhere(  # process 0 writes
+      lambda: paths.check_writable_dir(output_dir, 'INFER_OUTPUT_DIR'),
+      ValueError)
+  task_ids.check_num_tasks(model.config.num_tasks)
+  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
+  tasks = [t for t in seqio.get_subtasks(provider) if split in t.splits]
+  if not tasks:
+    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
+                     'split.')
+  predictor, abstract_params = decoding.make_predictor(
+      model, task_feature_lengths,
+      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
+  run_record.check_checkpoint(checkpoint_path, model.config,
+                              task_ids.run_task_list())
+  predictor.set_params(
+      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
+  written = {}
+  for task in tasks:
+    records = task_predictions(task, predictor, task_feature_lengths, split,
+                               num_examples)
+    path = os.path.join(output_dir, f'{task.name}-{step}.jsonl')
+    written[task.name] = path
+    if not multihost.is_writer():
+      continue
+    with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
+      for record in records:
+        f.write(json.dumps(record, cls=seqio.loggers.TensorAndNumpyEncoder)
+                + '\n')
+    tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+    log.info('%s: %d predictions -> %s', task.name, len(records), path)
+  return written
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.infer` with its parsed flags."""
+  gin_utils.log_to_stdout(log)
+  gin_utils.parse_gin_flags(args)
+  multihost.initialize_from_flags(args)
+  infer()
+  return 0
+

@@ -1,0 +1,3 @@
+"""The T5 network: t5x's T5.1.1 / T5 v1.0 layers (`layers`), the encoder-
+decoder that conditions them on the task (`network`, `conditioning`), its
+losses and its decoder (`losses`, `decoding`)."""

@@ -1,0 +1,6 @@
+"""The built-in training runner (`python -m hyperprompt_jax.train`): the
+loop (`train`), its step (`trainer`, `optimizers`, `metabalance`), the data
+(`input_pipeline`, `batches`), the devices and hosts (`partitioning`,
+`multihost`), and what keeps a run safe (`checkpoints`,
+`checkpoint_manager`, `run_lock`, `run_record`, `preemption`); `gin_utils`
+is every command's gin and command-line layer."""

@@ -1,0 +1,510 @@
+"""The library behind `python -m hyperprompt_jax.train` (hyperprompt_jax/train.py: its usage)."""
+
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import time
+from typing import Any, Mapping, NamedTuple, Optional
+
+
+from clu import metric_writers
+import gin
+import jax
+import numpy as np
+
+from hyperprompt_jax import methods
+from hyperprompt_jax import paths
+from hyperprompt_jax import task_params
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import preemption
+from hyperprompt_jax.runner import run_lock
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.train')
+
+
+class NonFiniteLossError(gin_utils.ReportedError):
+  """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+def _eta(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s'
+
+
+def _check_int(macro: str, value: Any, minimum: int = 1,
+               example: int = 1000) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f'{macro} must be an integer >= {minimum}, got {value!r} '
+        f'({type(value).__name__}): e.g. --gin.{macro}={example}.')
+
+
+def check_settings(*, model_dir, mixture_or_task_name, task_feature_lengths,
+                   train_steps, batch_size, initial_checkpoint_path,
+                   save_period, keep_checkpoints, log_period, seed, z_loss,
+                   pack) -> None:
+  """Raises ValueError, naming the macro and a fix, on any setting a run
+  cannot use: before anything is written, loaded or compiled."""
+  for macro, value in (('MODEL_DIR', model_dir),
+                       ('MIXTURE_OR_TASK_NAME', mixture_or_task_name)):
+    if not isinstance(value, str) or not value:
+      raise ValueError(f"{macro} must be a non-empty string, got {value!r}: "
+                       f"--gin.{macro}=\"'...'\" (quoted).")
+  if (not isinstance(task_feature_lengths, Mapping)
+      or set(task_feature_lengths) != {'inputs', 'targets'}):
+    raise ValueError(
+        'TASK_FEATURE_LENGTHS must be {"inputs": L_in, "targets": L_out}, '
+        f'got {task_feature_lengths!r}.')
+  for key, length in task_feature_lengths.items():
+    _check_int(f'TASK_FEATURE_LENGTHS[{key!r}]', length, example=512)
+  _check_int('TRAIN_STEPS', train_steps)
+  _check_int('BATCH_SIZE', batch_size, example=128)
+  _check_int('SAVE_PERIOD', save_period, example=2000)
+  _check_int('LOG_PERIOD', log_period, example=100)
+  _check_int('SEED', seed, minimum=0, example=0)
+  if keep_checkpoints is not None:
+    if (isinstance(keep_checkpoints, bool)
+        or not isinstance(keep_checkpoints, int) or keep_checkpoints < 1):
+      raise ValueError(
+          f'KEEP_CHECKPOINTS must be None (keep all) or an integer >= 1, got '
+          f'{keep_checkpoints!r}: 0 would delete every checkpoint in '
+          'MODEL_DIR.')
+  if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or (
+      not 0 <= z_loss < float('inf')):
+    raise ValueError(f'train.z_loss must be a number >= 0, got {z_loss!r}.')
+  if not isinstance(pack, bool):
+    raise ValueError(f'PACK must be True or False, got {pack!r}.')
+  if initial_checkpoint_path is not None:
+    if not isinstance(initial_checkpoint_path, str):
+      raise ValueError('INITIAL_CHECKPOINT_PATH must be a quoted path or '
+                       f'None, got {initial_checkpoint_path!r}.')
+    if '://' not in initial_checkpoint_path and not os.path.isdir(
+        initial_checkpoint_path):
+      raise ValueError(f'INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} '
+                       'does not exist: give a t5x checkpoint_<step> folder.')
+
+
+class _TaskStart(NamedTuple):
+  """Where the task parameters of a run from INITIAL_CHECKPOINT_PATH come
+  from, and what trains."""
+  task_params_path: Optional[str]
+  growth: task_params.Growth
+  first_new_row: Optional[int]  # TRAIN_ONLY_NEW_TASKS: rows from here train
+
+
+def _check_task_start(initial_checkpoint_path, task_params_path,
+                      train_only_new_tasks) -> None:
+  if not isinstance(train_only_new_tasks, bool):
+    raise ValueError('TRAIN_ONLY_NEW_TASKS must be True or False, got '
+                     f'{train_only_new_tasks!r}.')
+  for macro, value in (('TASK_PARAMS_PATH', task_params_path),
+                       ('TRAIN_ONLY_NEW_TASKS', train_only_new_tasks)):
+    if value and not initial_checkpoint_path:
+      raise ValueError(
+          f'{macro} needs INITIAL_CHECKPOINT_PATH: the checkpoint whose '
+          'backbone (and task rows) the run starts from.')
+  if task_params_path is not None and not isinstance(task_params_path, str):
+    raise ValueError('TASK_PARAMS_PATH must be a quoted path or None, got '
+                     f'{task_params_path!r}.')
+
+
+def _first_new_task_row(model, initial_checkpoint_path, task_params_path
+                        ) -> int:
+  """The first row TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
+  starting point was trained on (`task_params.trained_rows`; read from
+  metadata, no array loaded)."""
+  first = task_params.trained_rows(model, initial_checkpoint_path,
+                                   task_params_path)
+  if first >= model.config.num_tasks:
+    raise ValueError(
+        f'TRAIN_ONLY_NEW_TASKS: the model has no new task rows (NUM_TASKS='
+        f'{model.config.num_tasks}, and {initial_checkpoint_path} has '
+        f'{first}); raise NUM_TASKS to the tasks of the run, new ones '
+        'included.')
+  return first
+
+
+@gin.configurable(denylist=['model'])
+def train(
+    model: Optional[network.Transformer] = None,
+    *,
+    model_dir: str = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    train_steps: int = gin.REQUIRED,
+    batch_size: int = gin.REQUIRED,
+    initial_checkpoint_path: Optional[str] = None,
+    save_period: int = 2000,
+    keep_checkpoints: Optional[int] = None,
+    log_period: int = 100,
+    seed: int = 0,
+    z_loss: float = 1e-4,
+    mesh_data: int = -1,
+    mesh_model: int = 1,
+    pack: bool = False,
+    use_cached_tasks: bool = False,
+    task_params_path: Optional[str] = None,
+    new_task_init: str = 'mean',
+    new_task_source: Optional[str] = None,
+    train_only_new_tasks: bool = False,
+    restart_data_on_layout_change: bool = False,
+    gradient_balancing: Optional[str] = None,
+    metabalance_settings: Optional[metabalance.Settings] = None,
+    num_microbatches: Optional[int] = None,
+    optimizer=gin.REQUIRED,
+) -> dict[str, Any]:
+  """Trains `model` (default: the gin-configured network) for `train_steps`.
+
+  Every setting is checked before anything is written or compiled. The run
+  holds `MODEL_DIR/train.lock` while it runs (`run_lock`), resumes from the
+  newest checkpoint that restores (`checkpoint_manager.restore_newest`), and
+  on SIGTERM / SIGINT / preemption saves at the next step and returns
+  (`preemption`).
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    model_dir: checkpoints, summaries and the gin config go here.
+    mixture_or_task_name: a registered seqio Task / Mixture.
+    task_feature_lengths: {'inputs': L_in, 'targets': L_out}.
+    train_steps: the step to stop at (fine-tuning counts from 0).
+    batch_size: the global batch size.
+    initial_checkpoint_path: a pretrained t5x `checkpoint_<step>`.
+    save_period: steps between checkpoints (papers: 2000).
+    keep_checkpoints: how many to keep (None: all; at least 1).
+    log_period: steps between progress lines and summaries.
+    seed: parameters, dropout (`fold_in(seed, step)`) and data order.
+    z_loss: t5x's z-loss coefficient.
+    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+    pack: pack several examples per row (T5's fine-tuning default), each
+      token carrying its example's task id; refused up front for methods
+      that cannot condition per token (HyperGrid, Output Gating).
+    use_cached_tasks: read seqio's offline cache.
+    task_params_path: a `task_params` artifact (export_task_params) placed
+      on the backbone of `initial_checkpoint_path`.
+    new_task_init: how rows for task ids the initial checkpoint (or
+      artifact) lacks start: 'mean' of its trained tasks' rows, 'copy' of
+      `new_task_source`'s row, or 'fresh' (`task_params.grow`).
+    new_task_source: the task 'copy' copies.
+    train_only_new_tasks: train only those new rows (`optimizers.
+      only_task_rows`): the backbone, shared hypernetworks and the trained
+      tasks' rows stay bit-identical.
+    restart_data_on_layout_change: resuming with the data cut into another
+      number of shards (another process count or MESH_MODEL,
+      `multihost.data_layout`) restores the parameters and optimizer state
+      and starts the data stream afresh, instead of refusing.
+    gradient_balancing: None (the loss's gradient) or 'metabalance'
+      (auxiliary learning for one target task: `metabalance`).
+    metabalance_settings: MetaBalance's settings (gin: the METABALANCE_*
+      macros of runs/train.gin).
+    num_microbatches: take each batch's gradient in this many parts, summed
+      into one update (t5x's meaning; None or 1: whole batches): the
+      activations of one part in memory, the one-batch update.
+    optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
+
+  Returns:
+    {'step', 'loss', 'params', 'stopped_by'}: the final step, last logged
+    loss, the final parameters (host numpy; None where the model axis spans
+    processes and no process holds them all), and the signal that stopped
+    the run early ('SIGTERM', 'SIGINT', 'preemption'; None if it finished).
+  """
+  check_settings(
+      model_dir=model_dir, mixture_or_task_name=mixture_or_task_name,
+      task_feature_lengths=task_feature_lengths, train_steps=train_steps,
+      batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
+      save_period=save_period, keep_checkpoints=keep_checkpoints,
+      log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
+  growth = task_params.Growth(new_task_init, new_task_source)
+  _check_task_start(initial_checkpoint_path, task_params_path,
+                    train_only_new_tasks)
+  model = model or gin.get_configurable(network.Transformer)()
+  task_ids.check_num_tasks(model.config.num_tasks)
+  input_pipeline.check_samplable(mixture_or_task_name)
+  balancing = metabalance.run_plan(gradient_balancing, metabalance_settings,
+                                   model, mixture_or_task_name)
+  mesh = partitioning.create_mesh(mesh_data, mesh_model)
+  if batch_size % mesh.shape['data']:
+    raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
+                     f"mesh's {mesh.shape['data']} data shards.")
+  num_microbatches = check_num_microbatches(
+      num_microbatches, batch_size // mesh.shape['data'], balancing)
+  if not isinstance(restart_data_on_layout_change, bool):
+    raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
+                     f'got {restart_data_on_layout_change!r}.')
+  if pack:
+    methods.check_packing(model.config)
+  first_new_row = None
+  if train_only_new_tasks:
+    first_new_row = _first_new_task_row(model, initial_checkpoint_path,
+                                        task_params_path)
+    optimizer = task_params.only_new_task_rows(optimizer, model,
+                                               first_new_row)
+  # Every process writes its part of each checkpoint.
+  multihost.raise_everywhere(
+      lambda: paths.check_writable_dir(model_dir, 'MODEL_DIR'), ValueError,
+      on_process_0_only=False)
+  # Process 0 holds the lock; a refusal stops every process at once, with
+  # the same message.
+  lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
+  multihost.raise_everywhere(lock.acquire if lock else lambda: None,
+                             run_lock.DirectoryInUseError)
+  try:
+    return _train(lock, model, model_dir, mixture_or_task_name,
+                  task_feature_lengths, train_steps, batch_size,
+                  initial_checkpoint_path, save_period, keep_checkpoints,
+                  log_period, seed, z_loss, mesh, pack, use_cached_tasks,
+                  optimizer, _TaskStart(task_params_path, growth,
+                                        first_new_row),
+                  restart_data_on_layout_change, balancing,
+                  num_microbatches)
+  finally:
+    if lock:
+      lock.release()
+
+
+def check_num_microbatches(num_microbatches: Optional[int],
+                           shard_batch: int,
+                           balancing: Optional[metabalance.Plan] = None
+                           ) -> int:
+  """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
+
+  Args:
+    num_microbatches: the setting.
+    shard_batch: the rows of one data shard (BATCH_SIZE / the mesh's data
+      shards): every part takes the same number of each shard's rows.
+    balancing: MetaBalance's plan, which takes whole batches.
+  """
+  if num_microbatches is None:
+    return 1
+  if (isinstance(num_microbatches, bool) or
+      not isinstance(num_microbatches, int) or num_microbatches < 1):
+    raise ValueError(f'NUM_MICROBATCHES={num_microbatches!r}: expected None '
+                     'or a positive integer (the parts each batch is taken '
+                     'in).')
+  if shard_batch % num_microbatches:
+    raise ValueError(
+        f'NUM_MICROBATCHES={num_microbatches} does not divide the '
+        f'{shard_batch} rows of each data shard (BATCH_SIZE / the mesh\'s '
+        'data shards): choose a divisor, or change BATCH_SIZE.')
+  if balancing is not None and num_microbatches > 1:
+    raise ValueError(
+        f'NUM_MICROBATCHES={num_microbatches} with GRADIENT_BALANCING='
+        "'metabalance': MetaBalance takes whole batches (its per-task "
+        'backward passes are not split into parts); set NUM_MICROBATCHES = '
+        'None.')
+  return num_microbatches
+
+
+def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
+           train_steps, batch_size, initial_checkpoint_path, save_period,
+           keep_checkpoints, log_period, seed, z_loss, mesh, pack,
+           use_cached_tasks, optimizer, task_start,
+           restart_data_on_layout_change, balancing,
+           num_microbatches) -> dict[str, Any]:
+  """`train` once the settings are checked and the directory is locked."""
+  prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
+  trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
+                                z_loss=z_loss, seed=seed, balancing=balancing,
+                                num_microbatches=num_microbatches)
+  layout = trainer.data_layout
+  dataset = input_pipeline.train_dataset(
+      mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
+      pack=pack, use_cached=use_cached_tasks,
+      input_prompt_length=prompt_length if pack else 0,
+      shard_index=layout.shard_index, num_shards=layout.num_shards)
+  if jax.process_count() > 1:
+    log.info('Process %d of %d reads data shard %d of %d (%d rows of the '
+             'global batch of %d).', jax.process_index(), jax.process_count(),
+             layout.shard_index, layout.num_shards,
+             batch_size // layout.num_shards, batch_size)
+  manager = checkpoint_manager.make_manager(model_dir, save_period,
+                                            keep_checkpoints)
+  data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
+                                  batch_size, pack, seed)
+  # The optimizer state's shape depends on it: a resume must keep it.
+  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = task_start.first_new_row
+  # So is MetaBalance's (its moving averages, one per auxiliary).
+  data['GRADIENT_BALANCING'] = balancing and {
+      'METABALANCE_' + k.upper(): v
+      for k, v in dataclasses.asdict(balancing.settings).items()}
+
+  def check_resume(step, record):
+    if record is not None:
+      run_record.check_resume(record, model.config, data,
+                              f'checkpoint_{step}', task_ids.run_task_list())
+    return run_record.data_source(record, layout,
+                                  restart_data_on_layout_change,
+                                  f'checkpoint_{step}')
+
+  restored = checkpoint_manager.restore_newest(
+      manager, trainer.abstract_state(), lambda: iter(dataset), check_resume)
+  if restored is not None:
+    latest, state, iterator = restored
+    if latest > train_steps:
+      raise ValueError(
+          f'MODEL_DIR {model_dir} is at step {latest}, past TRAIN_STEPS='
+          f'{train_steps}: raise TRAIN_STEPS to train on, or use a new '
+          'MODEL_DIR.')
+    log.info('Resuming from %s/checkpoint_%d (TRAIN_STEPS=%d).', model_dir,
+             latest, train_steps)
+  else:
+    iterator = iter(dataset)
+    if initial_checkpoint_path:
+      params, fresh, rows = trainer.params_from_t5x(
+          initial_checkpoint_path, task_start.task_params_path,
+          task_start.growth, task_ids.run_task_list())
+      state = trainer.new_state(params)
+      log.info('Starting in %s from %s%s; %d new parameters initialised.',
+               model_dir, initial_checkpoint_path,
+               f' with the task parameters of {task_start.task_params_path}'
+               if task_start.task_params_path else '', len(fresh))
+      if rows and rows < model.config.num_tasks:
+        log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
+                 '%s.', rows,
+                 model.config.num_tasks - 1, task_start.growth.rule,
+                 '; only they train' if task_start.first_new_row is not None
+                 else '')
+    else:
+      state = trainer.new_state(trainer.fresh_params())
+      log.info('Starting in %s from fresh parameters.', model_dir)
+  start = int(state['step'])
+  if start == train_steps:
+    log.info('Already at TRAIN_STEPS=%d: nothing to train.', train_steps)
+    return {'step': start, 'loss': float('nan'),
+            'params': _host_params(state), 'stopped_by': None}
+
+  writer = metric_writers.create_default_writer(
+      model_dir, just_logging=jax.process_index() > 0)
+  # Made at the first save, once the operative config is known; the gin
+  # files are written with the first checkpoint saved.
+  record, gin_files_written = None, False
+
+  def save(step, force=False):
+    nonlocal record, gin_files_written
+    # A run presumed gone whose lock was taken over must not overwrite the
+    # new holder's checkpoints (process 0 holds the lock; all stop).
+    multihost.raise_everywhere(lock.check_held if lock else lambda: None,
+                               run_lock.LockLostError)
+    if record is None:
+      record = run_record.make(model.config, data, start,
+                               task_ids.run_task_list(), layout.record())
+    saved = checkpoint_manager.save(manager, step, state, iterator, record,
+                                    force=force)
+    if saved:
+      if not gin_files_written and jax.process_index() == 0:
+        run_record.write_gin_files(model_dir, record)
+        gin_files_written = True
+      log.info('Saving %s/checkpoint_%d.', model_dir, step)
+    return saved
+
+  def check_finite(terms_history, step):
+    if not all(bool(t['finite']) for t in terms_history):
+      last = manager.latest_step()
+      manager.wait_until_finished()
+      raise NonFiniteLossError(
+          f'The loss became NaN or Inf before step {step}; the update was not '
+          f'applied and the run stopped. Last good checkpoint: '
+          f'{"checkpoint_%d" % last if last is not None else "none"} in '
+          f'{model_dir}. Lower the learning rate, or check the data.')
+
+  pending, last_loss = [], float('nan')
+  tick, tick_step = time.time(), start
+  step = start
+  stop = preemption.StopRequest(manager.reached_preemption,
+                                catch_sigterm=jax.process_count() == 1)
+  stopped_by = None
+  # The handlers stay until the last save is committed: a SIGTERM while it
+  # is written is recorded (the run is saving anyway), not fatal.
+  with stop:
+    try:
+      while step < train_steps:
+        local = input_pipeline.as_numpy(next(iterator))
+        # Inside jit an out-of-range task or token id would clamp silently.
+        batches.validate_batch(local, model.config.num_tasks,
+                               model.config.vocab_size,
+                               required=batches.required_features(pack),
+                               input_prompt_length=prompt_length)
+        batch = trainer.global_batch(local)
+        state, terms = trainer.step(state, batch)
+        step += 1
+        pending.append(terms)
+        due_save = step % save_period == 0 or step == train_steps
+        stopping = stop.due(step)
+        if step % log_period == 0 or due_save or stopping:
+          check_finite(pending, step)
+          metrics = {k: float(np.mean([float(t[k]) for t in pending]))
+                     for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy')}
+          # Real (non-padding) tokens, inputs and targets.
+          tokens = sum(float(t['tokens']) + float(t['input_tokens'])
+                       for t in pending)
+          capacity = sum(float(t['capacity']) for t in pending)
+          elapsed = time.time() - tick
+          steps_per_s = (step - tick_step) / max(elapsed, 1e-9)
+          metrics.update(steps_per_sec=steps_per_s,
+                         tokens_per_sec=tokens / max(elapsed, 1e-9),
+                         packing_efficiency=tokens / max(capacity, 1.0))
+          writer.write_scalars(step, metrics)
+          last_loss = metrics['loss']
+          log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
+                   '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
+                   train_steps, metrics['loss'], metrics['accuracy'],
+                   steps_per_s, metrics['tokens_per_sec'],
+                   100 * metrics['packing_efficiency'],
+                   _eta((train_steps - step) / max(steps_per_s, 1e-9)))
+          pending, tick, tick_step = [], time.time(), step
+        if due_save or stopping:
+          save(step, force=step == train_steps or stopping)
+        if stopping and step < train_steps:
+          stopped_by = stop.name
+          break
+    finally:
+      manager.wait_until_finished()
+      writer.flush()
+  if stopped_by:
+    log.info('Stopped by %s at step %d with checkpoint_%d saved; run the same '
+             'command again to resume.', stopped_by, step, step)
+  return {'step': step, 'loss': last_loss, 'params': _host_params(state),
+          'stopped_by': stopped_by}
+
+
+def _host_params(state) -> Optional[Any]:
+  """The parameters as host numpy, where this process holds all of them
+  (a model axis spanning processes leaves each a part: None, rather than
+  gathering a model the size of the pod onto every host)."""
+  if not multihost.fully_addressable(state['params']):
+    return None
+  return multihost.host_value(state['params'])
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.train` with its parsed flags."""
+  gin_utils.log_to_stdout(log)
+  gin_utils.parse_gin_flags(args)
+  # Parsing gin computes nothing, so the hosts may join after it.
+  multihost.initialize_from_flags(args)
+  # Under `python -m` this file is `__main__`; gin configures the function
+  # of the importable module (`hyperprompt_jax.train.train`).
+  result = train()
+  if result['stopped_by']:
+    return preemption.exit_status(result['stopped_by'])
+  if math.isnan(result['loss']):  # no step trained (already at the end)
+    log.info('Finished at step %d.', result['step'])
+  else:
+    log.info('Finished at step %d, loss %.4f.', result['step'],
+             result['loss'])
+  return 0
+

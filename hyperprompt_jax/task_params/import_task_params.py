@@ -1,0 +1,80 @@
+"""The library behind `python -m hyperprompt_jax.import_task_params` (hyperprompt_jax/import_task_params.py: its usage)."""
+
+
+import argparse
+import logging
+import os
+from typing import Optional
+
+import gin
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from hyperprompt_jax import task_params
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.tasks import task_ids
+
+log = logging.getLogger('hyperprompt_jax.import_task_params')
+
+
+def import_task_params(model: network.Transformer, checkpoint_path: str,
+                       output_dir: str, task_params_path: Optional[str] = None,
+                       growth: Optional[task_params.Growth] = None,
+                       seed: int = 0) -> str:
+  """Writes `output_dir/checkpoint_0` (module docstring); returns its path.
+
+  Raises:
+    task_params.TaskParamsError: an artifact that does not fit.
+    ValueError: an output that exists, a checkpoint of another model.
+  """
+  target = os.path.join(output_dir, 'checkpoint_0')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if tf.io.gfile.exists(target):
+    raise ValueError(f'{target} exists: choose a new --output_dir.')
+  task_list = task_ids.run_task_list()
+  task_ids.check_num_tasks(model.config.num_tasks, task_list)
+  # The trainer's restore: one code path with INITIAL_CHECKPOINT_PATH.
+  trainer = trainer_lib.Trainer(
+      model, optimizers.make_optimizer(), partitioning.create_mesh(),
+      {'inputs': 8, 'targets': 4}, seed=seed)
+  params, fresh, rows = trainer.params_from_t5x(
+      checkpoint_path, task_params_path, growth, task_list)
+  if fresh:
+    raise ValueError(
+        f'{checkpoint_path} lacks {len(fresh)} task-conditioned parameters '
+        f'({fresh[:3]} ...): give --task_params, or a checkpoint of this '
+        'method.')
+  manager = ocp.CheckpointManager(
+      os.path.abspath(output_dir) if '://' not in output_dir else output_dir,
+      options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
+      item_names=('state',))
+  # t5x's layout: the parameters under 'target', the step under 'state'.
+  manager.save(0, args=ocp.args.Composite(state=ocp.args.PyTreeSave(
+      {'target': jax.device_get(params),
+       'state': {'step': np.int32(0)}})))
+  manager.wait_until_finished()
+  manager.close()
+  log.info('Wrote %s: the backbone of %s, the task parameters of %s, %d task '
+           'rows (%s trained%s).', target, checkpoint_path,
+           task_params_path or checkpoint_path, model.config.num_tasks, rows,
+           f', {model.config.num_tasks - rows} set by '
+           f'{(growth or task_params.Growth()).rule!r}'
+           if rows < model.config.num_tasks else '')
+  return target
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.import_task_params` with its parsed flags."""
+  gin_utils.log_to_stdout(log)
+  gin_utils.parse_gin_flags(args)
+  model = gin.get_configurable(network.Transformer)()
+  import_task_params(
+      model, args.checkpoint_path, args.output_dir, args.task_params,
+      task_params.Growth(args.new_task_init, args.new_task_source), args.seed)
+  return 0
+
