@@ -130,6 +130,7 @@ def reference(out: str, shards: int, steps: int, gin_args: Sequence[str]
   import numpy as np
   from flax import traverse_util
   from hyperprompt_jax.runner import gin_utils
+  from hyperprompt_jax.runner import batches
   from hyperprompt_jax.runner import input_pipeline
   from hyperprompt_jax.model import network
   from hyperprompt_jax.runner import optimizers
@@ -148,7 +149,8 @@ def reference(out: str, shards: int, steps: int, gin_args: Sequence[str]
   state = trainer.new_state(trainer.fresh_params())
   iterators = [iter(input_pipeline.train_dataset(
       macro('MIXTURE_OR_TASK_NAME'), lengths, batch_size, seed=seed,
-      pack=macro('PACK'), shard_index=i, num_shards=shards))
+      rows=batches.RowFormat(packed=macro('PACK')), shard_index=i,
+      num_shards=shards))
                for i in range(shards)]
   for _ in range(steps):
     parts = [input_pipeline.as_numpy(next(it)) for it in iterators]

@@ -13,6 +13,7 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
@@ -269,7 +270,7 @@ def test_relax_0_on_packed_rows_is_the_plain_step(global_model_and_batch,
   model, params, _ = global_model_and_batch
   batch = input_pipeline.as_numpy(next(iter(input_pipeline.train_dataset(
       'fixture_glue_proportional', {'inputs': 64, 'targets': 8}, 8, seed=0,
-      pack=True))))
+      rows=batches.RowFormat(packed=True)))))
   tasks = np.unique(batch['decoder_task_ids'][batch['decoder_loss_weights']
                                               > 0])
   assert len(tasks) >= 3  # rows that mix tasks

@@ -11,6 +11,7 @@ import conftest
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches as batch_lib
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
@@ -51,7 +52,8 @@ def batches():
   pipeline's: several tasks per row, rows of different token counts)."""
   rng = np.random.default_rng(0)
   packed = iter(input_pipeline.train_dataset(
-      'fixture_glue_proportional', LENGTHS, 8, seed=0, pack=True))
+      'fixture_glue_proportional', LENGTHS, 8, seed=0,
+      rows=batch_lib.RowFormat(packed=True)))
   return {False: [_unpacked_batch(rng) for _ in range(2)],
           True: [input_pipeline.as_numpy(next(packed)) for _ in range(2)]}
 

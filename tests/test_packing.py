@@ -249,7 +249,7 @@ def test_a_segment_with_two_task_ids_is_refused():
   batch['encoder_task_ids'][0, 1] = (batch['encoder_task_ids'][0, 0] + 1) % 3
   with pytest.raises(ValueError, match='segment 1 of row 0 carries task ids'):
     batches.validate_batch(batch, TASKS, 384,
-                           required=batches.required_features(True))
+                           rows=batches.RowFormat(packed=True))
   model = network.Transformer(_config('adapter'))
   with pytest.raises(ValueError, match='segment 1 of row 0 carries task ids'):
     model.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
@@ -332,11 +332,9 @@ def test_unpacked_converter_keeps_task_ids_per_example():
 
 
 def test_packed_rows_without_prompt_slots_are_refused():
-  required = batches.required_features(True)
+  rows = batches.RowFormat(packed=True, input_prompt_length=2)
   without, _ = _packed(_examples(0), ROWS, 22, 10)
   with pytest.raises(ValueError, match='input_prompt_length=2'):
-    batches.validate_batch(without, TASKS, 384, required=required,
-                           input_prompt_length=2)
+    batches.validate_batch(without, TASKS, 384, rows=rows)
   with_slots, _ = _packed(_examples(0), ROWS, 22, 10, n_slots=2)
-  batches.validate_batch(with_slots, TASKS, 384, required=required,
-                         input_prompt_length=2)
+  batches.validate_batch(with_slots, TASKS, 384, rows=rows)

@@ -43,10 +43,10 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import methods
-from hyperprompt_jax import tasks
+from hyperprompt_jax import tasks  # pylint: disable=unused-import (registers them)
 from hyperprompt_jax.benchmarks import timing
-from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches as batch_lib
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import glue
@@ -124,17 +124,17 @@ def example_lengths(distribution: str, count: int, seed: int = 0
                    f'from {LENGTH_DISTRIBUTIONS}.')
 
 
-def converted_batch(lengths: Sequence[tuple[int, int, int]], pack: bool,
-                    batch_size: int, input_length: int, target_length: int,
-                    vocab_size: int, num_tasks: int, input_prompt_length: int,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+def converted_batch(lengths: Sequence[tuple[int, int, int]], batch_size: int,
+                    input_length: int, target_length: int, vocab_size: int,
+                    num_tasks: int, rows: batch_lib.RowFormat, seed: int = 0
+                    ) -> dict[str, np.ndarray]:
   """The first `batch_size` rows of these examples (random tokens, task ids
-  modulo `num_tasks`) after the project's feature converter."""
+  modulo `num_tasks`) after the project's feature converter for `rows`."""
   rng = np.random.default_rng(seed)
 
   def examples():  # truncated to the row, as seqio's trim would
     for inputs, targets, task in lengths:
-      inputs = min(inputs, input_length - input_prompt_length)
+      inputs = min(inputs, input_length - rows.input_prompt_length)
       targets = min(targets, target_length)
       yield {'inputs': rng.integers(2, vocab_size, inputs, dtype=np.int32),
              'targets': rng.integers(2, vocab_size, targets, dtype=np.int32),
@@ -145,15 +145,14 @@ def converted_batch(lengths: Sequence[tuple[int, int, int]], pack: bool,
           'inputs': tf.TensorSpec([None], tf.int32),
           'targets': tf.TensorSpec([None], tf.int32),
           'task_ids': tf.TensorSpec([], tf.int32)})
-  converter = tasks.TaskIdsEncDecFeatureConverter(
-      pack=pack, input_prompt_length=input_prompt_length)
+  converter = rows.converter()
   converted = converter(dataset, {'inputs': input_length,
                                   'targets': target_length})
-  rows = list(converted.take(batch_size).as_numpy_iterator())
-  if len(rows) < batch_size:
-    raise ValueError(f'{len(lengths)} examples fill only {len(rows)} of '
+  made = list(converted.take(batch_size).as_numpy_iterator())
+  if len(made) < batch_size:
+    raise ValueError(f'{len(lengths)} examples fill only {len(made)} of '
                      f'{batch_size} rows: draw more.')
-  return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  return {k: np.stack([r[k] for r in made]) for k in made[0]}
 
 
 def tasks_per_row(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -205,9 +204,8 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
              'opt_state': optimizer.init(params)}
     for pack in (False, True):
       batches = {d: converted_batch(
-          lengths[d], pack, batch_size, input_length, target_length,
-          cfg.vocab_size, cfg.num_tasks,
-          prompt_tuning.prompt_length(cfg.prompt_tuning) if pack else 0)
+          lengths[d], batch_size, input_length, target_length,
+          cfg.vocab_size, cfg.num_tasks, batch_lib.RowFormat.of(cfg, pack))
                  for d in distributions}
       step = jax.jit(lambda s, b, r, m=model: trainer.train_step(
           m, optimizer, s, b, r, z_loss)).lower(

@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import re
 import time
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -33,42 +32,7 @@ from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.eval')
-_CHECKPOINT = re.compile(r'^checkpoint_(\d+)$')
 METRICS_SUBDIR = 'inference_eval'  # where t5x's evaluator logs, too
-
-
-def find_checkpoints(path: str) -> list[tuple[int, str]]:
-  """`[(step, dir)]` for one `checkpoint_<step>` or a directory of them,
-  by step. Incomplete (temporary) orbax saves are not listed."""
-  path = path.rstrip('/')
-  if not tf.io.gfile.isdir(path):
-    raise FileNotFoundError(
-        f'CHECKPOINT_PATH {path!r} does not exist: give a checkpoint_<step> '
-        'folder or the MODEL_DIR holding them.')
-  match = _CHECKPOINT.match(os.path.basename(path))
-  if match:
-    return [(int(match[1]), path)]
-  found = sorted(
-      (int(m[1]), os.path.join(path, name))
-      for name in tf.io.gfile.listdir(path)
-      if (m := _CHECKPOINT.match(name.rstrip('/')))
-      and tf.io.gfile.isdir(os.path.join(path, name)))
-  if not found:
-    raise FileNotFoundError(
-        f'CHECKPOINT_PATH {path!r} holds no checkpoint_<step> folders; '
-        'train first, or point at a MODEL_DIR that has some.')
-  return found
-
-
-def eval_tasks(mixture_or_task_name: str, split: str) -> list[seqio.Task]:
-  """The tasks of the mixture that have `split` and metrics."""
-  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
-  tasks = seqio.evaluation.get_valid_eval_tasks(
-      seqio.get_subtasks(provider), split)
-  if not tasks:
-    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
-                     'split and metrics to evaluate.')
-  return list(tasks)
 
 
 def _targets(task: seqio.Task, dataset: tf.data.Dataset) -> list[Any]:
@@ -234,12 +198,12 @@ def evaluate(
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)  # an unknown setup fails before the work
-  found = {path: find_checkpoints(path) for path in run_paths}
+  found = {path: checkpoints.find_checkpoints(path) for path in run_paths}
   multihost.raise_everywhere(  # process 0 writes
       lambda: paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR'),
       ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
-  tasks = eval_tasks(mixture_or_task_name, split)
+  tasks = input_pipeline.eval_tasks(mixture_or_task_name, split)
   _check_selection_covered(selection, selection_benchmark, tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   predictor, abstract_params = decoding.make_predictor(

@@ -13,25 +13,29 @@ benchmark's average is the mean of its task scores.
 Which checkpoint a task is read at (`select`, the `SELECTION` setting) is
 where the papers differ:
 
-  'best_per_task'  each task at its own best checkpoint (HyperPrompt [000
-                   L156-157], following T5; HyperGrid's multi-model PTFT
-                   baseline [002 L110]).
+  'best_per_task'  each task at its own best checkpoint (HyperPrompt,
+                   Sec. 4.1, following T5; HyperGrid's multi-model PTFT
+                   baseline, HyperGrid Transformers, Sec. 3.1.1).
   'best_average'   one checkpoint for every task: the one with the best
                    average of a benchmark (`SELECTION_BENCHMARK`, 'glue' in
                    HyperGrid: "a single checkpoint based on the best GLUE
-                   score" [002 L327, L333; 003 L215]; 'all' is the mean of
+                   score", HyperGrid Transformers, Sec. 6.3, and Sec. 4.2.3
+                   of its earlier version, "HyperGrid: Efficient Multi-Task
+                   Transformers with Grid-wise Decomposable Hyper
+                   Projections", arXiv 2007.05891; 'all' is the mean of
                    every evaluated task).
   'last'           every task at the newest checkpoint (HyperGrid's Base
-                   baselines, "scores at the last checkpoint" [002 L325];
-                   the same section's L323 says the MTL baseline's checkpoint
-                   is the best GLUE one: the paper contradicts itself).
+                   baselines, "scores at the last checkpoint", HyperGrid
+                   Transformers, Sec. 6.3; the paragraph before it says the
+                   MTL baseline's checkpoint is the best GLUE one: the paper
+                   contradicts itself).
 
 Ties go to the earliest step. Several runs of one setup (seeds) are
 aggregated after each run's selection (`aggregate`): per task and per
 average the mean, the sample standard deviation (ddof = 1; HyperPrompt
-reports "mean (std)" over 3 runs [000 L222] without saying which, we chose
-the sample one), min and max (HyperGrid compares against the best of 4
-baseline runs [002 L156]).
+reports "mean (std)" over 3 runs, its Table 3, without saying which, we
+chose the sample one), min and max (HyperGrid compares against the best of
+4 baseline runs, HyperGrid Transformers, Sec. 3.1.3).
 
 Files written to the output directory (one run):
 

@@ -1,20 +1,25 @@
 """The papers' own per-task results, and a run's scores beside them.
 
-`paper_results.json` holds, transcribed from the seeds with the table and
-line of every number:
+`paper_results.json` holds, transcribed from the papers' tables, each
+setup with its citation ("source": paper, section, table(s); "row": the
+table row as the paper labels it; "table" on every task and printed
+average):
 
-  HyperPrompt [000] Tables 8 / 9 (GLUE / SuperGLUE dev, T5.1.1 Base) and
-  10 / 11 (Large): `<setup>_glue`, `<setup>_super_glue` and
-  `<setup>_{glue,super_glue}_large` for mtl, adapter, hyperformer_pp,
-  prompt_tuning, hyperprompt_share, hyperprompt_sep, hyperprompt_global;
-  HyperGrid [002] Tables 1 / 2 (GLUE / SuperGLUE dev, T5 v1.0 Base):
+  HyperPrompt (He et al., ICML 2022), Appendix A.4, Tables 8 / 9 (GLUE /
+  SuperGLUE dev, T5.1.1 Base) and 10 / 11 (Large): `<setup>_glue`,
+  `<setup>_super_glue` and `<setup>_{glue,super_glue}_large` for mtl,
+  adapter, hyperformer_pp, prompt_tuning, hyperprompt_share,
+  hyperprompt_sep, hyperprompt_global;
+  HyperGrid Transformers (Tay et al., ICLR 2021), Sec. 3.1.1, Tables 1 / 2
+  (GLUE / SuperGLUE dev, T5 v1.0 Base):
   `{mtl,ptft,t5_paper,hypergrid_l,hypergrid_l2,hypergrid_lg}_glue_super_glue`.
 
 Setup names are the experiment files' (gin/experiments/) where one exists.
 A task's score is the mean of its printed metrics, a benchmark's average the
 mean of its 8 task scores (the papers' rule, `tasks.scores`); the printed
 averages that this does not reproduce within rounding are listed, with the
-reason, under "known_mismatches" (tests/test_paper_results.py checks both).
+reason, under "known_mismatches". tests/test_paper_results.py checks both,
+and every number against the tables' text in tests/testdata/paper_results/.
 
 `eval` and `--metrics_dir` take `--compare_to=<setup>` (or the gin macro
 COMPARE_TO): the run's selected scores beside the paper's, with the deltas,
@@ -46,8 +51,9 @@ def setups() -> list[str]:
 
 
 def get(setup: str) -> dict[str, Any]:
-  """One setup's record: paper, seed, model, split, tasks (each with its
-  metrics, table and line), printed averages."""
+  """One setup's record: paper, source (paper, section, table(s)), row
+  (the table row), model, split, tasks (each with its metrics and table),
+  printed averages (each with its value and table)."""
   known = _data()['setups']
   if setup not in known:
     close = difflib.get_close_matches(setup, known, n=3)
@@ -86,10 +92,10 @@ def compare(scores: Mapping[str, float], run_averages: Mapping[str, float],
     setup: the paper setup (`setups()`).
 
   Returns:
-    {"setup", "paper", "model", "tables", "tasks": {task: {"ours",
-    "paper", "delta"}}, "averages": {benchmark: {"ours", "paper" (as
-    printed), "delta"}}, "only_paper": [tasks], "only_ours": [tasks]}; a
-    side missing a number has None there.
+    {"setup", "paper", "source", "row", "model", "tables", "tasks": {task:
+    {"ours", "paper", "delta"}}, "averages": {benchmark: {"ours", "paper"
+    (as printed), "delta"}}, "only_paper": [tasks], "only_ours": [tasks]};
+    a side missing a number has None there.
   """
   record = get(setup)
   paper = task_scores(setup)
@@ -103,7 +109,8 @@ def compare(scores: Mapping[str, float], run_averages: Mapping[str, float],
   benches = {b: row(run_averages.get(b), v['value'])
              for b, v in record['printed_averages'].items()}
   tables = sorted({v['table'] for v in record['tasks'].values()})
-  return {'setup': setup, 'paper': record['paper'], 'seed': record['seed'],
+  return {'setup': setup, 'paper': record['paper'],
+          'source': record['source'], 'row': record['row'],
           'model': record['model'], 'tables': tables, 'tasks': tasks,
           'averages': benches,
           'only_paper': sorted(set(paper) - set(scores)),
@@ -121,7 +128,7 @@ def _cell(x) -> str:
 
 def compare_table(comparison: Mapping[str, Any]) -> str:
   """Aligned plain text: task, ours, paper, delta; the averages; a footer
-  naming the paper's tables."""
+  citing the paper's tables and row."""
   header = ['task', 'ours', 'paper', 'delta']
   rows = [[t, _cell(v['ours']), _cell(v['paper']),
            '-' if v['delta'] is None else f"{v['delta']:+.2f}"]
@@ -134,9 +141,9 @@ def compare_table(comparison: Mapping[str, Any]) -> str:
                      for i, (c, w) in enumerate(zip(r, widths)))
            for r in [header, *rows]]
   lines.insert(1, '-' * len(lines[0]))
-  lines.append(f"Paper: {comparison['paper']}, {comparison['model']}, "
-               f"{', '.join(comparison['tables'])} (seed "
-               f"{comparison['seed']}); averages as printed.")
+  lines.append(f"Paper: {comparison['source']}, row "
+               f"\"{comparison['row']}\" ({comparison['model']}); averages "
+               f"as printed.")
   return '\n'.join([f"Compared with {comparison['setup']}:", *lines])
 
 

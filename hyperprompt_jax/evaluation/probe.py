@@ -25,6 +25,7 @@ from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
@@ -207,14 +208,13 @@ def probe(
   summary (module docstring). As several processes (one per host), each
   runs its rows of every batch and gets every sum back; process 0 writes
   the files."""
-  from hyperprompt_jax.evaluation import eval as eval_lib  # pylint: disable=g-import-not-at-top
   model = model or gin.get_configurable(network.Transformer)()
-  found = eval_lib.find_checkpoints(checkpoint_path)
+  found = checkpoints.find_checkpoints(checkpoint_path)
   multihost.raise_everywhere(  # process 0 writes
       lambda: paths.check_writable_dir(output_dir, 'PROBE_OUTPUT_DIR'),
       ValueError)
   task_ids.check_num_tasks(model.config.num_tasks)
-  tasks = eval_lib.eval_tasks(mixture_or_task_name, split)
+  tasks = input_pipeline.eval_tasks(mixture_or_task_name, split)
   variables = network.abstract_variables(
       model, task_feature_lengths['inputs'],
       task_feature_lengths['targets'])

@@ -19,13 +19,19 @@ sigma is applied after the outer product. The baseline Output Gating (§6.4)
 is `max(W x, 0) ⊙ sigma(U c)` with U [d_model, n], n = d_ff (full) or n
 values repeated d_ff / n times.
 
-The conditioning vector c (DESIGN.md): a task embedding table [T, d_model]
-per stack; in each layer the (layer-normed) task vector is the single query
-of that layer's own attention over [task; tokens] (Eq. 6, T' = MHSA([T;X])_0),
-encoder layers through their self-attention, decoder layers through their
-encoder-decoder attention over `encoded` (so no target token reaches the
-gate). Option 'first_token': c is the first token of the layer's normed input
-(encoder) or of `encoded` (decoder), as in the earlier version of the paper.
+The conditioning vector c: a task embedding table [T, d_model] per stack;
+in each layer the (layer-normed) task vector is the single query of that
+layer's own attention over [task; tokens] (Sec. 2.1, Eq. 6, T' =
+MHSA([T;X])_0), encoder layers through their self-attention, decoder layers
+through their encoder-decoder attention over `encoded` (so no target token
+reaches the gate). Option 'first_token': c is the first token of the layer's
+normed input (encoder) or of `encoded` (decoder), as in the earlier version
+of the paper (arXiv 2007.05891, Sec. 3.2). Eq. 6 does not say whether MHSA is
+a new module or whether T is per layer; the paper's parameter costs (Sec.
+2.1) count neither, so each layer reuses its own attention weights and one
+table serves the stack. A decoder layer's causal task query could see no
+target token, hence no example, so it reads `encoded` instead, which also
+keeps its gate fixed across decode steps.
 
 **Compute rule.** Materialising G ⊙ W per example costs
 `batch * d_in * d_out` memory. With the grid oriented to the kernel

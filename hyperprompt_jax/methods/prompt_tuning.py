@@ -107,7 +107,7 @@ class TaskPrompts(nn.Module):
         'prompts', nn.initializers.normal(1.0),
         (self.num_tasks, n, self.emb_dim),
         jnp.float32, axes=('tasks', 'prompt_length', 'embed'))
-    if task_ids.ndim == 2:
+    if positions is not None:  # packed rows
       chosen = prompts[task_ids, jnp.minimum(positions, n - 1)]
       is_slot = (positions < n) & valid
       return jnp.where(is_slot[..., None], chosen.astype(embedded.dtype),

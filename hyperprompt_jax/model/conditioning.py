@@ -273,6 +273,8 @@ class StackConditioning:
       task; None for a model without conditioning.
     token_valid: `[batch, length]`, the columns HyperGrid's task query sees
       (the encoder's tokens; for the decoder, `encoded`'s).
+    packed: the rows are packed (decided by the network from the segment
+      ids): task ids are per token.
     decode: the decoder runs against its autoregressive cache.
     positions: packed encoder rows: `[batch, length]` position of each token
       in its example (Prompt-Tuning's slots are positions `0..n-1`).
@@ -280,12 +282,13 @@ class StackConditioning:
 
   def __init__(self, module: nn.Module, stack: str, num_layers: int,
                task_ids: Optional[Array], token_valid: Optional[Array],
-               decode: bool = False, positions: Optional[Array] = None):
+               packed: bool = False, decode: bool = False,
+               positions: Optional[Array] = None):
     cfg = module.config
     self.config = cfg
     self.stack = stack
     self.task_ids = task_ids
-    self.packed = task_ids is not None and task_ids.ndim == 2
+    self.packed = packed
     self._positions = positions
     self._token_valid = token_valid
     # Once the cache exists, everything that depends only on the task (and

@@ -249,21 +249,21 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoder_input_tokens, encoder_mask=None,
-               deterministic=False, task_ids=None, encoder_positions=None):
+               deterministic=False, task_ids=None, encoder_positions=None,
+               packed=False):
     """`[batch, length]` tokens -> `[batch, n + length, embed]` (n: the
     Prompt-Tuning prompt length, else 0; `encoder_mask` covers n + length).
 
-    Packed rows: `task_ids [batch, length]` per token and
-    `encoder_positions`; Prompt-Tuning's prompts then fill reserved slots
-    (n = 0).
+    Packed rows (`packed`, decided by `Transformer.encode` from the segment
+    ids): `task_ids [batch, length]` per token and `encoder_positions`;
+    Prompt-Tuning's prompts then fill reserved slots (n = 0).
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
-    packed = task_ids is not None and task_ids.ndim == 2
     conditioning = conditioning_lib.StackConditioning(
         self, 'encoder', cfg.num_encoder_layers, task_ids,
         conditioning_lib.input_valid(cfg, encoder_input_tokens, packed),
-        positions=encoder_positions)
+        packed=packed, positions=encoder_positions)
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = conditioning.inputs(x)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -288,7 +288,7 @@ class Decoder(nn.Module):
   def __call__(self, encoded, decoder_input_tokens, decoder_positions=None,
                decoder_mask=None, encoder_decoder_mask=None,
                deterministic=False, decode=False, max_decode_length=None,
-               task_ids=None, encoder_valid=None):
+               task_ids=None, encoder_valid=None, packed=False):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
     `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
@@ -300,7 +300,7 @@ class Decoder(nn.Module):
     rel_emb = _relative_position_biases(cfg)
     conditioning = conditioning_lib.StackConditioning(
         self, 'decoder', cfg.num_decoder_layers, task_ids, encoder_valid,
-        decode=decode)
+        packed=packed, decode=decode)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -368,17 +368,17 @@ class Transformer(nn.Module):
     task_ids = _check_inputs(cfg, 'encoder_input_tokens',
                              encoder_input_tokens, task_ids,
                              encoder_segment_ids)
-    valid = conditioning_lib.input_valid(cfg, encoder_input_tokens,
-                                         encoder_segment_ids is not None)
+    packed = encoder_segment_ids is not None  # decided here, handed down
+    valid = conditioning_lib.input_valid(cfg, encoder_input_tokens, packed)
     encoder_mask = layers.make_attention_mask(valid, valid, dtype=cfg.dtype)
-    if encoder_segment_ids is not None:
+    if packed:
       encoder_mask = layers.combine_masks(
           encoder_mask, layers.make_attention_mask(
               encoder_segment_ids, encoder_segment_ids, jnp.equal,
               dtype=cfg.dtype), dtype=cfg.dtype)
     return self.encoder(encoder_input_tokens, encoder_mask,
                         deterministic=not enable_dropout, task_ids=task_ids,
-                        encoder_positions=encoder_positions)
+                        encoder_positions=encoder_positions, packed=packed)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens, encoder_segment_ids=None,
@@ -395,9 +395,14 @@ class Transformer(nn.Module):
     task_ids = _check_inputs(cfg, 'decoder_input_tokens',
                              decoder_input_tokens, task_ids,
                              decoder_segment_ids)
+    packed = decoder_segment_ids is not None  # decided here, handed down
+    if packed != (encoder_segment_ids is not None):
+      raise ValueError('Packed rows need both encoder_segment_ids and '
+                       'decoder_segment_ids (the feature converter makes '
+                       'both with pack=True); got only one.')
     # `encoded` covers the Prompt-Tuning prompt too (always valid).
-    encoder_valid = conditioning_lib.input_valid(
-        cfg, encoder_input_tokens, encoder_segment_ids is not None)
+    encoder_valid = conditioning_lib.input_valid(cfg, encoder_input_tokens,
+                                                 packed)
     if decode:
       # Targets are not known while decoding: no decoder padding mask.
       decoder_mask = None
@@ -411,7 +416,7 @@ class Transformer(nn.Module):
       encoder_decoder_mask = layers.make_attention_mask(
           decoder_target_tokens > 0, encoder_valid, dtype=cfg.dtype
       )
-    if encoder_segment_ids is not None:
+    if packed:
       if decode:
         raise ValueError('Packed inputs cannot be decoded: '
                          '`encoder_segment_ids` was passed with decode=True.')
@@ -424,7 +429,7 @@ class Transformer(nn.Module):
         decoder_mask=decoder_mask, encoder_decoder_mask=encoder_decoder_mask,
         deterministic=not enable_dropout, decode=decode,
         max_decode_length=max_decode_length, task_ids=task_ids,
-        encoder_valid=encoder_valid)
+        encoder_valid=encoder_valid, packed=packed)
 
   def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int,
                  task_ids=None):

@@ -5,9 +5,13 @@ Inside `jax.jit` an out-of-range gather (a task id >= num_tasks, a token id
 error can name the feature, before they reach the device.
 """
 
-from typing import Mapping, Optional
+import dataclasses
+from typing import Any, Mapping, Optional
 
 import numpy as np
+
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.tasks import feature_converter
 
 # Feature -> rank of the encoder-decoder model's inputs (t5x's names).
 MODEL_FEATURE_RANKS = {
@@ -35,12 +39,47 @@ _TASK_ID_SEGMENTS = {'encoder_task_ids': 'encoder_segment_ids',
                      'decoder_task_ids': 'decoder_segment_ids'}
 
 
-def is_packed(batch: Mapping[str, np.ndarray]) -> bool:
+def is_packed(batch: Mapping[str, Any]) -> bool:
+  """Whether a model batch holds packed rows (the one test of it; the
+  network itself is told by its segment ids)."""
   return 'encoder_segment_ids' in batch
 
 
 def required_features(packed: bool) -> tuple[str, ...]:
   return PACKED_MODEL_FEATURES if packed else tuple(MODEL_FEATURE_RANKS)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowFormat:
+  """How a run's rows hold its examples: decided once, from PACK and the
+  model (`of`), and handed to the data pipeline, the feature converter and
+  the batch checks, so none of them works it out again.
+
+  Attributes:
+    packed: several examples per row, with segment ids, positions and
+      per-token task ids (`PACKED_MODEL_FEATURES`).
+    input_prompt_length: encoder positions reserved in front of every packed
+      example for Prompt-Tuning's n soft tokens (0 unpacked: the network
+      puts the prompt in front of the row itself).
+  """
+  packed: bool = False
+  input_prompt_length: int = 0
+
+  @classmethod
+  def of(cls, model_config: Any, pack: bool) -> 'RowFormat':
+    """The rows of a model (`network.T5Config`) with PACK = `pack`."""
+    n = prompt_tuning.prompt_length(model_config.prompt_tuning)
+    return cls(packed=pack, input_prompt_length=n if pack else 0)
+
+  @property
+  def features(self) -> tuple[str, ...]:
+    """The model features a batch of these rows carries."""
+    return required_features(self.packed)
+
+  def converter(self) -> feature_converter.TaskIdsEncDecFeatureConverter:
+    """The seqio feature converter that makes these rows."""
+    return feature_converter.TaskIdsEncDecFeatureConverter(
+        pack=self.packed, input_prompt_length=self.input_prompt_length)
 
 
 def check_one_task_per_segment(name: str, task_ids: np.ndarray,
@@ -68,8 +107,8 @@ def validate_batch(
     batch: Mapping[str, np.ndarray],
     num_tasks: int,
     vocab_size: Optional[int] = None,
-    required: tuple[str, ...] = tuple(MODEL_FEATURE_RANKS),
-    input_prompt_length: int = 0,
+    rows: RowFormat = RowFormat(),
+    required: Optional[tuple[str, ...]] = None,
 ) -> None:
   """Raises ValueError naming the first feature that is missing or malformed.
 
@@ -77,12 +116,12 @@ def validate_batch(
     batch: feature name -> array (numpy or anything `np.asarray` accepts).
     num_tasks: task ids must lie in `[0, num_tasks)`.
     vocab_size: if given, token ids must lie in `[0, vocab_size)`.
-    required: features that must be present (default: the unpacked
-      model features; packed batches: `required_features(True)`).
-    input_prompt_length: Prompt-Tuning's n: packed rows must hold the n
-      reserved slots in front of every example (else the soft prompt would
-      overwrite real tokens).
+    rows: the run's rows (default: unpacked). Packed rows with
+      Prompt-Tuning must hold its n reserved slots in front of every example
+      (else the soft prompt would overwrite real tokens).
+    required: features that must be present (default: `rows.features`).
   """
+  required = rows.features if required is None else required
   missing = [k for k in required if k not in batch]
   if missing:
     raise ValueError(
@@ -134,9 +173,8 @@ def validate_batch(
     if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
       check_one_task_per_segment(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
+  input_prompt_length = rows.input_prompt_length
   if input_prompt_length and is_packed(batch):
-    # Imported here: the feature converter imports TensorFlow.
-    from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
     positions = np.asarray(batch['encoder_positions'])
     slots = (positions < input_prompt_length) & (
         np.asarray(batch['encoder_segment_ids']) > 0)

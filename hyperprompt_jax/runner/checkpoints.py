@@ -15,14 +15,20 @@ t5x install is needed to start from a public t5x checkpoint.
 """
 
 import os
+import re
 from typing import Any, Mapping
 
+from etils import epath
 import flax
 from flax import serialization
 from flax import traverse_util
 import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
 
 PyTree = Any
+
+_CHECKPOINT = re.compile(r'^checkpoint_(\d+)$')
 
 
 class CheckpointMismatchError(ValueError):
@@ -36,9 +42,30 @@ def error_summary(error: Exception) -> str:
   return f'{type(error).__name__}: {lines[0][:300] if lines else ""}'
 
 
+def find_checkpoints(path: str) -> list[tuple[int, str]]:
+  """`[(step, dir)]` for one `checkpoint_<step>` or a directory of them,
+  by step. Incomplete (temporary) orbax saves are not listed."""
+  path = path.rstrip('/')
+  if not epath.Path(path).is_dir():
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} does not exist: give a checkpoint_<step> '
+        'folder or the MODEL_DIR holding them.')
+  match = _CHECKPOINT.match(os.path.basename(path))
+  if match:
+    return [(int(match[1]), path)]
+  found = sorted(
+      (int(m[1]), os.path.join(path, child.name))
+      for child in epath.Path(path).iterdir()
+      if (m := _CHECKPOINT.match(child.name)) and child.is_dir())
+  if not found:
+    raise FileNotFoundError(
+        f'CHECKPOINT_PATH {path!r} holds no checkpoint_<step> folders; '
+        'train first, or point at a MODEL_DIR that has some.')
+  return found
+
+
 def checkpoint_layout(path: str) -> str:
   """Returns 'orbax' or 'legacy' for a t5x `checkpoint_<step>` directory."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
 
   path = epath.Path(path)
   if not path.is_dir():
@@ -58,9 +85,7 @@ def checkpoint_layout(path: str) -> str:
 
 
 def _restore_orbax_target(path: str) -> PyTree:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-  from etils import epath  # pylint: disable=g-import-not-at-top
 
   # orbax's tensorstore specs need absolute local paths.
   state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
@@ -100,7 +125,6 @@ def _map_leaves(fn, tree: Any, is_leaf=lambda x: False) -> Any:
 
 
 def _read_tensorstore(spec: Mapping[str, Any], checkpoint_dir: str):
-  import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   spec = dict(spec)
   kvstore = dict(spec['kvstore'])
@@ -117,7 +141,6 @@ def _read_tensorstore(spec: Mapping[str, Any], checkpoint_dir: str):
 
 
 def _restore_legacy_target(path: str) -> PyTree:
-  from etils import epath  # pylint: disable=g-import-not-at-top
 
   raw = serialization.msgpack_restore(
       (epath.Path(path) / 'checkpoint').read_bytes()
@@ -208,11 +231,9 @@ def match_params(loaded: Mapping[str, np.ndarray], abstract_params: PyTree,
 def param_shapes(path: str) -> dict[str, tuple[int, ...]]:
   """`{'/'-path: shape}` of a checkpoint's parameters, read from its
   metadata (no array is loaded), either layout or runner."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
 
   path = os.fspath(path)
   if checkpoint_layout(path) == 'orbax':
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
     tree = ocp.PyTreeCheckpointHandler().metadata(state_dir / 'state').tree
     target = tree.get('target', tree.get('params'))

@@ -16,7 +16,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from hyperprompt_jax import tasks
+from hyperprompt_jax import tasks  # pylint: disable=unused-import (registers them)
+from hyperprompt_jax.runner import batches
 
 
 def get_mixture_or_task(name: str) -> seqio.DatasetProviderBase:
@@ -82,9 +83,9 @@ def check_samplable(mixture_or_task_name: str, split: str = 'train') -> None:
 def train_dataset(mixture_or_task_name: str,
                   task_feature_lengths: Mapping[str, int],
                   batch_size: int, seed: Optional[int] = 0,
-                  split: str = 'train', pack: bool = False,
+                  split: str = 'train',
+                  rows: batches.RowFormat = batches.RowFormat(),
                   use_cached: bool = False,
-                  input_prompt_length: int = 0,
                   shard_index: Optional[int] = None,
                   num_shards: Optional[int] = None) -> tf.data.Dataset:
   """This host's infinite, shuffled, batched training data.
@@ -92,9 +93,8 @@ def train_dataset(mixture_or_task_name: str,
   Args:
     shard_index, num_shards: this host's shard of the data and how many
       there are (`multihost.DataLayout`; default: one per process).
-    pack: several examples per row, with per-token task ids.
-    input_prompt_length: with `pack`, Prompt-Tuning's n encoder positions
-      reserved per example (`TaskIdsEncDecFeatureConverter`).
+    rows: the run's rows (`batches.RowFormat.of`): packed or not, and the
+      encoder positions reserved per packed example for Prompt-Tuning.
 
   Returns:
     A tf.data.Dataset of dicts with `encoder_input_tokens`,
@@ -112,8 +112,7 @@ def train_dataset(mixture_or_task_name: str,
   if batch_size % num_shards:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f'{num_shards} data shards of the hosts.')
-  converter = tasks.TaskIdsEncDecFeatureConverter(
-      pack=pack, input_prompt_length=input_prompt_length)
+  converter = rows.converter()
   return seqio.get_dataset(
       mixture_or_task_name,
       task_feature_lengths=dict(task_feature_lengths),
@@ -129,3 +128,14 @@ def train_dataset(mixture_or_task_name: str,
 
 def as_numpy(batch) -> dict[str, np.ndarray]:
   return {k: v.numpy() for k, v in batch.items()}
+
+
+def eval_tasks(mixture_or_task_name: str, split: str) -> list[seqio.Task]:
+  """The tasks of the mixture that have `split` and metrics."""
+  provider = get_mixture_or_task(mixture_or_task_name)
+  found = seqio.evaluation.get_valid_eval_tasks(
+      seqio.get_subtasks(provider), split)
+  if not found:
+    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
+                     'split and metrics to evaluate.')
+  return list(found)

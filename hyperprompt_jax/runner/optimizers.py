@@ -8,7 +8,7 @@ switch that trains only the task-conditioned parameters (Table 1's "Task"),
 the backbone then getting neither updates nor optimizer state, and Adafactor's
 parameter scaling per group or task-conditioning scope.
 
-Parameter scaling (issue 16). T5's Adafactor takes relative steps: each
+Parameter scaling. T5's Adafactor takes relative steps: each
 update is multiplied by max(1e-3, RMS(theta)), so a parameter moves in
 proportion to its own scale. That is right for every parameter initialised
 at its working scale: the backbone, HyperPrompt's prompts, embeddings and

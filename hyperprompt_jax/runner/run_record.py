@@ -20,7 +20,9 @@ import logging
 import os
 from typing import Any, Mapping, Optional, Sequence
 
+from etils import epath
 import gin
+import orbax.checkpoint as ocp
 
 from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
 
@@ -251,9 +253,6 @@ def write_gin_files(model_dir: str, record: Mapping[str, Any]) -> None:
 def read(checkpoint_path: str) -> Optional[dict[str, Any]]:
   """The record of a built-in runner's `checkpoint_<step>` (None for t5x's
   checkpoints and older ones)."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from etils import epath  # pylint: disable=g-import-not-at-top
-
   directory = epath.Path(checkpoint_path) / 'run'
   if not directory.exists():
     return None

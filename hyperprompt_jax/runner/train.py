@@ -18,7 +18,6 @@ import numpy as np
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
-from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import checkpoint_manager
@@ -316,15 +315,14 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
            restart_data_on_layout_change, balancing,
            num_microbatches) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
-  prompt_length = prompt_tuning.prompt_length(model.config.prompt_tuning)
+  rows = batches.RowFormat.of(model.config, pack)
   trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
                                 z_loss=z_loss, seed=seed, balancing=balancing,
                                 num_microbatches=num_microbatches)
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
       mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
-      pack=pack, use_cached=use_cached_tasks,
-      input_prompt_length=prompt_length if pack else 0,
+      rows=rows, use_cached=use_cached_tasks,
       shard_index=layout.shard_index, num_shards=layout.num_shards)
   if jax.process_count() > 1:
     log.info('Process %d of %d reads data shard %d of %d (%d rows of the '
@@ -436,8 +434,7 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
         # Inside jit an out-of-range task or token id would clamp silently.
         batches.validate_batch(local, model.config.num_tasks,
                                model.config.vocab_size,
-                               required=batches.required_features(pack),
-                               input_prompt_length=prompt_length)
+                               rows=rows)
         batch = trainer.global_batch(local)
         state, terms = trainer.step(state, batch)
         step += 1

@@ -49,8 +49,8 @@ from t5x import models
 from t5x import optimizers
 from t5x import trainer as t5x_trainer
 
-from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers as hp_optimizers
 from hyperprompt_jax.tasks import feature_converter
@@ -114,10 +114,12 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         gradient_balancing, metabalance_settings, module,
         mixture_or_task_name)
     if feature_converter_cls is None:
+      # t5x tells the converter whether to pack; the slots it reserves
+      # when it does are the model's (unpacked, the converter ignores them).
       feature_converter_cls = functools.partial(
           feature_converter.TaskIdsEncDecFeatureConverter,
-          input_prompt_length=prompt_tuning.prompt_length(
-              module.config.prompt_tuning))
+          input_prompt_length=batches.RowFormat.of(
+              module.config, pack=True).input_prompt_length)
     super().__init__(
         module, input_vocabulary, output_vocabulary, optimizer_def,
         decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
@@ -145,7 +147,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
                       ) -> dict[str, Optional[jax.Array]]:
     """The network's task-id arguments: per-token ids of packed rows, else
     `task_ids`."""
-    if 'encoder_task_ids' in batch:
+    if batches.is_packed(batch):
       return {k: batch[k] for k in ('encoder_task_ids', 'decoder_task_ids')}
     return {'task_ids': self._task_ids(batch)}
 

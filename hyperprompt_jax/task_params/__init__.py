@@ -37,11 +37,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
+import gin
 import numpy as np
+import tensorflow as tf
 
 from hyperprompt_jax import methods
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import run_record
 
 FORMAT = 'hyperprompt_jax.task_params/1'
 TASK_AXIS = 'tasks'
@@ -97,7 +102,6 @@ def backbone_fingerprint(flat: Mapping[str, np.ndarray]) -> str:
 def model_settings(model: network.Transformer) -> dict[str, str]:
   """The T5Config fields that fix what the task parameters mean (all but
   `_RUNTIME_FIELDS`), flattened as in the run record."""
-  from hyperprompt_jax.runner import run_record  # pylint: disable=g-import-not-at-top
   return {k: v for k, v in run_record.model_settings(model.config).items()
           if k not in _RUNTIME_FIELDS}
 
@@ -150,7 +154,6 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
           header: Mapping[str, Any]) -> int:
   """Writes the artifact atomically (temporary file, then rename); returns
   its size in bytes. Non-finite arrays are refused (`check_finite`)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   check_finite(arrays, f'The task parameters for {path}')
 
@@ -167,7 +170,6 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
 
 def read(path: str) -> tuple[Flat, dict[str, Any]]:
   """`(arrays, header)` of an artifact."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(
@@ -279,9 +281,6 @@ def trained_rows(model: network.Transformer, checkpoint_path: str,
   """How many task rows of a starting point were trained: its task list's
   length (an artifact's header, a built-in checkpoint's run record), else
   (t5x's checkpoints) every row it has, read from its metadata."""
-  from hyperprompt_jax.runner import checkpoints  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import run_record  # pylint: disable=g-import-not-at-top
-
   if artifact_path:
     return len(read(artifact_path)[1]['task_list'])
   record = run_record.read(checkpoint_path)
@@ -369,9 +368,7 @@ def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
   parameter only (`optimizers.only_task_rows`); for t5x's gin
   (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin), where
   `model` is the gin-configured network."""
-  from hyperprompt_jax.runner import optimizers  # pylint: disable=g-import-not-at-top
   if model is None:
-    import gin  # pylint: disable=g-import-not-at-top
     model = gin.get_configurable(network.Transformer)()
   if isinstance(first_new_row, bool) or not isinstance(first_new_row, int) or (
       not 0 <= first_new_row < model.config.num_tasks):

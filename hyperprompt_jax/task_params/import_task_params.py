@@ -10,6 +10,7 @@ import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorflow as tf
 
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
@@ -33,7 +34,6 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
     ValueError: an output that exists, a checkpoint of another model.
   """
   target = os.path.join(output_dir, 'checkpoint_0')
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if tf.io.gfile.exists(target):
     raise ValueError(f'{target} exists: choose a new --output_dir.')
   task_list = task_ids.run_task_list()
