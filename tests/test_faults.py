@@ -68,7 +68,7 @@ def trained(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp('faults') / 'run'
   gin.clear_config()
   # A binding only this run has, to tell its config record from others'.
-  gin.bind_parameter('hyperprompt_jax.train.train.use_cached_tasks', False)
+  gin.bind_parameter('hyperprompt_jax.runner.train.train.use_cached_tasks', False)
   try:
     result = train_lib.train(_model(), **_kwargs(model_dir))
   finally:

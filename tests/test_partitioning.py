@@ -22,7 +22,9 @@ SCRIPT = textwrap.dedent('''
     import dataclasses
     import jax, numpy as np
     from flax.linen import partitioning as nn_partitioning
-    from hyperprompt_jax.methods import hyperprompt, network, partitioning
+    from hyperprompt_jax.methods import hyperprompt
+    from hyperprompt_jax.model import network
+    from hyperprompt_jax.runner import partitioning
 
     assert jax.device_count() == 8
     cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,

@@ -200,7 +200,9 @@ def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
 
 SHARDED = textwrap.dedent('''
     import jax, numpy as np
-    from hyperprompt_jax.methods import hyperprompt, network, optimizers, partitioning
+    from hyperprompt_jax.methods import hyperprompt
+    from hyperprompt_jax.model import network
+    from hyperprompt_jax.runner import optimizers, partitioning
     from hyperprompt_jax.runner import trainer as trainer_lib
     assert jax.device_count() == 8
     cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,

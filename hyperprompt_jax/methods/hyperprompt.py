@@ -21,14 +21,13 @@ Decisions where the paper is silent or loose: one P_tau feeds both the key
 and the value hypernetworks, as Eqs. 3-6 write it (Sec. 3.3's prose says
 "P_{tau,k/v}", but no equation has two); encoder and decoder have separate
 everything, since their prompt lengths differ (16 and 6 on GLUE, Sec. 4.7)
-and App. A.1 counts the hypernetworks of one stack; no biases and no layer
-norms by default, as the paper's parameter formula (Sec. 3.4, App. A.1)
-counts none and is then exact; the flattened W^D I is read as [d, b] and
-W^U I as [b, heads * head_dim] (row-major: the paper gives no order, and a
-fixed one keeps checkpoints compatible). Prompts for all T tasks are
-computed once per forward
-(`[layers, T, l, heads, head_dim]`) and gathered by task id, so their cost
-does not grow with the batch.
+and App. A.1 counts the parameters of one stack (the decoder's); no biases
+and no layer norms by default, as the paper's parameter formula (Sec. 3.4,
+App. A.1) counts none and is then exact; the flattened W^D I is read as
+[d, b] and W^U I as [b, heads * head_dim] (row-major: the paper gives no
+order, and a fixed one keeps checkpoints compatible). Prompts for all T
+tasks are computed once per forward (`[layers, T, l, heads, head_dim]`) and
+gathered by task id, so their cost does not grow with the batch.
 
 Initialisation (the paper gives none): P_tau, k_tau, z_m ~ N(0, 1) like T5's
 token embeddings; D, U and h_t fan-in scaled like T5's dense layers; the

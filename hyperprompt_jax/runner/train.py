@@ -493,8 +493,6 @@ def run(args: argparse.Namespace) -> int:
   gin_utils.parse_gin_flags(args)
   # Parsing gin computes nothing, so the hosts may join after it.
   multihost.initialize_from_flags(args)
-  # Under `python -m` this file is `__main__`; gin configures the function
-  # of the importable module (`hyperprompt_jax.train.train`).
   result = train()
   if result['stopped_by']:
     return preemption.exit_status(result['stopped_by'])
