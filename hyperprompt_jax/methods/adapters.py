@@ -126,10 +126,12 @@ def layer_norm(x: Array, scale: Array, bias: Array,
 
 
 class LayerAdapters:
-  """A stack's adapters bound to one layer and the batch's task ids."""
+  """A stack's adapters bound to one layer and the batch's task ids
+  (`[batch]`, or per token `[batch, length]` when `packed`)."""
 
   def __init__(self, weights: dict[str, AdapterWeights], layer: int,
-               task_ids: Optional[Array], activation: str):
+               task_ids: Optional[Array], activation: str,
+               packed: bool = False):
     if task_ids is None:
       raise ValueError(
           'Adapters need task_ids (int32 [batch]) but none were given: pass '
@@ -139,12 +141,13 @@ class LayerAdapters:
     self.layer = layer
     self.task_ids = task_ids
     self.activation = layers.activation(activation)
+    self.packed = packed
 
   def __call__(self, h: Array, kind: str) -> Array:
     """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:
     'attention' or 'mlp', the sublayer `h` comes from."""
     w = self.weights[kind]
-    if self.task_ids.ndim == 2:
+    if self.packed:
       return h + self._per_token(h, w)
 
     def take(a):  # layer m, then each example's task: [batch, ...]
@@ -192,7 +195,7 @@ class LayerAdapters:
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
   return ((adapters.weights, adapters.task_ids),
-          (adapters.layer, adapters.activation))
+          (adapters.layer, adapters.activation, adapters.packed))
 
 
 def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
@@ -200,7 +203,7 @@ def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
   # activation is already the function.
   adapters = object.__new__(LayerAdapters)
   adapters.weights, adapters.task_ids = children
-  adapters.layer, adapters.activation = aux
+  adapters.layer, adapters.activation, adapters.packed = aux
   return adapters
 
 

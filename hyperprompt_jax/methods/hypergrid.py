@@ -368,23 +368,37 @@ class GatedDenseGeneral(layers.DenseGeneral):
                         jnp.asarray(kernel, self.dtype), self.grid)  # NEW
 
 
+@struct.dataclass
+class FfnGates:
+  """One layer's FFN gates, made by its `StackGating` from the layer's
+  conditioning vector: HyperGrid's grids oriented to the kernels they gate
+  (Eq. 7), or Output Gating's gate on the activations (§6.4).
+
+  Attributes:
+    wi_grid: `[batch, d_r, d_c]`, every `wi*` kernel's grid (or None).
+    wo_grid: `[batch, d_c, d_r]`, `wo`'s grid (or None).
+    output_gate: `[batch, d_ff]`, applied after the activations' product.
+  """
+  wi_grid: Optional[Array] = None
+  wo_grid: Optional[Array] = None
+  output_gate: Optional[Array] = None
+
+
 class GatedMlpBlock(layers.MlpBlock):
   """T5's FFN with HyperGrid's gated `wi*` / `wo` kernels (Eq. 7) or Output
   Gating's gate on the activations (§6.4); t5x's parameter names."""
 
-  wi_grid: Optional[Array] = None   # [batch, d_r, d_c]: every wi* kernel
-  wo_grid: Optional[Array] = None   # [batch, d_c, d_r]
-  output_gate: Optional[Array] = None  # [batch, d_ff], after the product
+  gates: FfnGates = FfnGates()
 
   def intermediate(self, inputs: Array) -> Array:
     x = super().intermediate(inputs)
-    if self.output_gate is None:
+    if self.gates.output_gate is None:
       return x
-    return x * self.output_gate.astype(x.dtype)[:, None, :]  # NEW
+    return x * self.gates.output_gate.astype(x.dtype)[:, None, :]  # NEW
 
   def dense(self, name: str, features: int,
             kernel_axes: tuple[str, str]) -> nn.Module:
-    grid = self.wo_grid if name == 'wo' else self.wi_grid  # NEW
+    grid = self.gates.wo_grid if name == 'wo' else self.gates.wi_grid  # NEW
     if grid is None:
       return super().dense(name, features, kernel_axes)
     return GatedDenseGeneral(features, dtype=self.dtype,
@@ -434,10 +448,11 @@ class TaskQueryAttention(layers.MultiHeadDotProductAttention):
 class StackGating:
   """HyperGrid's (or Output Gating's) conditioning of one stack.
 
-  Built once per stack by `conditioning.py`; every layer of the stack calls
-  `attention` for the attention its gate comes from (encoder: the
-  self-attention; decoder: the encoder-decoder attention, so no target token
-  reaches the gate) and `mlp` for its gated FFN.
+  Built once per stack by `conditioning.py`; every layer of the stack builds
+  the attention its gate comes from (encoder: the self-attention; decoder:
+  the encoder-decoder attention, so no target token reaches the gate) of
+  class `attention_class`, and `attend` runs it and makes the layer's
+  `FfnGates` for its `GatedMlpBlock`.
 
   Attributes:
     config: the HyperGrid configuration.
@@ -457,14 +472,22 @@ class StackGating:
   token_valid: Optional[Array]
   decode: bool = False
 
-  def attention(self, attention: Callable[..., nn.Module], norm: nn.Module,
-                inputs_q: Array, inputs_kv: Array, mask, bias, *,
-                first_token: Callable[[], Array], deterministic: bool,
-                **prefix) -> tuple[Array, dict[str, Any]]:
-    """Runs the gating attention and builds the layer's gates.
+  @property
+  def attention_class(self) -> type[layers.MultiHeadDotProductAttention]:
+    """The class of the gating attention: with task vectors
+    (task_attention), t5x's attention plus Eq. 6's task query."""
+    if self.task_vectors is None:
+      return layers.MultiHeadDotProductAttention
+    return TaskQueryAttention
+
+  def attend(self, attention: nn.Module, norm: nn.Module, inputs_q: Array,
+             inputs_kv: Array, mask, bias, *,
+             first_token: Callable[[], Array], deterministic: bool,
+             **prefix) -> tuple[Array, FfnGates]:
+    """Runs the layer's gating attention and makes its FFN gates.
 
     Args:
-      attention: `(cls, name=...) -> attention module` of the layer.
+      attention: the layer's attention, of class `attention_class`.
       norm: the layer norm in front of the attention (Eq. 6 norms the task
         vector like the tokens).
       inputs_q, inputs_kv, mask, bias, deterministic, prefix: the attention's.
@@ -473,35 +496,33 @@ class StackGating:
         depends on the order of use).
 
     Returns:
-      The attention output and `GatedMlpBlock`'s gate arguments.
+      The attention output and the layer's `FfnGates`.
     """
     if self.task_vectors is None:
-      out = attention(layers.MultiHeadDotProductAttention)(
-          inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
-          **prefix)
+      out = attention(inputs_q, inputs_kv, mask, bias,
+                      deterministic=deterministic, **prefix)
       c = first_token()
     else:
-      out, c = attention(TaskQueryAttention)(
-          inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
-          task_query=norm(self.task_vectors),
-          task_key_valid=self.token_valid, **prefix)
+      out, c = attention(inputs_q, inputs_kv, mask, bias,
+                         deterministic=deterministic,
+                         task_query=norm(self.task_vectors),
+                         task_key_valid=self.token_valid, **prefix)
     return out, self.gates(c)
 
-  def gates(self, c: Optional[Array]) -> dict[str, Array]:
+  def gates(self, c: Optional[Array]) -> FfnGates:
     """A layer's gates from its conditioning vector `c [batch, embed]`
-    (call inside the layer): `wi_grid` / `wo_grid` oriented to the kernels,
-    or `output_gate` `[batch, d_ff]`."""
+    (call inside the layer)."""
     cfg = self.config
     if cfg.variant == 'output_gating':
-      return {'output_gate': OutputGate(cfg, self.emb_dim, self.mlp_dim,
-                                        name='output_gating')(c, self.decode)}
+      return FfnGates(output_gate=OutputGate(
+          cfg, self.emb_dim, self.mlp_dim, name='output_gating')(
+              c, self.decode))
     grid = GridGate(cfg, self.emb_dim, name='hypergrid')(c, self.decode)
-    gates = {}
-    if cfg.target in ('wi', 'both'):
-      gates['wi_grid'] = orient_grid(grid, kernel_rows_are_model=True)
-    if cfg.target in ('wo', 'both'):
-      gates['wo_grid'] = orient_grid(grid, kernel_rows_are_model=False)
-    return gates
+    return FfnGates(
+        wi_grid=(orient_grid(grid, kernel_rows_are_model=True)
+                 if cfg.target in ('wi', 'both') else None),
+        wo_grid=(orient_grid(grid, kernel_rows_are_model=False)
+                 if cfg.target in ('wo', 'both') else None))
 
 
 # A pytree (its arrays the leaves): layers under `nn.remat` take it inside

@@ -75,12 +75,15 @@ class LayerConditioning:
     adapters: the layer's `adapters.LayerAdapters` (after the attention and
       FFN sublayers; none after the cross-attention).
     gating: the stack's `hypergrid.StackGating` (HyperGrid, Output Gating).
+    gates: the layer's FFN gates, once its gating attention made them
+      (`attend`).
   """
 
   prompts: Optional[Prompts] = None
   cross_attention_prompts: bool = False
   adapters: Optional[adapters_lib.LayerAdapters] = None
   gating: Optional[hypergrid_lib.StackGating] = None
+  gates: Optional[hypergrid_lib.FfnGates] = None
 
   def self_attention_prefix(self) -> dict[str, Any]:
     """Keyword arguments of the self-attention's key/value prefix."""
@@ -99,37 +102,45 @@ class LayerConditioning:
                                  values=cache['cached_prefix_value'])
     return prompts.as_kwargs()
 
-  def attention(self, attention: Callable[..., nn.Module], norm: nn.Module,
-                inputs_q: Array, inputs_kv: Array, mask, bias, *,
-                first_token: Callable[[], Array], deterministic: bool,
-                **prefix) -> tuple[Array, dict[str, Array]]:
-    """The attention the layer's FFN gates come from (encoder: the
-    self-attention, decoder: the encoder-decoder attention).
+  @property
+  def attention_class(self) -> type[layers.MultiHeadDotProductAttention]:
+    """The class of the attention the layer's FFN gates come from (encoder:
+    the self-attention, decoder: the encoder-decoder attention)."""
+    if self.gating is None:
+      return layers.MultiHeadDotProductAttention
+    return self.gating.attention_class
+
+  def attend(self, attention: nn.Module, norm: nn.Module, inputs_q: Array,
+             inputs_kv: Array, mask, bias, *,
+             first_token: Callable[[], Array], deterministic: bool,
+             **prefix) -> tuple[Array, 'LayerConditioning']:
+    """Runs that attention; with gating, its FFN gates come back inside the
+    returned conditioning (the layer's FFN is then `ffn`'s gated block).
 
     Args:
-      attention: `(cls) -> module`: the layer's attention of class `cls`.
+      attention: the layer's attention, of class `attention_class`.
       norm: the layer norm in front of it.
       inputs_q, inputs_kv, mask, bias, deterministic, prefix: its inputs.
       first_token: `() -> [batch, embed]`, HyperGrid's first_token
         conditioning vector.
 
     Returns:
-      The attention output and the FFN's gates (`{}` without gating).
+      The attention output and the layer's conditioning with its gates.
     """
     if self.gating is None:
-      out = attention(layers.MultiHeadDotProductAttention)(
-          inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
-          **prefix)
-      return out, {}
-    return self.gating.attention(
+      return attention(inputs_q, inputs_kv, mask, bias,
+                       deterministic=deterministic, **prefix), self
+    out, gates = self.gating.attend(
         attention, norm, inputs_q, inputs_kv, mask, bias,
         first_token=first_token, deterministic=deterministic, **prefix)
+    return out, dataclasses.replace(self, gates=gates)
 
-  def mlp_class(self, gates: dict[str, Array]) -> Callable[..., nn.Module]:
-    """The FFN block class with the layer's gates bound."""
-    if not gates:
-      return layers.MlpBlock
-    return lambda **kwargs: hypergrid_lib.GatedMlpBlock(**kwargs, **gates)
+  def ffn(self, **kwargs) -> nn.Module:
+    """The layer's FFN block (`layers.MlpBlock`'s arguments): gated by the
+    layer's gates once `attend` made them."""
+    if self.gates is None:
+      return layers.MlpBlock(**kwargs)
+    return hypergrid_lib.GatedMlpBlock(gates=self.gates, **kwargs)
 
   def adapt(self, y: Array, kind: str) -> Array:
     """A sublayer's output `y` through its `kind` adapter, if any."""
@@ -139,7 +150,7 @@ class LayerConditioning:
 # A pytree (its arrays the leaves), so that a layer under `nn.remat`
 # (T5Config.remat_policy) takes it as an argument like any array.
 jax.tree_util.register_dataclass(
-    LayerConditioning, data_fields=['prompts', 'adapters', 'gating'],
+    LayerConditioning, data_fields=['prompts', 'adapters', 'gating', 'gates'],
     meta_fields=['cross_attention_prompts'])
 
 NONE = LayerConditioning()
@@ -338,7 +349,7 @@ class StackConditioning:
     if self._adapters is not None:
       weights, activation = self._adapters
       adapters = adapters_lib.LayerAdapters(weights, m, self.task_ids,
-                                            activation)
+                                            activation, self.packed)
     hp = self.config.hyperprompt
     return LayerConditioning(
         prompts=prompts,

@@ -141,13 +141,13 @@ def _attention(cfg: T5Config, name: str, cls=layers.MultiHeadDotProductAttention
   )
 
 
-def _ffn_sublayer(cfg: T5Config, x, deterministic, gates,
+def _ffn_sublayer(cfg: T5Config, x, deterministic,
                   conditioning: conditioning_lib.LayerConditioning):
   """Pre-norm FFN with residual (call inside a layer's compact method):
-  `pre_mlp_layer_norm` and `mlp` of the calling layer, the FFN `gates` (if
-  any) and the layer's FFN adapter (before dropout)."""
+  `pre_mlp_layer_norm` and `mlp` of the calling layer (gated when the
+  layer's conditioning holds gates) and its FFN adapter (before dropout)."""
   y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
-  y = conditioning.mlp_class(gates)(
+  y = conditioning.ffn(
       intermediate_dim=cfg.mlp_dim,
       activations=cfg.mlp_activations,
       intermediate_dropout_rate=cfg.dropout_rate,
@@ -176,14 +176,14 @@ class EncoderLayer(nn.Module):
     bias = self.relative_embedding(length, length, True)
     norm = layers.LayerNorm(dtype=cfg.dtype, name='pre_attention_layer_norm')
     x = norm(inputs)
-    x, gates = conditioning.attention(
-        lambda cls: _attention(cfg, 'attention', cls), norm, x, x,
-        encoder_mask, bias, first_token=lambda: norm(inputs)[:, 0],
-        deterministic=deterministic,
+    attention = _attention(cfg, 'attention', conditioning.attention_class)
+    x, conditioning = conditioning.attend(
+        attention, norm, x, x, encoder_mask, bias,
+        first_token=lambda: norm(inputs)[:, 0], deterministic=deterministic,
         **conditioning.self_attention_prefix())
     x = conditioning.adapt(x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
-    return _ffn_sublayer(cfg, x + inputs, deterministic, gates, conditioning)
+    return _ffn_sublayer(cfg, x + inputs, deterministic, conditioning)
 
 
 class DecoderLayer(nn.Module):
@@ -222,13 +222,15 @@ class DecoderLayer(nn.Module):
     cross_norm = layers.LayerNorm(
         dtype=cfg.dtype, name='pre_cross_attention_layer_norm'
     )
-    y, gates = conditioning.attention(
-        lambda cls: _attention(cfg, 'encoder_decoder_attention', cls),
-        cross_norm, cross_norm(x), encoded, encoder_decoder_mask, None,
-        first_token=lambda: encoded[:, 0], deterministic=deterministic,
+    cross_attention = _attention(cfg, 'encoder_decoder_attention',
+                                 conditioning.attention_class)
+    y, conditioning = conditioning.attend(
+        cross_attention, cross_norm, cross_norm(x), encoded,
+        encoder_decoder_mask, None, first_token=lambda: encoded[:, 0],
+        deterministic=deterministic,
         **conditioning.cross_attention_prefix(self))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    return _ffn_sublayer(cfg, y + x, deterministic, gates, conditioning)
+    return _ffn_sublayer(cfg, y + x, deterministic, conditioning)
 
 
 def _relative_position_biases(cfg: T5Config) -> layers.RelativePositionBiases:
