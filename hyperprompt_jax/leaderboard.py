@@ -20,7 +20,7 @@ Rows are in `idx` order, one per test example. A prediction that is no
 valid label (the postprocessor's -1) is written as the task's first label
 (0.0 for STS-B), counted in `leaderboard_summary.json` and the log. The
 servers also want files this project cannot produce from its tasks: WNLI
-(neither paper trains it; HyperGrid copies T5's numbers [002 L238]) and the
+(neither paper trains it; HyperGrid copies T5's numbers (HyperGrid Transformers, Table 5's footnote)) and the
 diagnostics AX / AX-b / AX-g, which are MNLI / RTE models' predictions on
 other data: register them as tasks aliased to `glue_mnli` /
 `super_glue_rte` (`tasks.add_task(..., alias_of=...)`) named `glue_ax`,

@@ -19,12 +19,12 @@ query tokens of the examples:
   token_entropy  of the distribution over the token columns alone,
                  renormalised without the prompts: the paper's entropy
                  ("re-normalizing the softmax distribution after removing
-                 hyper-prompts" [000 L351]), comparable with MTL's.
+                 hyper-prompts" (HyperPrompt, Appendix A.3)), comparable with MTL's.
 
 The paper's per-layer mass is "averaged ... across 100 validation examples
 and each attention head in a layer, and summed across each query" [000
 L351]: the mean over heads here times the number of queries. It plots the
-encoder, for MRPC, HyperPrompt-Global against MTL [000 L245].
+encoder, for MRPC, HyperPrompt-Global against MTL (HyperPrompt, Sec. 4.6, Fig. 3).
 
   python -m hyperprompt_jax.probe --gin_file=runs/quickstart_probe.gin
 

@@ -34,7 +34,7 @@ For example, 2 hosts:
 
 `--num_microbatches` / `--remat_policy` set NUM_MICROBATCHES /
 REMAT_POLICY (training, either runner): the papers' batch of 128 on GPUs
-whose memory does not hold its activations (README, Training).
+whose memory does not hold its activations (docs/operations.md, Training).
 `--mem_fraction` sets XLA_PYTHON_CLIENT_MEM_FRACTION, the
 share of GPU memory JAX preallocates (JAX's default: 0.75). `--dry-run` prints
 the commands, one per line, and runs nothing; otherwise they run in order and

@@ -1,4 +1,4 @@
-"""A small target task with helpers, for MetaBalance (README, MetaBalance).
+"""A small target task with helpers, for MetaBalance (docs/methods.md, MetaBalance).
 
 `quickstart_rte_small`: the fixture RTE with only its first 40 training
 examples (its validation split whole), registered as an alias of `glue_rte`

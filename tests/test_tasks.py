@@ -148,7 +148,7 @@ def test_glue_tasks_use_t5s_metrics():
 
 # ------------------------------------------------------ benchmark averages --
 
-# HyperPrompt Table 8 (GLUE, T5 Base; SEEDS_DIGEST), printed AVG last.
+# HyperPrompt Table 8 (GLUE, T5 Base; Appendix A.4), printed AVG last.
 TABLE_8 = {
     'MTL': ([49.8, 94.6, (92.5, 89.8), (90.7, 90.5), (89.2, 91.9),
              (88.8, 88.5), 93.3, 85.0], 85.5),

@@ -1,5 +1,7 @@
-"""The library behind `python -m hyperprompt_jax.benchmark` (hyperprompt_jax/benchmark.py: its usage)."""
-
+"""The benchmarks, each printed side by side in one process (ratios to a
+baseline, never absolute targets): training steps of every variant, decode
+steps, MetaBalance, microbatches and remat, packing, memory. Its command:
+`python -m hyperprompt_jax.benchmark`."""
 
 import argparse
 import dataclasses

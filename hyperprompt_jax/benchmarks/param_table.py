@@ -1,5 +1,6 @@
-"""The library behind `python -m hyperprompt_jax.param_table` (hyperprompt_jax/param_table.py: its usage)."""
-
+"""Parameter tables (total, backbone, task-conditioned, per scope) and
+forward FLOPs of a gin-configured model, from abstract shapes. Its command:
+`python -m hyperprompt_jax.param_table`."""
 
 import argparse
 import collections

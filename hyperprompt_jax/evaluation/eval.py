@@ -1,5 +1,7 @@
-"""The library behind `python -m hyperprompt_jax.eval` (hyperprompt_jax/eval.py: its usage)."""
-
+"""Evaluation of checkpoints by each paper's protocol: `evaluate` scores
+every checkpoint of one or more runs with seqio's evaluator and writes the
+summaries (`eval_summary`); `summarize_metrics_dir` does the same from
+t5x's metrics files. Its command: `python -m hyperprompt_jax.eval`."""
 
 import argparse
 import collections

@@ -1,5 +1,6 @@
-"""The library behind `python -m hyperprompt_jax.infer` (hyperprompt_jax/infer.py: its usage)."""
-
+"""Predictions per task of one checkpoint (greedy decoding, `decoding`),
+written as JSON lines per task. Its command: `python -m
+hyperprompt_jax.infer`."""
 
 import argparse
 import json

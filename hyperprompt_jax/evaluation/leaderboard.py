@@ -1,5 +1,6 @@
-"""The library behind `python -m hyperprompt_jax.leaderboard` (hyperprompt_jax/leaderboard.py: its usage)."""
-
+"""Test-server files: each task's test-split predictions in the GLUE /
+SuperGLUE leaderboards' formats. Its command: `python -m
+hyperprompt_jax.leaderboard`."""
 
 import argparse
 import collections

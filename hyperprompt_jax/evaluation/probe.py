@@ -1,5 +1,6 @@
-"""The library behind `python -m hyperprompt_jax.probe` (hyperprompt_jax/probe.py: its usage)."""
-
+"""The attention probe (HyperPrompt, Sec. 4.6, Fig. 3): the attention mass
+and entropy over the hyper-prompts per layer, per checkpoint. Its command:
+`python -m hyperprompt_jax.probe`."""
 
 import argparse
 import json

@@ -175,7 +175,7 @@ class LayerAdapters:
     before one `[T * b, d]` up-projection, so each token's output is exactly
     its own task's adapter. Vectors (biases, norms) are gathered per token.
     Grouping tokens by task (`jax.lax.ragged_dot`) measured 3.7x slower on a
-    CPU (README, Packing).
+    CPU (docs/performance.md, Packing).
     """
     num_tasks = w.down.shape[1]
     one_hot = jax.nn.one_hot(self.task_ids, num_tasks, dtype=h.dtype)

@@ -1,5 +1,7 @@
-"""The library behind `python -m hyperprompt_jax.train` (hyperprompt_jax/train.py: its usage)."""
-
+"""The built-in runner's training loop: `train` (gin-configured by
+gin/runs/train.gin) checks the settings, locks MODEL_DIR, restores or
+initialises the state, and steps, checkpoints and logs until TRAIN_STEPS,
+surviving preemption. Its command: `python -m hyperprompt_jax.train`."""
 
 import argparse
 import dataclasses

@@ -1,5 +1,5 @@
-"""The library behind `python -m hyperprompt_jax.export_task_params` (hyperprompt_jax/export_task_params.py: its usage)."""
-
+"""Writes a checkpoint's task-conditioned parameters as a small artifact
+(`task_params`). Its command: `python -m hyperprompt_jax.export_task_params`."""
 
 import argparse
 import logging

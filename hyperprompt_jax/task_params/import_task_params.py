@@ -1,5 +1,6 @@
-"""The library behind `python -m hyperprompt_jax.import_task_params` (hyperprompt_jax/import_task_params.py: its usage)."""
-
+"""Places an exported task-parameter artifact on a backbone checkpoint and
+writes a checkpoint the runners start from. Its command: `python -m
+hyperprompt_jax.import_task_params`."""
 
 import argparse
 import logging
