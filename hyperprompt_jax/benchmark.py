@@ -124,7 +124,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.benchmark', __doc__, 'hyperprompt_jax.benchmarks.benchmark', argv, add_flags=add_flags)
+      'python -m hyperprompt_jax.benchmark', __doc__,
+      'hyperprompt_jax.benchmarks.benchmark', argv,
+      add_flags=add_flags)
 
 
 if __name__ == '__main__':

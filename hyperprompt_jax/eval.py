@@ -72,7 +72,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.eval', __doc__, 'hyperprompt_jax.evaluation.eval', argv, add_flags=add_flags, tensorflow=True)
+      'python -m hyperprompt_jax.eval', __doc__,
+      'hyperprompt_jax.evaluation.eval', argv,
+      add_flags=add_flags, tensorflow=True)
 
 
 if __name__ == '__main__':

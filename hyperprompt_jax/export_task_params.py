@@ -37,7 +37,9 @@ def add_flags(parser) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.export_task_params', __doc__, 'hyperprompt_jax.task_params.export_task_params', argv, add_flags=add_flags, tensorflow=True)
+      'python -m hyperprompt_jax.export_task_params', __doc__,
+      'hyperprompt_jax.task_params.export_task_params', argv,
+      add_flags=add_flags, tensorflow=True)
 
 
 if __name__ == '__main__':

@@ -25,7 +25,9 @@ from hyperprompt_jax.runner import gin_utils
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.infer', __doc__, 'hyperprompt_jax.evaluation.infer', argv, add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+      'python -m hyperprompt_jax.infer', __doc__,
+      'hyperprompt_jax.evaluation.infer', argv,
+      add_flags=gin_utils.add_distributed_flags, tensorflow=True)
 
 
 if __name__ == '__main__':

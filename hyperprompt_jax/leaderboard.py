@@ -20,7 +20,8 @@ Rows are in `idx` order, one per test example. A prediction that is no
 valid label (the postprocessor's -1) is written as the task's first label
 (0.0 for STS-B), counted in `leaderboard_summary.json` and the log. The
 servers also want files this project cannot produce from its tasks: WNLI
-(neither paper trains it; HyperGrid copies T5's numbers (HyperGrid Transformers, Table 5's footnote)) and the
+(neither paper trains it; HyperGrid copies T5's numbers: HyperGrid
+Transformers, Table 5's footnote) and the
 diagnostics AX / AX-b / AX-g, which are MNLI / RTE models' predictions on
 other data: register them as tasks aliased to `glue_mnli` /
 `super_glue_rte` (`tasks.add_task(..., alias_of=...)`) named `glue_ax`,
@@ -40,7 +41,9 @@ from hyperprompt_jax.runner import gin_utils
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.leaderboard', __doc__, 'hyperprompt_jax.evaluation.leaderboard', argv, add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+      'python -m hyperprompt_jax.leaderboard', __doc__,
+      'hyperprompt_jax.evaluation.leaderboard', argv,
+      add_flags=gin_utils.add_distributed_flags, tensorflow=True)
 
 
 if __name__ == '__main__':

@@ -54,7 +54,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.param_table', __doc__, 'hyperprompt_jax.benchmarks.param_table', argv, add_flags=add_flags)
+      'python -m hyperprompt_jax.param_table', __doc__,
+      'hyperprompt_jax.benchmarks.param_table', argv,
+      add_flags=add_flags)
 
 
 if __name__ == '__main__':

@@ -19,12 +19,14 @@ query tokens of the examples:
   token_entropy  of the distribution over the token columns alone,
                  renormalised without the prompts: the paper's entropy
                  ("re-normalizing the softmax distribution after removing
-                 hyper-prompts" (HyperPrompt, Appendix A.3)), comparable with MTL's.
+                 hyper-prompts", HyperPrompt, Appendix A.3), comparable
+                 with MTL's.
 
 The paper's per-layer mass is "averaged ... across 100 validation examples
-and each attention head in a layer, and summed across each query" [000
-L351]: the mean over heads here times the number of queries. It plots the
-encoder, for MRPC, HyperPrompt-Global against MTL (HyperPrompt, Sec. 4.6, Fig. 3).
+and each attention head in a layer, and summed across each query"
+(HyperPrompt, Appendix A.3): the mean over heads here times the number of
+queries. It plots the encoder, for MRPC, HyperPrompt-Global against MTL
+(HyperPrompt, Sec. 4.6, Fig. 3).
 
   python -m hyperprompt_jax.probe --gin_file=runs/quickstart_probe.gin
 
@@ -42,7 +44,9 @@ from hyperprompt_jax.runner import gin_utils
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   return gin_utils.run_command(
-      'python -m hyperprompt_jax.probe', __doc__, 'hyperprompt_jax.evaluation.probe', argv, add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+      'python -m hyperprompt_jax.probe', __doc__,
+      'hyperprompt_jax.evaluation.probe', argv,
+      add_flags=gin_utils.add_distributed_flags, tensorflow=True)
 
 
 if __name__ == '__main__':

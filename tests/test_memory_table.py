@@ -1,4 +1,4 @@
-"""The memory table of `benchmark --memory` (issue 31)."""
+"""The memory table of `benchmark --memory`."""
 
 import dataclasses
 
@@ -8,6 +8,7 @@ import pytest
 
 import conftest
 from hyperprompt_jax.benchmarks import memory_table
+from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
 
 
@@ -60,3 +61,21 @@ def test_step_bytes_hold_the_state_and_fall_with_parts_and_remat():
     assert m['peak'] <= m['arguments'] + m['outputs'] + m['temporaries']
   assert got[('none', 4)]['temporaries'] < got[('none', 1)]['temporaries'] / 2
   assert got[('full', 1)]['temporaries'] <= got[('none', 1)]['temporaries']
+
+
+def test_full_remat_peak_drops_what_full_remat_no_longer_keeps():
+  assert memory_table.full_remat_peak(100, 60, 10) == 50
+  assert memory_table.full_remat_peak(100, 10, 20) == 100  # never above
+
+
+def test_saved_bytes_of_abstract_shapes_match_concrete_ones():
+  """Traced for shapes only (an 11B setup needs no memory): the same bytes
+  as for a concrete batch and parameters."""
+  cfg = conftest.T5X_TINY_CONFIG
+  abstract = memory_table.saved_bytes(cfg, 4, 16, 8, False)
+  model = network.Transformer(cfg)
+  concrete = timing.saved_activation_bytes(
+      model, timing.fresh_params(model, 16, 8),
+      timing.random_batch(np.random.default_rng(0), 4, 16, 8,
+                          cfg.vocab_size, cfg.num_tasks))
+  assert abstract == concrete > 0

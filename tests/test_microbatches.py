@@ -1,4 +1,4 @@
-"""Gradient accumulation (NUM_MICROBATCHES, issue 31): the batch's gradient
+"""Gradient accumulation (NUM_MICROBATCHES): the batch's gradient
 taken part by part is the one-batch update, packed or not."""
 
 import dataclasses

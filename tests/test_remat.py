@@ -1,4 +1,4 @@
-"""Activation rematerialisation (REMAT_POLICY, issue 31): the same parameter
+"""Activation rematerialisation (REMAT_POLICY): the same parameter
 paths (a real t5x checkpoint still loads) and the same gradients."""
 
 import dataclasses
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import conftest
+from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
@@ -102,3 +103,26 @@ def test_an_unknown_remat_policy_is_named():
   with pytest.raises(ValueError, match="REMAT_POLICY='some'"):
     network.check_config(dataclasses.replace(conftest.T5X_TINY_CONFIG,
                                              remat_policy='some'))
+
+
+def test_saved_activations_shrink_with_the_remat_policy_and_the_part():
+  """What the backward keeps (`timing.saved_activation_bytes`): 'full'
+  keeps each layer's inputs only, far less than 'minimal' (the matmul
+  outputs too), itself less than 'none'; half the rows keep half."""
+  base = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4,
+                          head_dim=8, mlp_dim=64, num_encoder_layers=2,
+                          num_decoder_layers=2, num_tasks=4)
+  batch = timing.random_batch(np.random.default_rng(0), 8, 16, 8, 384, 4)
+  saved = {}
+  for policy in network.REMAT_POLICIES:
+    model = network.Transformer(dataclasses.replace(base,
+                                                    remat_policy=policy))
+    params = timing.fresh_params(model, 16, 8)
+    saved[policy] = timing.saved_activation_bytes(model, params, batch)
+  assert saved['full'] < saved['minimal'] < saved['none']
+  assert saved['full'] * 2 < saved['none']
+  half = {k: v[::2] for k, v in batch.items()}
+  model = network.Transformer(base)
+  params = timing.fresh_params(model, 16, 8)
+  assert timing.saved_activation_bytes(model, params, half) == pytest.approx(
+      saved['none'] / 2, rel=0.05)

@@ -1,4 +1,4 @@
-"""Every task-conditioned variant learns to use the task id (issue 16).
+"""Every task-conditioned variant learns to use the task id.
 
 The problem (`task_separation.py`): identical inputs, task k answers with the
 k-th word, so only the task id separates the tasks. Each variant, built from
@@ -12,8 +12,8 @@ settings of HyperPrompt's Table 1:
   - "Task": the backbone frozen, only the task-conditioned parameters
     trained; every variant separates, except that HyperGrid's gates must only
     learn (see GATED).
-The last test keeps the mechanism of issue 16 in view: the Vanilla Adapter
-at the papers' rate under T5's relative steps.
+The last test keeps in view why the Vanilla Adapter once failed to learn:
+at the papers' rate under T5's relative steps it stays at chance.
 """
 
 import pytest

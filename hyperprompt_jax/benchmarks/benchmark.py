@@ -96,23 +96,23 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
              for name in ['mtl', *variants]}
   for batch_size in batch_sizes:
     # One batch for every model: ids every one of them has.
-    batch = timing.random_batch(np.random.default_rng(0), batch_size, input_length,
-                         target_length, base.vocab_size,
-                         min(cfg.num_tasks for cfg in configs.values()))
+    batch = timing.random_batch(
+        np.random.default_rng(0), batch_size, input_length, target_length,
+        base.vocab_size, min(cfg.num_tasks for cfg in configs.values()))
     runners, peaks = {}, {}
     for name, cfg in configs.items():
       model = network.Transformer(cfg)
       params = timing.fresh_params(model, input_length, target_length)
       state = {'step': jnp.zeros((), jnp.int32), 'params': params,
                'opt_state': optimizer.init(params)}
-      runners[name], peaks[name] = timing.step_runner(model, optimizer, state,
-                                               batch)
+      runners[name], peaks[name] = timing.step_runner(model, optimizer,
+                                                      state, batch)
     seconds = timing.timed_side_by_side(runners, rounds, steps)
     for name in configs:
       rows.append({'batch_size': batch_size, 'model': name,
                    'seconds_per_step': seconds[name],
                    'ratio_to_mtl': seconds[name] / seconds['mtl'],
-                   'timing.peak_bytes': peaks[name],
+                   'peak_bytes': peaks[name],
                    'peak_ratio_to_mtl': peaks[name] / peaks['mtl']})
     del runners
   return rows
@@ -133,8 +133,9 @@ def metabalance_benchmark(base: network.T5Config, batch_size: int,
     cfg = dataclasses.replace(base, num_tasks=num_tasks)
     model = network.Transformer(cfg)
     names = tuple(f'task_{i}' for i in range(num_tasks))
-    batch = timing.random_batch(np.random.default_rng(0), batch_size, input_length,
-                         target_length, base.vocab_size, num_tasks)
+    batch = timing.random_batch(np.random.default_rng(0), batch_size,
+                                input_length, target_length, base.vocab_size,
+                                num_tasks)
     batch['task_ids'] = np.arange(batch_size, dtype=np.int32) % num_tasks
     runners, peaks = {}, {}
     for mode in ('plain', 'each', 'all'):
@@ -152,14 +153,14 @@ def metabalance_benchmark(base: network.T5Config, batch_size: int,
         state[trainer.METABALANCE] = metabalance.init(
             traverse_util.unflatten_dict(shared, sep='/'),
             plan.num_auxiliary)
-      runners[mode], peaks[mode] = timing.step_runner(model, optimizer, state,
-                                               batch, plan)
+      runners[mode], peaks[mode] = timing.step_runner(model, optimizer,
+                                                      state, batch, plan)
     seconds = timing.timed_side_by_side(runners, rounds, steps)
     for mode in runners:
       rows.append({'num_tasks': num_tasks, 'gradient': mode,
                    'seconds_per_step': seconds[mode],
                    'ratio_to_plain': seconds[mode] / seconds['plain'],
-                   'timing.peak_bytes': peaks[mode],
+                   'peak_bytes': peaks[mode],
                    'peak_ratio_to_plain': peaks[mode] / peaks['plain']})
     del runners
   return rows
@@ -170,32 +171,38 @@ def remat_microbatches_benchmark(base: network.T5Config, batch_size: int,
                                  rounds: int, steps: int) -> list[dict]:
   """One row per (NUM_MICROBATCHES in 1, 2, 4; REMAT_POLICY): MTL's
   training step on one batch, timed side by side: seconds, peak bytes,
-  temporary bytes, and the ratios of seconds and peak to 1 / 'none'."""
+  temporary bytes, the activations its backward keeps (of one part:
+  `timing.saved_activation_bytes`), and their ratios to 1 / 'none'."""
   optimizer = optimizers.make_optimizer()
-  batch = timing.random_batch(np.random.default_rng(0), batch_size, input_length,
-                       target_length, base.vocab_size, base.num_tasks)
-  runners, peaks, temps = {}, {}, {}
+  batch = timing.random_batch(np.random.default_rng(0), batch_size,
+                             input_length, target_length, base.vocab_size,
+                             base.num_tasks)
+  runners, peaks, temps, saved = {}, {}, {}, {}
   for parts in (1, 2, 4):
     for policy in network.REMAT_POLICIES:
       model = network.Transformer(dataclasses.replace(base,
                                                       remat_policy=policy))
       params = timing.fresh_params(model, input_length, target_length)
+      key, temp = (parts, policy), []
+      part = {k: v[::parts] for k, v in batch.items()}  # one part's rows
+      saved[key] = timing.saved_activation_bytes(model, params, part)
       state = {'step': jnp.zeros((), jnp.int32), 'params': params,
                'opt_state': optimizer.init(params)}
-      key, temp = (parts, policy), []
-      runners[key], peaks[key] = timing.step_runner(model, optimizer, state, batch,
-                                             num_microbatches=parts,
-                                             temp_bytes=temp)
+      runners[key], peaks[key] = timing.step_runner(
+          model, optimizer, state, batch, num_microbatches=parts,
+          temp_bytes=temp)
       temps[key] = temp[0]
   seconds = timing.timed_side_by_side(runners, rounds, steps)
   plain = (1, 'none')
   return [{'num_microbatches': parts, 'remat_policy': policy,
            'seconds_per_step': seconds[(parts, policy)],
            'ratio': seconds[(parts, policy)] / seconds[plain],
-           'timing.peak_bytes': peaks[(parts, policy)],
+           'peak_bytes': peaks[(parts, policy)],
            'peak_ratio': peaks[(parts, policy)] / peaks[plain],
            'temp_bytes': temps[(parts, policy)],
-           'temp_ratio': temps[(parts, policy)] / temps[plain]}
+           'temp_ratio': temps[(parts, policy)] / temps[plain],
+           'saved_bytes': saved[(parts, policy)],
+           'saved_ratio': saved[(parts, policy)] / saved[plain]}
           for parts, policy in runners]
 
 
@@ -318,7 +325,7 @@ def format_rows(rows: list[dict]) -> str:
     lines.append(f'{r["batch_size"]:>5}  {r["model"]:<15}'
                  f'{1000 * r["seconds_per_step"]:>10.1f}'
                  f'{r["ratio_to_mtl"]:>11.3f}x'
-                 f'{r["timing.peak_bytes"] / 2**20:>11.1f}'
+                 f'{r["peak_bytes"] / 2**20:>11.1f}'
                  f'{r["peak_ratio_to_mtl"]:>11.3f}x')
   return '\n'.join(lines)
 
@@ -333,10 +340,11 @@ def _memory_table(args: argparse.Namespace) -> int:
   if args.devices < 1 or any(gb <= 0 for gb in memories):
     raise ValueError('--devices and --device_memory_gb must be positive.')
   rows = memory_table.memory_rows(setups, args.devices, memories)
-  print(f'devices: {args.devices} (data parallel); per-device peak of the '
-        'compiled training step (XLA memory_analysis on this CPU: an '
-        'estimate for GPU / TPU); n = the smallest NUM_MICROBATCHES that '
-        'fits, with REMAT_POLICY none / full')
+  print(f'devices: {args.devices} (data parallel); per device: the peak of '
+        'the compiled training step (XLA memory_analysis on this CPU: an '
+        "estimate for GPU / TPU; 'full' remat estimated, memory_table.py), "
+        'the activations its backward keeps with REMAT_POLICY none / full, '
+        'and n = the smallest NUM_MICROBATCHES that fits')
   print(memory_table.format_rows(rows, memories))
   return 0
 
@@ -413,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
       print(f'{r["num_tasks"]:>3}  {r["gradient"]:<9}'
             f'{r["seconds_per_step"]:>9.3f}{r["ratio_to_plain"]:>8.2f}x'
-            f'{r["timing.peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
+            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
     return 0
   if args.remat_microbatches:
     rows = remat_microbatches_benchmark(
@@ -423,12 +431,14 @@ def run(args: argparse.Namespace) -> int:
     print(f'training step (MTL): batch {batch_sizes[0]}, input '
           f'{args.input_length}, target {args.target_length}')
     print(f'{"parts":>5}  {"remat":<8}{"s/step":>9}{"x plain":>9}'
-          f'{"peak GB":>9}{"x plain":>9}{"temp GB":>9}{"x plain":>9}')
+          f'{"peak GB":>9}{"x plain":>9}{"temp GB":>9}{"x plain":>9}'
+          f'{"saved GB":>9}{"x plain":>9}')
     for r in rows:
       print(f'{r["num_microbatches"]:>5}  {r["remat_policy"]:<8}'
             f'{r["seconds_per_step"]:>9.3f}{r["ratio"]:>8.2f}x'
-            f'{r["timing.peak_bytes"] / 1e9:>9.2f}{r["peak_ratio"]:>8.2f}x'
-            f'{r["temp_bytes"] / 1e9:>9.2f}{r["temp_ratio"]:>8.2f}x')
+            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio"]:>8.2f}x'
+            f'{r["temp_bytes"] / 1e9:>9.2f}{r["temp_ratio"]:>8.2f}x'
+            f'{r["saved_bytes"] / 1e9:>9.2f}{r["saved_ratio"]:>8.2f}x')
     return 0
   if args.decode:
     rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,

@@ -5,10 +5,17 @@ and PACK) on `devices` devices of data parallelism, the built-in runner's
 step (`trainer.train_step`) is compiled for abstract shapes (nothing is
 allocated) at the per-device batch, and XLA's `memory_analysis()` gives its
 bytes: arguments (parameters, optimizer state, batch) + outputs + temporaries
-- aliased (the donated state). Each setup is measured without and with
-'full' remat (REMAT_POLICY), and for each stated device memory the smallest
+- aliased (the donated state). For each stated device memory the smallest
 NUM_MICROBATCHES that fits is searched (powers of 2 dividing the per-device
 batch).
+
+REMAT_POLICY 'full' is estimated, not compiled: this CPU's XLA schedules the
+recomputed forward early, so its `memory_analysis` shows no saving from
+remat (a compiled 'full' step comes out no smaller; docs/performance.md
+has a 20-line reproduction). What remat changes is the activations the
+backward pass keeps (`timing.saved_activation_bytes`, traced, not
+compiled); the 'full' peak is the compiled 'none' peak less the
+activations 'full' no longer keeps.
 
 The figures are CPU compilations: GPU and TPU compilers lay memory out
 differently (fusion, layouts, their own rematerialisation), so they are
@@ -23,6 +30,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import gin_utils
@@ -72,12 +80,7 @@ def step_bytes(config: network.T5Config, batch: int, input_length: int,
                                       target_length)['params']
   state = {'step': jax.ShapeDtypeStruct((), jnp.int32), 'params': params,
            'opt_state': jax.eval_shape(optimizer.init, params)}
-  lengths = {'encoder': input_length, 'decoder': target_length}
-  features = {}
-  for name in batches.required_features(pack):
-    shape = ((batch,) if name == 'task_ids' else
-             (batch, lengths[name.split('_')[0]]))
-    features[name] = jax.ShapeDtypeStruct(shape, jnp.int32)
+  features = abstract_batch(batch, input_length, target_length, pack)
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
   compiled = jax.jit(
       functools.partial(trainer.train_step, model, optimizer, z_loss=1e-4,
@@ -104,11 +107,39 @@ def smallest_fitting(peak_of: Callable[[int], int], batch: int,
   return None
 
 
+def abstract_batch(batch: int, input_length: int, target_length: int,
+                   pack: bool) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes of a model batch of `batch` rows."""
+  lengths = {'encoder': input_length, 'decoder': target_length}
+  return {name: jax.ShapeDtypeStruct(
+      (batch,) if name == 'task_ids' else (batch, lengths[name.split('_')[0]]),
+      jnp.int32) for name in batches.required_features(pack)}
+
+
+def saved_bytes(config: network.T5Config, batch: int, input_length: int,
+                target_length: int, pack: bool) -> int:
+  """The activations one step's backward keeps at `batch` rows, traced for
+  abstract shapes (`timing.saved_activation_bytes`)."""
+  model = network.Transformer(config)
+  params = network.abstract_variables(model, input_length,
+                                      target_length)['params']
+  return timing.saved_activation_bytes(
+      model, params, abstract_batch(batch, input_length, target_length, pack))
+
+
+def full_remat_peak(peak_none: int, saved_none: int, saved_full: int) -> int:
+  """The estimated peak with REMAT_POLICY 'full': the compiled 'none' peak
+  less the activations 'full' no longer keeps (module docstring)."""
+  return peak_none - max(saved_none - saved_full, 0)
+
+
 def memory_rows(names: Sequence[str], devices: int,
                 device_memory_gb: Sequence[float]) -> list[dict]:
-  """One row per setup: per-device peak without / with 'full' remat at
-  NUM_MICROBATCHES = 1, and per device memory the smallest NUM_MICROBATCHES
-  that fits with 'none' and with 'full' (None: nothing fits)."""
+  """One row per setup: the per-device peak of the compiled step and the
+  activations its backward keeps with REMAT_POLICY 'none' / 'full' (at
+  NUM_MICROBATCHES = 1), and per device memory the smallest
+  NUM_MICROBATCHES that fits with 'none' and (estimated) with 'full'
+  (None: nothing fits)."""
   rows = []
   for name in names:
     setup = read_setup(name)
@@ -116,38 +147,50 @@ def memory_rows(names: Sequence[str], devices: int,
       raise ValueError(f'{name}: BATCH_SIZE {setup.batch_size} does not '
                        f'divide over {devices} devices.')
     batch = setup.batch_size // devices
-    measured = {}
+    peaks, saved = {}, {}
 
-    def peak(n, policy, setup=setup, batch=batch, measured=measured):
-      if (n, policy) not in measured:
-        measured[(n, policy)] = step_bytes(
-            dataclasses.replace(setup.config, remat_policy=policy), batch,
-            setup.input_length, setup.target_length, setup.pack, n)['peak']
-      return measured[(n, policy)]
+    def peak(n, setup=setup, batch=batch, peaks=peaks):
+      if n not in peaks:
+        peaks[n] = step_bytes(setup.config, batch, setup.input_length,
+                              setup.target_length, setup.pack, n)['peak']
+      return peaks[n]
 
-    row = {'setup': name, 'batch_per_device': batch,
-           'peak_none': peak(1, 'none'), 'peak_full': peak(1, 'full'),
+    def kept(n, policy, setup=setup, batch=batch, saved=saved):
+      if (n, policy) not in saved:
+        saved[(n, policy)] = saved_bytes(
+            dataclasses.replace(setup.config, remat_policy=policy),
+            batch // n, setup.input_length, setup.target_length, setup.pack)
+      return saved[(n, policy)]
+
+    def peak_full(n):
+      return full_remat_peak(peak(n), kept(n, 'none'), kept(n, 'full'))
+
+    row = {'setup': name, 'batch_per_device': batch, 'peak_none': peak(1),
+           'saved_none': kept(1, 'none'), 'saved_full': kept(1, 'full'),
            'fits': {}}
+    row['peak_full'] = peak_full(1)
     for gb in device_memory_gb:
       row['fits'][gb] = {
-          policy: smallest_fitting(functools.partial(peak, policy=policy),
-                                   batch, gb * GB)
-          for policy in ('none', 'full')}
+          'none': smallest_fitting(peak, batch, gb * GB),
+          'full': smallest_fitting(peak_full, batch, gb * GB)}
     rows.append(row)
   return rows
 
 
 def format_rows(rows: Sequence[dict], device_memory_gb: Sequence[float]
                 ) -> str:
-  """The table: peak GB per device, and the fitting NUM_MICROBATCHES per
-  device memory and remat policy ('-': nothing fits)."""
-  head = f'{"setup":<36}{"rows":>5}{"none GB":>9}{"full GB":>9}'
+  """The table: per device, the peak GB and the activations the backward
+  keeps with 'none' / 'full', and the fitting NUM_MICROBATCHES per device
+  memory and remat policy ('-': nothing fits)."""
+  head = (f'{"setup":<36}{"rows":>5}{"none GB":>9}{"full GB":>9}'
+          f'{"kept none":>10}{"kept full":>10}')
   for gb in device_memory_gb:
     head += f'{f"{gb:g}GB none":>12}{f"{gb:g}GB full":>12}'
   lines = [head]
   for r in rows:
     line = (f'{r["setup"]:<36}{r["batch_per_device"]:>5}'
-            f'{r["peak_none"] / GB:>9.1f}{r["peak_full"] / GB:>9.1f}')
+            f'{r["peak_none"] / GB:>9.1f}{r["peak_full"] / GB:>9.1f}'
+            f'{r["saved_none"] / GB:>10.1f}{r["saved_full"] / GB:>10.1f}')
     for gb in device_memory_gb:
       for policy in ('none', 'full'):
         n = r['fits'][gb][policy]

@@ -43,7 +43,8 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import methods
-from hyperprompt_jax import tasks  # pylint: disable=unused-import (registers them)
+# Registers the project's seqio tasks.
+from hyperprompt_jax import tasks  # pylint: disable=unused-import
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches as batch_lib

@@ -4,11 +4,15 @@ XLA's peak-memory estimate, and median timings of several programs run side
 by side in one process (ratios, never absolute targets)."""
 
 import functools
+import math
 import statistics
 import time
 from typing import Callable, Optional
 
 import jax
+# `saved_residuals` lists what the backward pass keeps from the forward;
+# JAX's public API only prints that list (`print_saved_residuals`).
+from jax._src import ad_checkpoint as jax_ad_checkpoint
 import numpy as np
 
 from hyperprompt_jax.model import network
@@ -89,3 +93,18 @@ def step_runner(model: network.Transformer, optimizer, state, batch,
     return terms['loss']
 
   return run, peak_bytes(step)
+
+
+def saved_activation_bytes(model: network.Transformer, params, batch,
+                           z_loss: float = Z_LOSS) -> int:
+  """Bytes of the activations the training step's backward pass keeps from
+  its forward on `batch` (JAX's saved residuals of the loss, the arguments
+  left out): what REMAT_POLICY trades for recomputation, as JAX hands it to
+  XLA. XLA may still recompute or reorder on its own; its CPU compiler's
+  `memory_analysis` does not show remat's saving (docs/performance.md).
+  `params` and `batch` may be abstract (`jax.ShapeDtypeStruct`)."""
+  loss = functools.partial(trainer.loss_fn, model, z_loss=z_loss)
+  saved = jax_ad_checkpoint.saved_residuals(
+      lambda p, b: loss(p, b, jax.random.PRNGKey(0))[0], params, batch)
+  return sum(math.prod(a.shape) * a.dtype.itemsize for a, source in saved
+             if not source.startswith('from the argument'))

@@ -337,8 +337,8 @@ def all_task_prompts(keys: Array, values: Array, layer: int,
   (`T * l` columns, the same for every row) and masked per token. The other
   choice, the prompts of the tasks present in each row, needs a static bound
   on a row's tasks, which is T for a proportional mixture of T tasks at
-  GLUE lengths, so it saves nothing and costs a per-row gather (docs/performance.md,
-  Packing, has the measurement).
+  GLUE lengths, so it saves nothing and costs a per-row gather
+  (docs/performance.md, Packing, has the measurement).
 
   Args:
     keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.

@@ -16,7 +16,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from hyperprompt_jax import tasks  # pylint: disable=unused-import (registers them)
+# Registers the project's seqio tasks.
+from hyperprompt_jax import tasks  # pylint: disable=unused-import
 from hyperprompt_jax.runner import batches
 
 

@@ -18,7 +18,8 @@ HyperFormer++'s generators. It starves the Vanilla Adapter (Houlsby et al.,
 2019): its near-identity start, weights N(0, 0.01^2) and zero biases, lies
 one to three orders below the scale the adapter must reach, and relative
 steps grow it by at most a factor (1 + rate) a step. Measured on the
-task-separation problem (tests/test_task_separation.py; docs/methods.md, Optimizer):
+task-separation problem (tests/test_task_separation.py; docs/methods.md,
+Optimizer):
 on a frozen MTL backbone at the papers' rate 1e-3, the adapter stays at
 chance (0.25) under relative steps. So the default, `PARAMETER_SCALE`, gives
 the 'adapter' scope absolute steps of the learning rate (no parameter
