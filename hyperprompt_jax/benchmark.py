@@ -109,8 +109,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       'and the smallest NUM_MICROBATCHES that fits '
                       '--device_memory_gb (memory_table.py)')
   parser.add_argument('--setups', default=None,
-                      help='--memory: run file names (runs/<name>.gin) to '
-                      'measure (default: every gin/experiments/ setup)')
+                      help='--memory: setups to measure, comma-separated: run '
+                      'file names (runs/<name>.gin), each optionally with '
+                      'gin files added after a +, e.g. '
+                      'hyperprompt_global_glue+models/t5_1_1_large '
+                      '(default: every gin/experiments/ setup)')
   parser.add_argument('--devices', type=int, default=1,
                       help='--memory: devices of data parallelism the '
                       'batch is split over (default: 1)')

@@ -367,7 +367,7 @@ def test_quickstart_eval_and_infer_files_build_the_trained_model():
   inferred, macros = _parsed_model(['runs/quickstart_infer.gin'],
                                    ['CHECKPOINT_PATH'])
   assert inferred == trained
-  assert macros['CHECKPOINT_PATH'].endswith('/checkpoint_1500')
+  assert macros['CHECKPOINT_PATH'].endswith('/checkpoint_1300')
 
 
 def test_evaluating_a_step_again_replaces_its_metrics_line(tmp_path):

@@ -40,7 +40,21 @@ def test_the_paper_setups_are_read_from_their_run_files():
           setup.config.hypergrid.variant) == (768, 12, 'lg')
   quickstart = memory_table.read_setup('quickstart')
   assert (quickstart.batch_size, quickstart.input_length,
-          quickstart.target_length, quickstart.pack) == (32, 128, 16, True)
+          quickstart.target_length, quickstart.pack) == (32, 128, 16, False)
+
+
+def test_a_setup_takes_added_gin_files_such_as_a_model_size():
+  """`<run>+models/t5_1_1_large`: the run at T5.1.1 Large (d_model 1024, 24
+  layers; the T5.1.1 paper's sizes), the run's batch and method kept."""
+  setup = memory_table.read_setup(
+      'hyperprompt_global_glue+models/t5_1_1_large')
+  assert (setup.config.emb_dim, setup.config.num_encoder_layers,
+          setup.config.num_decoder_layers) == (1024, 24, 24)
+  assert setup.config.hyperprompt.variant == 'global'
+  assert (setup.batch_size, setup.input_length) == (128, 512)
+  for bad in ('+models/t5_1_1_large', 'mtl_glue+'):
+    with pytest.raises(ValueError, match='expected <run>'):
+      memory_table.read_setup(bad)
 
 
 def test_step_bytes_hold_the_state_and_fall_with_parts_and_remat():

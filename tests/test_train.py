@@ -368,7 +368,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
 # ---------------------------------------------------------------- run files --
 
 @pytest.mark.parametrize('run,num_tasks,placement,steps', [
-    ('quickstart', 16, 'both', 1500),
+    ('quickstart', 16, 'both', 1300),
     ('hyperprompt_glue', 8, 'both', 300_000),
     ('hyperprompt_super_glue', 8, 'decoder', 300_000),
     ('hypergrid_glue_super_glue', 16, None, 100_000)])

@@ -1,6 +1,7 @@
 """Device memory of each paper setup's training step (`benchmark --memory`).
 
-For a setup (`runs/<name>.gin`: its model, TASK_FEATURE_LENGTHS, BATCH_SIZE
+For a setup (`runs/<name>.gin`, optionally with gin files added, e.g. a
+model size: its model, TASK_FEATURE_LENGTHS, BATCH_SIZE
 and PACK) on `devices` devices of data parallelism, the built-in runner's
 step (`trainer.train_step`) is compiled for abstract shapes (nothing is
 allocated) at the per-device batch, and XLA's `memory_analysis()` gives its
@@ -52,12 +53,26 @@ class Setup:
   pack: bool
 
 
+def setup_gin_files(name: str) -> list[str]:
+  """The gin files of a setup name: `<run>` is `runs/<run>.gin`;
+  `<run>+<file>[+<file>...]` adds gin files after it, as `--gin_file` would
+  (`hyperprompt_global_glue+models/t5_1_1_large`: the run at Large, the
+  experiments' documented way to change the model size)."""
+  run, *extra = name.split('+')
+  if not run or not all(extra):
+    raise ValueError(f'Setup {name!r}: expected <run>[+<gin file>...], e.g. '
+                     'hyperprompt_global_glue+models/t5_1_1_large.')
+  return [f'runs/{run}.gin'] + [
+      f if f.endswith('.gin') else f'{f}.gin' for f in extra]
+
+
 def read_setup(name: str) -> Setup:
-  """The setup of `runs/<name>.gin`. gin is cleared before and after (the
-  run file's bindings, its task list among them, must not outlive it)."""
+  """The setup of `name` (`setup_gin_files`). gin is cleared before and
+  after (the run file's bindings, its task list among them, must not
+  outlive it)."""
   gin.clear_config()
   try:
-    gin_utils.parse_gin([f'runs/{name}.gin'], [])
+    gin_utils.parse_gin(setup_gin_files(name), [])
     lengths = gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value')
     return Setup(
         name=name, config=gin.get_configurable(network.T5Config)(),
@@ -182,13 +197,13 @@ def format_rows(rows: Sequence[dict], device_memory_gb: Sequence[float]
   """The table: per device, the peak GB and the activations the backward
   keeps with 'none' / 'full', and the fitting NUM_MICROBATCHES per device
   memory and remat policy ('-': nothing fits)."""
-  head = (f'{"setup":<36}{"rows":>5}{"none GB":>9}{"full GB":>9}'
+  head = (f'{"setup":<46}{"rows":>5}{"none GB":>9}{"full GB":>9}'
           f'{"kept none":>10}{"kept full":>10}')
   for gb in device_memory_gb:
     head += f'{f"{gb:g}GB none":>12}{f"{gb:g}GB full":>12}'
   lines = [head]
   for r in rows:
-    line = (f'{r["setup"]:<36}{r["batch_per_device"]:>5}'
+    line = (f'{r["setup"]:<46}{r["batch_per_device"]:>5}'
             f'{r["peak_none"] / GB:>9.1f}{r["peak_full"] / GB:>9.1f}'
             f'{r["saved_none"] / GB:>10.1f}{r["saved_full"] / GB:>10.1f}')
     for gb in device_memory_gb:
