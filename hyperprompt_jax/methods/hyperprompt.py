@@ -334,11 +334,12 @@ def all_task_prompts(keys: Array, values: Array, layer: int,
 
   A packed row holds examples of several tasks; each token must see exactly
   its own task's `l` prompt columns. All T tasks' prompts are prepended
-  (`T * l` columns, the same for every row) and masked per token. The other
-  choice, the prompts of the tasks present in each row, needs a static bound
-  on a row's tasks, which is T for a proportional mixture of T tasks at
-  GLUE lengths, so it saves nothing and costs a per-row gather
-  (docs/performance.md, Packing, has the measurement).
+  (`T * l` columns, the same for every row, never copied per row) and masked
+  per token; attention scores them as a block of their own
+  (`layers.dot_product_attention`), so a packed step costs what MTL's does.
+  The other choice, the prompts of the tasks present in each row, needs a
+  static bound on a row's tasks that a row can exceed, and a per-row gather
+  (docs/performance.md, Packing, has the measurements).
 
   Args:
     keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.
@@ -347,16 +348,12 @@ def all_task_prompts(keys: Array, values: Array, layer: int,
     token_task_ids: int32 `[batch, length]`, each token's task.
 
   Returns:
-    keys and values `[batch, T * l, heads, head_dim]` (task-major columns)
-    and the prefix mask `[batch, 1, length, T * l]`.
+    keys and values `[1, T * l, heads, head_dim]` (task-major columns, the
+    same for every row: attention broadcasts them) and the prefix mask
+    `[batch, 1, length, T * l]`.
   """
   num_tasks, length = keys.shape[1:3]
-  batch = token_task_ids.shape[0]
-
-  def columns(a):
-    a = a[layer].reshape((1, num_tasks * length) + a.shape[3:])
-    return jnp.broadcast_to(a, (batch,) + a.shape[1:])
-
+  columns = lambda a: a[layer].reshape((1, num_tasks * length) + a.shape[3:])
   column_task = jnp.repeat(jnp.arange(num_tasks, dtype=token_task_ids.dtype),
                            length)
   mask = token_task_ids[:, None, :, None] == column_task

@@ -49,7 +49,7 @@ class Prompts(NamedTuple):
   head_dim]` (None at decode steps, where they live in the cache), the
   optional `[heads]` logit bias and, for packed rows, the prefix mask
   `[batch, 1, length, T * l]` (keys and values then hold all T tasks'
-  prompts)."""
+  prompts, `[1, T * l, heads, head_dim]`, shared by every row)."""
 
   keys: Optional[Array]
   values: Optional[Array]
