@@ -290,7 +290,7 @@ def test_a_suspended_holder_keeps_its_lock(tmp_path):
   the new run's checkpoints)."""
   holder = subprocess.Popen(
       [sys.executable, '-c',
-       'import sys, time; from hyperprompt_jax import run_lock\n'
+       'import sys, time; from hyperprompt_jax.runner import run_lock\n'
        'lock = run_lock.RunLock(sys.argv[1], stale_after_s=0.5, '
        'heartbeat_s=0.1)\n'
        'lock.acquire(); print("held", flush=True); time.sleep(60)',

@@ -238,7 +238,7 @@ def test_operative_config_records_the_parameter_scaling():
   gin.clear_config()
   try:
     gin.parse_config('from __gin__ import dynamic_registration\n'
-                     'from hyperprompt_jax import optimizers\n'
+                     'from hyperprompt_jax.runner import optimizers\n'
                      'optimizers.make_optimizer.learning_rate = 0.01\n')
     gin.get_configurable(optimizers.make_optimizer)()
     operative = gin.operative_config_str()

@@ -27,7 +27,8 @@ from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import optimizers
+# Imported for gin: runs/train.gin binds `@optimizers.make_optimizer()`.
+from hyperprompt_jax.runner import optimizers  # pylint: disable=unused-import
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import preemption
 from hyperprompt_jax.runner import run_lock
@@ -364,7 +365,7 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
   else:
     iterator = iter(dataset)
     if initial_checkpoint_path:
-      params, fresh, rows = trainer.params_from_t5x(
+      params, fresh, checkpoint_tasks = trainer.params_from_t5x(
           initial_checkpoint_path, task_start.task_params_path,
           task_start.growth, task_ids.run_task_list())
       state = trainer.new_state(params)
@@ -372,9 +373,9 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
                model_dir, initial_checkpoint_path,
                f' with the task parameters of {task_start.task_params_path}'
                if task_start.task_params_path else '', len(fresh))
-      if rows and rows < model.config.num_tasks:
+      if checkpoint_tasks and checkpoint_tasks < model.config.num_tasks:
         log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
-                 '%s.', rows,
+                 '%s.', checkpoint_tasks,
                  model.config.num_tasks - 1, task_start.growth.rule,
                  '; only they train' if task_start.first_new_row is not None
                  else '')
