@@ -100,6 +100,22 @@ def example_idx(example: Mapping[str, Any]) -> Any:
   return parts or None
 
 
+def checkpoint_predictor(model: network.Transformer, checkpoint_path: str,
+                         task_feature_lengths: Mapping[str, int],
+                         batch_size: int, mesh_data: int, mesh_model: int):
+  """`decoding.make_predictor` on the mesh, holding the parameters of one
+  checkpoint, after its run record is checked against the model and the
+  run's task list."""
+  predictor, abstract_params = decoding.make_predictor(
+      model, task_feature_lengths,
+      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
+  run_record.check_checkpoint(checkpoint_path, model.config,
+                              task_ids.run_task_list())
+  predictor.set_params(
+      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
+  return predictor
+
+
 @gin.configurable(denylist=['model'])
 def infer(
     model: Optional[network.Transformer] = None,
@@ -130,13 +146,9 @@ def infer(
   if not tasks:
     raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
                      'split.')
-  predictor, abstract_params = decoding.make_predictor(
-      model, task_feature_lengths,
-      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
-  run_record.check_checkpoint(checkpoint_path, model.config,
-                              task_ids.run_task_list())
-  predictor.set_params(
-      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
+  predictor = checkpoint_predictor(model, checkpoint_path,
+                                   task_feature_lengths, batch_size,
+                                   mesh_data, mesh_model)
   written = {}
   for task in tasks:
     records = task_predictions(task, predictor, task_feature_lengths, split,

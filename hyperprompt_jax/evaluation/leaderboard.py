@@ -15,14 +15,10 @@ import tensorflow as tf
 
 from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import infer
-from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.leaderboard')
@@ -166,13 +162,9 @@ def write_files(
   if not tasks:
     raise ValueError(f'{mixture_or_task_name!r} has no GLUE / SuperGLUE task '
                      f'with a {split!r} split.')
-  predictor, abstract_params = decoding.make_predictor(
-      model, task_feature_lengths,
-      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
-  run_record.check_checkpoint(checkpoint_path, model.config,
-                              task_ids.run_task_list())
-  predictor.set_params(
-      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
+  predictor = infer.checkpoint_predictor(model, checkpoint_path,
+                                         task_feature_lengths, batch_size,
+                                         mesh_data, mesh_model)
   tf.io.gfile.makedirs(output_dir)
   summary = {'checkpoint': checkpoint_path, 'split': split, 'files': {}}
   for task in tasks:
