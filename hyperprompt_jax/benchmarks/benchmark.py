@@ -102,9 +102,8 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
     runners, peaks = {}, {}
     for name, cfg in configs.items():
       model = network.Transformer(cfg)
-      params = timing.fresh_params(model, input_length, target_length)
-      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
-               'opt_state': optimizer.init(params)}
+      state = timing.fresh_state(model, optimizer, input_length,
+                                 target_length)
       runners[name], peaks[name] = timing.step_runner(model, optimizer,
                                                       state, batch)
     seconds = timing.timed_side_by_side(runners, rounds, steps)
@@ -143,12 +142,11 @@ def metabalance_benchmark(base: network.T5Config, batch_size: int,
           metabalance.Settings(target_task=names[0], auxiliaries=mode,
                                max_auxiliaries=num_tasks),
           names, names, task_params.task_axes(model))
-      params = timing.fresh_params(model, input_length, target_length)
-      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
-               'opt_state': optimizer.init(params)}
+      state = timing.fresh_state(model, optimizer, input_length,
+                                 target_length)
       if plan is not None:
         shared = {k: v for k, v in
-                  traverse_util.flatten_dict(params, sep='/').items()
+                  traverse_util.flatten_dict(state['params'], sep='/').items()
                   if k not in plan.task_rows}
         state[trainer.METABALANCE] = metabalance.init(
             traverse_util.unflatten_dict(shared, sep='/'),
@@ -182,12 +180,12 @@ def remat_microbatches_benchmark(base: network.T5Config, batch_size: int,
     for policy in network.REMAT_POLICIES:
       model = network.Transformer(dataclasses.replace(base,
                                                       remat_policy=policy))
-      params = timing.fresh_params(model, input_length, target_length)
+      state = timing.fresh_state(model, optimizer, input_length,
+                                 target_length)
       key, temp = (parts, policy), []
       part = {k: v[::parts] for k, v in batch.items()}  # one part's rows
-      saved[key] = timing.saved_activation_bytes(model, params, part)
-      state = {'step': jnp.zeros((), jnp.int32), 'params': params,
-               'opt_state': optimizer.init(params)}
+      saved[key] = timing.saved_activation_bytes(model, state['params'],
+                                                 part)
       runners[key], peaks[key] = timing.step_runner(
           model, optimizer, state, batch, num_microbatches=parts,
           temp_bytes=temp)

@@ -37,7 +37,6 @@ from typing import Iterator, Sequence
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import seqio
 import tensorflow as tf
@@ -200,9 +199,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
   for name, cfg in configs.items():
     methods.check_packing(cfg)
     model = network.Transformer(cfg)
-    params = timing.fresh_params(model, input_length, target_length)
-    state = {'step': jnp.zeros((), jnp.int32), 'params': params,
-             'opt_state': optimizer.init(params)}
+    state = timing.fresh_state(model, optimizer, input_length, target_length)
     for pack in (False, True):
       batches = {d: converted_batch(
           lengths[d], batch_size, input_length, target_length,

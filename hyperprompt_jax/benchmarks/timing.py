@@ -10,6 +10,7 @@ import time
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 # `saved_residuals` lists what the backward pass keeps from the forward;
 # JAX's public API only prints that list (`print_saved_residuals`).
 from jax._src import ad_checkpoint as jax_ad_checkpoint
@@ -43,6 +44,15 @@ def fresh_params(model: network.Transformer, input_length: int,
   return jax.jit(lambda rng: network.init_variables(
       model, rng, input_length, target_length)['params'])(
           jax.random.PRNGKey(0))
+
+
+def fresh_state(model: network.Transformer, optimizer, input_length: int,
+                target_length: int) -> dict:
+  """The built-in runner's training state at step 0 around `fresh_params`:
+  `{'step', 'params', 'opt_state'}`."""
+  params = fresh_params(model, input_length, target_length)
+  return {'step': jnp.zeros((), jnp.int32), 'params': params,
+          'opt_state': optimizer.init(params)}
 
 
 def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
