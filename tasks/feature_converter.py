@@ -15,6 +15,11 @@ seqio refuses pass-through features when packing, so the converter spreads
 the scalar id over each example's tokens before seqio packs them as ordinary
 features.
 
+Rows are packed best-fit from a buffer of the next examples
+(`packing.best_fit_pack`), not by seqio's packer, which fills one row at a
+time in stream order: ~90 % of a row's positions hold tokens at GLUE +
+SuperGLUE lengths instead of ~70 %.
+
 Prompt-Tuning's soft prompt takes `n` encoder positions per example. Unpacked
 the model prepends them to the row; packed, they must be counted by the
 packer, so `input_prompt_length=n` reserves them: each example's inputs get
@@ -27,6 +32,8 @@ from typing import Mapping, Optional
 
 import seqio
 import tensorflow as tf
+
+from hyperprompt_jax.tasks import packing
 
 TASK_IDS = 'task_ids'
 _TASK_IDS_SPEC = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)
@@ -50,8 +57,11 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
     input_prompt_length: with `pack`, encoder positions reserved in front of
       each example for Prompt-Tuning's soft prompt (its `prompt_length`; 0
       for every other model).
+    pack_buffer_size: with `pack`, examples the best-fit packer chooses
+      from (`packing.best_fit_pack`).
     use_custom_packing_ops, apply_length_check, bos_id, passthrough_features:
-      as seqio's (no pass-through features when packing, as in seqio).
+      as seqio's (no pass-through features when packing, as in seqio;
+      `use_custom_packing_ops` is ignored: seqio's packer is not used).
   """
 
   def __init__(
@@ -63,11 +73,13 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
       passthrough_features: Optional[
           Mapping[str, seqio.FeatureConverter.FeatureSpec]] = None,
       input_prompt_length: int = 0,
+      pack_buffer_size: int = packing.BUFFER_SIZE,
   ):
     if input_prompt_length < 0:
       raise ValueError('input_prompt_length must be >= 0, got '
                        f'{input_prompt_length}.')
     self._input_prompt_length = input_prompt_length if pack else 0
+    self._pack_buffer_size = pack_buffer_size
     if pack:
       if passthrough_features:
         raise ValueError(
@@ -137,6 +149,12 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
                       for f in PACKED_TASK_IDS.values()}}
     ds = self._pack_or_pad(ds, packed_lengths)
     return ds.map(self._convert_example, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def _pack_or_pad(self, ds: tf.data.Dataset,
+                   packed_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    if not self.pack:
+      return super()._pack_or_pad(ds, packed_lengths)
+    return packing.best_fit_pack(ds, packed_lengths, self._pack_buffer_size)
 
   def _convert_example(self, features: Mapping[str, tf.Tensor]
                        ) -> Mapping[str, tf.Tensor]:

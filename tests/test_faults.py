@@ -416,3 +416,22 @@ def test_eval_refuses_a_checkpoint_read_as_another_model_or_task_list(
   # A t5x checkpoint records nothing: nothing to compare.
   run_record.check_checkpoint(
       str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), relu.config, ())
+
+
+def test_a_run_packed_by_seqio_does_not_resume_with_best_fit_rows():
+  """Records from before the best-fit packer hold no PACKER; packed, their
+  iterator position is seqio's packer's, which best fit cannot restore."""
+  config = _model().config
+  data = run_record.data_settings('fixture_glue_proportional',
+                                  {'inputs': 64, 'targets': 8}, 8, True, 0)
+  old = {'model': run_record.model_settings(config),
+         'data': {k: v for k, v in data.items() if k != 'PACKER'}}
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r"PACKER: 'seqio' -> 'best_fit\(buffer_size=16\)'"):
+    run_record.check_resume(old, config, data, 'checkpoint_4', [])
+  # Unpacked, the packer does not matter.
+  unpacked = run_record.data_settings('fixture_glue_proportional',
+                                      {'inputs': 64, 'targets': 8}, 8, False,
+                                      0)
+  old['data'] = {k: v for k, v in unpacked.items() if k != 'PACKER'}
+  run_record.check_resume(old, config, unpacked, 'checkpoint_4', [])

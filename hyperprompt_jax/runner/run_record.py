@@ -25,6 +25,7 @@ import gin
 import orbax.checkpoint as ocp
 
 from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
+from hyperprompt_jax.tasks import packing
 
 VERSION = 1
 
@@ -57,10 +58,20 @@ def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
 def data_settings(mixture_or_task_name: str,
                   task_feature_lengths: Mapping[str, int], batch_size: int,
                   pack: bool, seed: int) -> dict[str, Any]:
-  """The settings the saved data position belongs to, by macro name."""
+  """The settings the saved data position belongs to, by macro name (and
+  PACKER: the packer whose buffer and open row the position holds)."""
   return {'MIXTURE_OR_TASK_NAME': mixture_or_task_name,
           'TASK_FEATURE_LENGTHS': dict(task_feature_lengths),
-          'BATCH_SIZE': batch_size, 'PACK': pack, 'SEED': seed}
+          'BATCH_SIZE': batch_size, 'PACK': pack, 'SEED': seed,
+          'PACKER': packing.NAME if pack else None}
+
+
+def _saved_packer(saved_data: Mapping[str, Any]) -> Optional[str]:
+  """The packer of a record; records from before PACKER packed with
+  seqio's."""
+  if 'PACKER' in saved_data:
+    return saved_data['PACKER']
+  return 'seqio' if saved_data.get('PACK') else None
 
 
 def make(model_config: Any, data: Mapping[str, Any], start_step: int,
@@ -93,7 +104,8 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
   moved = task_list_change(record.get('task_list') or [], task_list)
   if moved:
     changes.append(moved)
-  saved_data = record.get('data', {})
+  saved_data = dict(record.get('data', {}))
+  saved_data['PACKER'] = _saved_packer(saved_data)
   for name in data:
     if name in saved_data and _plain(saved_data[name]) != _plain(data[name]):
       changes.append(f'{name}: {saved_data[name]!r} -> {data[name]!r}')
