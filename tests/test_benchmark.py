@@ -115,7 +115,7 @@ def test_packing_rows():
                             num_decoder_layers=1)
   configs = {'mtl': benchmark.variant_config(cfg, 'mtl', 'both')}
   rows = packing_benchmark.packing_benchmark(
-      configs, 2, 64, 8, ['glue_super_glue'], rounds=1, steps=1)[
+      configs, 2, 128, 16, ['glue_super_glue'], rounds=1, steps=1)[
           'glue_super_glue']
   assert [r['model'] for r in rows] == ['mtl']
   mtl = rows[0]

@@ -11,7 +11,7 @@ process (`timing.timed_side_by_side`). A step's work is its real target
 tokens (the loss's tokens); throughput is real target tokens per second.
 
 Both batches come out of the project's own feature converter
-(`TaskIdsEncDecFeatureConverter`, seqio's packer) over a stream of examples
+(`TaskIdsEncDecFeatureConverter`, the best-fit packer of `tasks/packing.py`) over a stream of examples
 whose lengths follow one of two distributions:
 
 - 'fixture': the offline fixture mixture of the 16 GLUE + SuperGLUE tasks
@@ -50,6 +50,7 @@ from hyperprompt_jax.runner import batches as batch_lib
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import glue
+from hyperprompt_jax.tasks import packing
 from hyperprompt_jax.tasks import super_glue
 
 FIXTURE_MIXTURE = 'fixture_glue_super_glue_proportional'
@@ -128,8 +129,11 @@ def converted_batch(lengths: Sequence[tuple[int, int, int]], batch_size: int,
                     input_length: int, target_length: int, vocab_size: int,
                     num_tasks: int, rows: batch_lib.RowFormat, seed: int = 0
                     ) -> dict[str, np.ndarray]:
-  """The first `batch_size` rows of these examples (random tokens, task ids
-  modulo `num_tasks`) after the project's feature converter for `rows`."""
+  """`batch_size` rows of these examples (random tokens, task ids modulo
+  `num_tasks`) after the project's feature converter for `rows`. Packed,
+  the first `packing.BUFFER_SIZE` rows are skipped: the best-fit packer
+  opens each row with the largest buffered example, so its first rows take
+  the stream's largest examples and are not yet the rows of a run."""
   rng = np.random.default_rng(seed)
 
   def examples():  # truncated to the row, as seqio's trim would
@@ -148,7 +152,8 @@ def converted_batch(lengths: Sequence[tuple[int, int, int]], batch_size: int,
   converter = rows.converter()
   converted = converter(dataset, {'inputs': input_length,
                                   'targets': target_length})
-  made = list(converted.take(batch_size).as_numpy_iterator())
+  skip = packing.BUFFER_SIZE if rows.packed else 0
+  made = list(converted.skip(skip).take(batch_size).as_numpy_iterator())
   if len(made) < batch_size:
     raise ValueError(f'{len(lengths)} examples fill only {len(made)} of '
                      f'{batch_size} rows: draw more.')
@@ -192,8 +197,10 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
       must pack (`methods.check_packing`).
   """
   optimizer = optimizers.make_optimizer()
-  # Enough examples for `batch_size` packed rows of short examples.
-  lengths = {d: example_lengths(d, batch_size * input_length // 4)
+  # Enough examples for the skipped and `batch_size` packed rows of short
+  # examples.
+  lengths = {d: example_lengths(
+      d, (batch_size + packing.BUFFER_SIZE) * input_length // 4)
              for d in distributions}
   runners, info = {}, {}
   for name, cfg in configs.items():
