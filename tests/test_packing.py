@@ -344,3 +344,55 @@ def test_packed_rows_without_prompt_slots_are_refused():
     batches.validate_batch(without, TASKS, 384, rows=rows)
   with_slots, _ = _packed(_examples(0), ROWS, 22, 10, n_slots=2)
   batches.validate_batch(with_slots, TASKS, 384, rows=rows)
+
+
+@pytest.mark.parametrize('shape,num_tasks', [((8, 512), 8), ((3, 40), 5),
+                                             ((2, 7), 8)])
+def test_task_blocks_hold_every_token_once_in_blocks_of_one_task(
+    shape, num_tasks):
+  rng = np.random.default_rng(0)
+  # Skewed: most tokens of one task, some tasks absent.
+  ids = rng.choice(num_tasks, shape, p=np.r_[0.6, 0.3, 0.1,
+                                             [0] * (num_tasks - 3)])
+  blocks = adapters.task_blocks(jax.numpy.asarray(ids), num_tasks)
+  source = np.asarray(blocks.source)
+  destination = np.asarray(blocks.destination)
+  block_tasks = np.asarray(blocks.block_tasks)
+  count = ids.size
+  flat = ids.reshape(-1)
+  # Each token once, at its destination; the rest is padding (index N).
+  real = source[source < count]
+  assert sorted(real.tolist()) == list(range(count))
+  np.testing.assert_array_equal(source[destination], np.arange(count))
+  # Every block holds one task's tokens, in their order, and says which.
+  per_block = source.reshape(len(block_tasks), -1)
+  for tasks_of_block, tokens in zip(block_tasks, per_block):
+    tokens = tokens[tokens < count]
+    assert (flat[tokens] == tasks_of_block).all()
+    assert (np.diff(tokens) > 0).all()
+  # The padding stays within N / 8 (and one block's rounding).
+  block = per_block.shape[1]
+  assert source.size - count <= max(count // 8, num_tasks * (block - 1)) + block
+
+
+def test_blocks_permutation_gradient_is_the_gathers():
+  """`to_blocks` / `from_blocks` carry gathers as their gradients; they
+  must equal the gradient of the plain indexing they stand for."""
+  rng = np.random.default_rng(1)
+  ids = jax.numpy.asarray(rng.integers(0, 4, (2, 30)))
+  blocks = adapters.task_blocks(ids, 4)
+  x = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
+  weights = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
+
+  def through_blocks(x):
+    y = blocks.to_blocks(x)
+    return jax.numpy.sum(jax.numpy.sin(blocks.from_blocks(y * 2.0)) * weights)
+
+  def plain(x):
+    padded = jax.numpy.concatenate([x, jax.numpy.zeros_like(x[:1])])
+    y = padded[blocks.source] * 2.0
+    return jax.numpy.sum(jax.numpy.sin(y[blocks.destination]) * weights)
+
+  np.testing.assert_allclose(through_blocks(x), plain(x), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(through_blocks)(x), jax.grad(plain)(x),
+                             rtol=1e-6)

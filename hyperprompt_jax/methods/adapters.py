@@ -13,7 +13,8 @@ with W_down [d, b], W_up [b, d] and b = d / reduction (32: b = 24 at T5
 base); `norm` is the identity here and HyperFormer++'s generated post layer
 norm there. The task of each example selects its adapters (a gather by
 `task_ids`, so no example pays for another task's adapter); in packed rows
-each token goes through its own task's adapter (`LayerAdapters._per_token`).
+each token goes through its own task's adapter, the tokens grouped into
+blocks of one task (`LayerAdapters._per_token`, `task_blocks`).
 
 Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
 (the encoder's attention, the decoder's self-attention) and `mlp`:
@@ -148,7 +149,11 @@ class LayerAdapters:
     'attention' or 'mlp', the sublayer `h` comes from."""
     w = self.weights[kind]
     if self.packed:
-      return h + self._per_token(h, w)
+      # Recomputed from `h` in the backward pass: saved, the blocks' inputs
+      # and gathered weights (`[K, block, d]`, `[K, d, b]`: ~4x the weights
+      # of every layer) raised HyperFormer++'s peak to 1.26x MTL's; the
+      # recomputation is one adapter forward (~0.3 % of the step's FLOPs).
+      return h + jax.checkpoint(self._per_token)(h, w, self.task_ids)
 
     def take(a):  # layer m, then each example's task: [batch, ...]
       return None if a is None else jnp.take(a[self.layer], self.task_ids,
@@ -164,33 +169,117 @@ class LayerAdapters:
                        take(w.norm_bias)[:, None])
     return h + out
 
-  def _per_token(self, h: Array, w: AdapterWeights) -> Array:
+  def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
+                 ) -> Array:
     """Packed rows (`task_ids [batch, length]`): each token through its own
     task's adapter, without the adapter update `h -> h + .`.
 
-    Gathering a weight per token would hold `[batch, length, d, b]`; instead
-    every token goes down through all T tasks' `W_down` at once (`[batch,
-    length, T, b]`, T * b = 192 columns at GLUE's T = 8, T5-base's b = 24:
-    small next to the FFN's d_ff) and the other tasks' bottlenecks are zeroed
-    before one `[T * b, d]` up-projection, so each token's output is exactly
-    its own task's adapter. Vectors (biases, norms) are gathered per token.
-    Grouping tokens by task (`jax.lax.ragged_dot`) measured 3.7x slower on a
-    CPU (docs/performance.md, Packing).
+    The tokens are laid out by task in blocks of one task each
+    (`task_blocks`), every block goes through its task's adapter as one
+    `[block, d] x [d, b]` matmul, and the outputs go back to their tokens.
+    So a token costs one adapter, as unpacked, plus the blocks' padding
+    (at most 1/8). Sending every token through all T tasks' `W_down` and
+    zeroing the other tasks' bottlenecks (the form before) cost T adapters
+    a token and kept `[batch, length, T, b]` for the backward pass: 1.12x
+    MTL's FLOPs and 1.17x its peak at HyperFormer++'s b = d / 16
+    (docs/performance.md, Packing).
     """
+    n, length, d = h.shape
     num_tasks = w.down.shape[1]
-    one_hot = jax.nn.one_hot(self.task_ids, num_tasks, dtype=h.dtype)
+    blocks = task_blocks(task_ids, num_tasks)
+    x = blocks.to_blocks(h.reshape(n * length, d))  # [K, block, d]
 
-    def take(a):  # layer m, then each token's task: [batch, length, ...]
-      return jnp.take(a[self.layer], self.task_ids, axis=0).astype(h.dtype)
+    def take(a):  # layer m, then each block's task: [K, ...]
+      return jnp.take(a[self.layer], blocks.block_tasks,
+                      axis=0).astype(h.dtype)
 
-    z = jnp.einsum('nld,tdb->nltb', h, w.down[self.layer].astype(h.dtype))
-    z = self.activation(z + w.down_bias[self.layer].astype(h.dtype))
-    z = z * one_hot[..., None]
-    out = (jnp.einsum('nltb,tbd->nld', z, w.up[self.layer].astype(h.dtype))
-           + take(w.up_bias))
+    z = self.activation(jnp.einsum('kcd,kdb->kcb', x, take(w.down))
+                        + take(w.down_bias)[:, None])
+    out = jnp.einsum('kcb,kbd->kcd', z, take(w.up)) + take(w.up_bias)[:, None]
     if w.norm_scale is not None:
-      out = layer_norm(out, take(w.norm_scale), take(w.norm_bias))
-    return out
+      out = layer_norm(out, take(w.norm_scale)[:, None],
+                       take(w.norm_bias)[:, None])
+    return blocks.from_blocks(out).reshape(n, length, d)
+
+
+@struct.dataclass
+class TaskBlocks:
+  """Tokens laid out in blocks of one task each (`task_blocks`).
+
+  Attributes:
+    source: `[K * block]`: the token at each block position (the token
+      count N at the blocks' padding, which reads a zero row).
+    destination: `[N]`: each token's block position.
+    block_tasks: `[K]`: each block's task (0 for a block of padding only).
+  """
+
+  source: Array
+  destination: Array
+  block_tasks: Array
+
+  def to_blocks(self, x: Array) -> Array:
+    """`x [N, d]` -> `[K, block, d]`, zeros at the padding."""
+    rows = jnp.concatenate([x, jnp.zeros_like(x[:1])])
+    back = jnp.concatenate([self.destination,
+                            jnp.array([self.source.shape[0]], jnp.int32)])
+    out = _permute_rows(rows, self.source, back)
+    return out.reshape(self.block_tasks.shape[0], -1, x.shape[-1])
+
+  def from_blocks(self, y: Array) -> Array:
+    """`y [K, block, d]` -> each token's row `[N, d]`."""
+    return _permute_rows(y.reshape(-1, y.shape[-1]), self.destination,
+                         self.source)
+
+
+def task_blocks(task_ids: Array, num_tasks: int,
+                max_block: int = 128) -> TaskBlocks:
+  """Lays the tokens of `task_ids` (`[batch, length]`) out by task: each
+  task's tokens (in their order) fill whole blocks of `block` positions, the
+  last one padded, so every block holds one task's tokens.
+
+  `block` = min(max_block, N // (8 T)) (N tokens, at least 1): the padding,
+  at most T (block - 1) positions, stays under N / 8; K = the blocks that
+  N tokens and that padding take (static).
+  """
+  flat = task_ids.reshape(-1).astype(jnp.int32)
+  count = flat.shape[0]
+  block = max(1, min(max_block, count // (8 * num_tasks)))
+  num_blocks = -(-(count + num_tasks * (block - 1)) // block)
+  order = jnp.argsort(flat, stable=True)  # token indices by task
+  sorted_tasks = flat[order]
+  per_task = jnp.bincount(flat, length=num_tasks)
+  padded = -(-per_task // block) * block
+  task_start = jnp.cumsum(padded) - padded        # in the block layout
+  first = jnp.cumsum(per_task) - per_task         # in `order`
+  rank = jnp.arange(count, dtype=jnp.int32) - first[sorted_tasks]
+  position = (task_start[sorted_tasks] + rank).astype(jnp.int32)
+  destination = jnp.zeros(count, jnp.int32).at[order].set(position)
+  source = jnp.full(num_blocks * block, count, jnp.int32).at[position].set(
+      order.astype(jnp.int32))
+  block_tasks = jnp.zeros(num_blocks, jnp.int32).at[position // block].set(
+      sorted_tasks)
+  return TaskBlocks(source, destination, block_tasks)
+
+
+@jax.custom_vjp
+def _permute_rows(x: Array, index: Array, back: Array) -> Array:
+  """`x[index]`, whose gradient is a gather too: `back` (`[len(x)]`) gives
+  each row of `x` its one place in `index` (len(index): none, a zero
+  cotangent). XLA would scatter-add the cotangent of a plain gather, which
+  it cannot know to be a permutation (and a CPU scatters slowly)."""
+  return x[index]
+
+
+def _permute_rows_fwd(x, index, back):
+  return x[index], back
+
+
+def _permute_rows_bwd(back, g):
+  g = jnp.concatenate([g, jnp.zeros_like(g[:1])])
+  return g[back], None, None
+
+
+_permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
