@@ -12,7 +12,7 @@ tokens: `encoder_task_ids [input_length]` and `decoder_task_ids
 [target_length]`, each token carrying its example's task id (0 on padding,
 where the segment id is 0 too), beside seqio's segment ids and positions.
 seqio refuses pass-through features when packing, so the converter spreads
-the scalar id over each example's tokens before seqio packs them as ordinary
+the scalar id over each example's tokens before they are packed as ordinary
 features.
 
 Rows are packed best-fit from a buffer of the next examples
@@ -134,12 +134,11 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
         slots = tf.fill([n], tf.constant(PROMPT_SLOT_TOKEN, ex['inputs'].dtype))
         ex['inputs'] = tf.concat([slots, ex['inputs']], axis=0)
       for feature in PACKED_TASK_IDS.values():
-        # Stored as id + 1: seqio's packer reads 0 as padding and would drop
-        # task 0's ids (`_convert_example` subtracts the 1 again).
+        # Packed like tokens; padding gets 0, task 0's id, which the
+        # segment id 0 tells apart.
         ex[f'{feature}_task_ids'] = tf.fill(
-            tf.shape(ex[feature]), tf.cast(ex[TASK_IDS], tf.int32) + 1)
-      # Spread over the tokens now; left in, seqio's packer would drop it
-      # with a warning on every run.
+            tf.shape(ex[feature]), tf.cast(ex[TASK_IDS], tf.int32))
+      # Spread over the tokens now (the packer keeps only packed features).
       del ex[TASK_IDS]
       return ex
 
@@ -161,7 +160,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
     d = dict(super()._convert_example(features))
     if self.pack:
       for model_feature, feature in PACKED_TASK_IDS.items():
-        d[model_feature] = tf.maximum(features[f'{feature}_task_ids'] - 1, 0)
+        d[model_feature] = features[f'{feature}_task_ids']
     return d
 
   def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
