@@ -149,10 +149,13 @@ class LayerAdapters:
     'attention' or 'mlp', the sublayer `h` comes from."""
     w = self.weights[kind]
     if self.packed:
-      # Recomputed from `h` in the backward pass: saved, the blocks' inputs
-      # and gathered weights (`[K, block, d]`, `[K, d, b]`: ~4x the weights
-      # of every layer) raised HyperFormer++'s peak to 1.26x MTL's; the
-      # recomputation is one adapter forward (~0.3 % of the step's FLOPs).
+      if w.norm_scale is None:
+        return h + self._per_token(h, w, self.task_ids)
+      # With HyperFormer++'s float32 layer norm, recomputed from `h` in the
+      # backward pass: saved, its intermediates and the blocks' gathered
+      # weights raised the step's peak from 1.20x to 1.26x MTL's, at the
+      # same step time; the Vanilla adapter's peak does not change, and
+      # recomputing costs it time (docs/performance.md, Packing).
       return h + jax.checkpoint(self._per_token)(h, w, self.task_ids)
 
     def take(a):  # layer m, then each example's task: [batch, ...]
