@@ -8,15 +8,17 @@ filled. `best_fit_pack` keeps a buffer of the next `buffer_size` examples
 and fills the open row from it: each step moves the largest buffered
 example that still fits in every feature (size: the sum over features of
 its length / the feature's row length; ties: the lowest buffer slot, an
-example taking the first free one), and the row closes only when none fits; a new row starts with the largest buffered example. With 16 buffered
+example taking the first free one), and the row closes only when none
+fits; a new row starts with the largest buffered example. With 16 buffered
 examples rows are ~90 % filled at those lengths (docs/performance.md,
 Packing).
 
 The output is seqio's: every feature `k` of `feature_lengths`, trimmed to
 its length and packed, with `k_segment_ids` (1, 2, ... per example, 0 on
 padding) and `k_positions` (0, 1, ... within each example), int32
-`[length]`. Examples keep their order within a row; rows may take examples
-up to `buffer_size` places out of stream order (like a shuffle buffer).
+`[length]`, the examples in the order they were moved in. Examples wait
+in the buffer until they fit, so rows take them out of stream order (as a
+shuffle buffer does); every example is packed once.
 
 It is a `tf.data.Dataset.scan` over the examples, so the packer is
 deterministic (the same stream gives the same rows) and its buffer and open
