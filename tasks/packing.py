@@ -77,6 +77,9 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
   capacity = tf.constant(lengths, tf.int32)
   b = buffer_size
 
+  # The functions below are TF ops and static Python: AutoGraph has nothing
+  # to convert (and re-reads their source from disk to try).
+  @tf.autograph.experimental.do_not_convert
   def trimmed(ex):
     return {k: ex[k][:n] for k, n in zip(keys, lengths)}, tf.constant(False)
 
@@ -102,6 +105,7 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
       'examples': tf.constant(0, tf.int32),
   }
 
+  @tf.autograph.experimental.do_not_convert
   def step(state, element):
     example, is_flush = element
     buffer, buffer_lengths = state['buffer'], state['buffer_lengths']
@@ -177,9 +181,11 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     }
     return new_state, (close, emitted)
 
+  @tf.autograph.experimental.do_not_convert
   def closed(close, unused_row):
     return close
 
+  @tf.autograph.experimental.do_not_convert
   def row_of(unused_close, row):
     return row
 
