@@ -154,9 +154,8 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     used = tf.where(keep, used, tf.zeros_like(used))
     examples = tf.where(keep, state['examples'], 0)
 
-    fits = tf.logical_and(
-        buffered, tf.reduce_all(used[None] + buffer_lengths <= capacity,
-                                axis=1))
+    # A closed row is empty again, and every buffered example fits it.
+    fits = tf.logical_or(fits, tf.logical_and(close, buffered))
     chosen = tf.argmax(tf.where(fits, size, -1.0), output_type=tf.int32)
     chosen_lengths = buffer_lengths[chosen] * tf.cast(move, tf.int32)
     for i, (k, n) in enumerate(zip(keys, lengths)):
