@@ -264,3 +264,49 @@ def test_bad_configuration_raises(change, message):
   cfg = dataclasses.replace(T5X_TINY_CONFIG, **change)
   with pytest.raises(ValueError, match=message):
     network.check_config(cfg)
+
+
+@pytest.mark.parametrize('scale_shape', [(3, 1, 6), (6,), (3, 5, 6)])
+def test_adapter_layer_norm_gradient_is_layer_norms(scale_shape):
+  """`adapters.layer_norm` writes its gradient out (statistics kept, not
+  its float32 intermediates); value and gradients must be those of the
+  textbook layer norm, differentiated by autodiff, for a scale and bias
+  per group, shared, or per token."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(2.0, 3.0, (3, 5, 6)), jnp.float32)
+  scale = jnp.asarray(rng.normal(1.0, 0.5, scale_shape), jnp.float32)
+  bias = jnp.asarray(rng.normal(0.0, 0.5, scale_shape), jnp.float32)
+  weights = jnp.asarray(rng.normal(size=(3, 5, 6)), jnp.float32)
+
+  def textbook(x, scale, bias):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + 1e-6) * scale + bias
+
+  def loss(norm):
+    return lambda *args: jnp.sum(jnp.sin(norm(*args)) * weights)
+
+  np.testing.assert_allclose(adapters.layer_norm(x, scale, bias),
+                             textbook(x, scale, bias), rtol=1e-5, atol=1e-5)
+  got = jax.grad(loss(adapters.layer_norm), (0, 1, 2))(x, scale, bias)
+  want = jax.grad(loss(textbook), (0, 1, 2))(x, scale, bias)
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_adapter_task_gather_gradient_is_the_gathers():
+  """Each group's weights are gathered from `[T, ...]` with a gradient
+  written as a one-hot product; it must equal the scatter-add of plain
+  indexing (tasks repeated and one task absent)."""
+  rng = np.random.default_rng(2)
+  table = jnp.asarray(rng.normal(size=(4, 3, 2)), jnp.float32)
+  tasks = jnp.asarray([2, 0, 2, 2, 1], jnp.int32)
+  weights = jnp.asarray(rng.normal(size=(5, 3, 2)), jnp.float32)
+
+  def loss(take):
+    return lambda a: jnp.sum(jnp.sin(take(a)) * weights)
+
+  np.testing.assert_allclose(
+      jax.grad(loss(lambda a: adapters._take_tasks(a, tasks)))(table),
+      jax.grad(loss(lambda a: a[tasks]))(table), rtol=1e-6)

@@ -354,7 +354,8 @@ def test_task_blocks_hold_every_token_once_in_blocks_of_one_task(
   # Skewed: most tokens of one task, some tasks absent.
   ids = rng.choice(num_tasks, shape, p=np.r_[0.6, 0.3, 0.1,
                                              [0] * (num_tasks - 3)])
-  blocks = adapters.task_blocks(jax.numpy.asarray(ids), num_tasks)
+  block = adapters.block_size(ids.size, num_tasks, 8)
+  blocks = adapters.task_blocks(jax.numpy.asarray(ids), num_tasks, block)
   source = np.asarray(blocks.source)
   destination = np.asarray(blocks.destination)
   block_tasks = np.asarray(blocks.block_tasks)
@@ -370,9 +371,22 @@ def test_task_blocks_hold_every_token_once_in_blocks_of_one_task(
     tokens = tokens[tokens < count]
     assert (flat[tokens] == tasks_of_block).all()
     assert (np.diff(tokens) > 0).all()
-  # The padding stays within N / 8 (and one block's rounding).
-  block = per_block.shape[1]
-  assert source.size - count <= max(count // 8, num_tasks * (block - 1)) + block
+  # Blocks of `block`; padding at most one partial block a task (and one
+  # block's rounding of the static count).
+  assert per_block.shape[1] == block
+  assert source.size - count <= num_tasks * (block - 1) + block
+
+
+@pytest.mark.parametrize('count,num_tasks,bottleneck,block', [
+    (4096, 8, 32, 256),  # sqrt(4 * 32 * 4096 / 8)
+    (256, 8, 32, 64),
+    (4096, 8, 16, 181),  # sqrt(32768) = 181.02
+    (7, 8, 8, 5),        # sqrt(28) = 5.29
+    (3, 1, 64, 3),       # sqrt(768) = 27.7, at most the token count
+])
+def test_block_size_balances_weight_copies_and_padding(count, num_tasks,
+                                                        bottleneck, block):
+  assert adapters.block_size(count, num_tasks, bottleneck) == block
 
 
 def test_blocks_permutation_gradient_is_the_gathers():
@@ -380,7 +394,7 @@ def test_blocks_permutation_gradient_is_the_gathers():
   must equal the gradient of the plain indexing they stand for."""
   rng = np.random.default_rng(1)
   ids = jax.numpy.asarray(rng.integers(0, 4, (2, 30)))
-  blocks = adapters.task_blocks(ids, 4)
+  blocks = adapters.task_blocks(ids, 4, 7)
   x = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
   weights = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
 

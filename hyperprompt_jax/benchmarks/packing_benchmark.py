@@ -7,12 +7,14 @@
 For each model (MTL and every variant that packs) the built-in runner's
 training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
-process (`timing.timed_side_by_side`). A step's work is its real target
-tokens (the loss's tokens); throughput is real target tokens per second.
+process (`timing.round_times`). A step's work is its real target tokens
+(the loss's tokens); throughput is real target tokens per second at the
+median step time; a packed step against MTL's is the median over rounds of
+the two steps' ratio in the same round.
 
 Both batches come out of the project's own feature converter
-(`TaskIdsEncDecFeatureConverter`, the best-fit packer of `tasks/packing.py`) over a stream of examples
-whose lengths follow one of two distributions:
+(`TaskIdsEncDecFeatureConverter`, the best-fit packer of
+`tasks/packing.py`) over a stream of examples whose lengths follow one of two distributions:
 
 - 'fixture': the offline fixture mixture of the 16 GLUE + SuperGLUE tasks
   (`fixture_glue_super_glue_proportional`), its real examples and their
@@ -33,6 +35,7 @@ example's task id is its task's index modulo the model's `num_tasks` (the
 variant's paper setup has T = 8: only the id range matters to the cost).
 """
 
+import statistics
 from typing import Iterator, Sequence
 
 import gin
@@ -222,7 +225,8 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
             lambda i, step=step, s=state, b=batch:
             step(s, b, jax.random.PRNGKey(i))[1]['loss'])
         info[(d, name, pack)] = _batch_info(batch, pack)
-  seconds = timing.timed_side_by_side(runners, rounds, steps)
+  times = timing.round_times(runners, rounds, steps)
+  seconds = {key: statistics.median(t) for key, t in times.items()}
   tables = {}
   for d in distributions:
     rows = []
@@ -237,8 +241,8 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
                                              / seconds[key])
       row['speedup'] = (row['packed_tokens_per_second']
                         / row['unpacked_tokens_per_second'])
-      row['packed_step_to_mtl'] = (seconds[(d, name, True)]
-                                   / seconds[(d, 'mtl', True)])
+      row['packed_step_to_mtl'] = timing.median_ratio(
+          times[(d, name, True)], times[(d, 'mtl', True)])
       rows.append(row)
     rows[0]['tasks_per_row'] = info[(d, 'mtl', True)]['tasks_per_row']
     tables[d] = rows

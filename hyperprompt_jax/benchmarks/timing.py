@@ -55,11 +55,12 @@ def fresh_state(model: network.Transformer, optimizer, input_length: int,
           'opt_state': optimizer.init(params)}
 
 
-def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
-                        rounds: int, steps: int) -> dict[str, float]:
-  """Median seconds per call of each runner (`i -> output`), in interleaved
-  rounds: each round starts at another model, so no model always runs first
-  (right after a switch of programs, or after the previous round)."""
+def round_times(runners: dict[str, Callable[[int], jax.Array]],
+                rounds: int, steps: int) -> dict[str, list[float]]:
+  """Seconds per call of each runner (`i -> output`), one figure per
+  round, in interleaved rounds: each round starts at another model, so no
+  model always runs first (right after a switch of programs, or after the
+  previous round)."""
   names = list(runners)
   times = {name: [] for name in names}
   for r in range(rounds):
@@ -69,7 +70,21 @@ def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
         out = runners[name](i)
       jax.block_until_ready(out)
       times[name].append((time.perf_counter() - start) / steps)
-  return {name: statistics.median(t) for name, t in times.items()}
+  return times
+
+
+def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
+                        rounds: int, steps: int) -> dict[str, float]:
+  """Median seconds per call of each runner over `round_times`' rounds."""
+  return {name: statistics.median(t)
+          for name, t in round_times(runners, rounds, steps).items()}
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+  """The median over rounds of one runner's time over another's in the
+  same round: a machine that slows down for a while slows both, where a
+  ratio of medians takes each from other rounds."""
+  return statistics.median(a / b for a, b in zip(numerator, denominator))
 
 
 def peak_bytes(compiled) -> int:

@@ -29,6 +29,7 @@ task-separation test the adapter stays at chance; `optimizers.py` has the
 measurements).
 """
 
+import math
 from typing import Any, Optional
 
 from flax import linen as nn
@@ -111,19 +112,74 @@ class AdapterWeights:
   norm_bias: Optional[Array] = None
 
 
-def layer_norm(x: Array, scale: Array, bias: Array,
-               epsilon: float = 1e-6) -> Array:
-  """Standard layer norm (centred, with bias) over the last axis; `scale`
-  and `bias` broadcast against `x` (HyperFormer++: per example).
+@jax.custom_vjp
+def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
+  """Standard layer norm (centred, with bias, epsilon 1e-6) over the last
+  axis, in float32, returned in `x`'s dtype; `scale` and `bias` broadcast
+  against `x` (HyperFormer++: per example, or per block of one task).
 
   Not `layers.LayerNorm`: that is T5's RMS norm with a parameter of its own;
   HyperFormer++ generates a standard layer norm's scale and bias per task.
+  Its gradient is written out (`_layer_norm_bwd`): it keeps `x` (in its
+  dtype) and two statistics per row where autodiff kept float32 copies of
+  the row, and XLA's CPU compiler turned autodiff's form into fusions that
+  recompute the row statistics (fwd + bwd of one adapter's norm at 4,096
+  tokens, d 512: 12 ms autodiff, 2.8 ms this; docs/performance.md, Packing).
   """
-  x32 = jnp.asarray(x, jnp.float32)
+  return _layer_norm_fwd(x, scale, bias)[0]
+
+
+_LAYER_NORM_EPSILON = 1e-6
+
+
+def _row_statistics(x32: Array) -> tuple[Array, Array]:
+  """Mean and 1 / std of each row of `x32` (`[..., 1]` each), kept apart
+  from their consumers: fused into them, XLA's CPU compiler recomputes a
+  row's statistic for every element of the row (on accelerators the two
+  are separate fusions anyway)."""
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-  y = (x32 - mean) * jax.lax.rsqrt(var + epsilon)
-  return jnp.asarray(y * scale + bias, x.dtype)
+  return jax.lax.optimization_barrier(
+      (mean, jax.lax.rsqrt(var + _LAYER_NORM_EPSILON)))
+
+
+def _layer_norm_fwd(x, scale, bias):
+  mean, inv_std = _row_statistics(jnp.asarray(x, jnp.float32))
+  y = (jnp.asarray(x, jnp.float32) - mean) * inv_std
+  out = jnp.asarray(y * scale + bias, x.dtype)
+  return out, (x, mean, inv_std, scale, bias)
+
+
+def _sum_to_shape(a: Array, shape: tuple[int, ...]) -> Array:
+  """Sums `a` over the axes that `shape` broadcast along (the transpose of
+  broadcasting `shape` to `a.shape`)."""
+  lead = a.ndim - len(shape)
+  axes = tuple(range(lead)) + tuple(
+      lead + i for i, size in enumerate(shape)
+      if size == 1 and a.shape[lead + i] != 1)
+  return jnp.sum(a, axis=axes, keepdims=True).reshape(shape)
+
+
+def _layer_norm_bwd(residuals, g):
+  """With y = (x - mean) / std and out = y * scale + bias:
+  d bias = sum g, d scale = sum g y, and
+  dx = (gs - mean(gs) - y mean(gs y)) / std, gs = g * scale (row means)."""
+  x, mean, inv_std, scale, bias = residuals
+  y = (jnp.asarray(x, jnp.float32) - mean) * inv_std
+  g32 = jnp.asarray(g, jnp.float32)
+  gs = g32 * scale
+  gs_mean, gsy_mean = jax.lax.optimization_barrier((
+      jnp.mean(gs, axis=-1, keepdims=True),
+      jnp.mean(gs * y, axis=-1, keepdims=True)))
+  dx = inv_std * (gs - gs_mean - y * gsy_mean)
+  d_scale = _sum_to_shape(g32 * y, jnp.shape(scale))
+  d_bias = _sum_to_shape(g32, jnp.shape(bias))
+  dx, d_scale, d_bias = jax.lax.optimization_barrier((dx, d_scale, d_bias))
+  return (jnp.asarray(dx, x.dtype), jnp.asarray(d_scale, scale.dtype),
+          jnp.asarray(d_bias, bias.dtype))
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerAdapters:
@@ -149,28 +205,40 @@ class LayerAdapters:
     'attention' or 'mlp', the sublayer `h` comes from."""
     w = self.weights[kind]
     if self.packed:
-      if w.norm_scale is None:
-        return h + self._per_token(h, w, self.task_ids)
-      # With HyperFormer++'s float32 layer norm, recomputed from `h` in the
-      # backward pass: saved, its intermediates and the blocks' gathered
-      # weights raised the step's peak from 1.20x to 1.26x MTL's, at the
-      # same step time; the Vanilla adapter's peak does not change, and
-      # recomputing costs it time (docs/performance.md, Packing).
-      return h + jax.checkpoint(self._per_token)(h, w, self.task_ids)
+      return h + self._per_token(h, w, self.task_ids)
+    return h + self._adapt(h, w, self.task_ids)
 
-    def take(a):  # layer m, then each example's task: [batch, ...]
-      return None if a is None else jnp.take(a[self.layer], self.task_ids,
-                                             axis=0).astype(h.dtype)
+  def _adapt(self, x: Array, w: AdapterWeights, group_tasks: Array
+             ) -> Array:
+    """The adapter's output for groups of tokens of one task each: `x
+    [groups, length, d]` -> `[groups, length, d]`, group g through the
+    adapter of task `group_tasks[g]`.
 
-    down, down_bias, up, up_bias = map(take, (w.down, w.down_bias, w.up,
-                                              w.up_bias))
-    z = self.activation(jnp.einsum('nld,ndb->nlb', h, down)
-                        + down_bias[:, None])
-    out = jnp.einsum('nlb,nbd->nld', z, up) + up_bias[:, None]
+    The matmuls take `x`'s dtype and accumulate in float32, as TPUs and
+    GPUs multiply bfloat16 (on a CPU, bfloat16 products cost the adapter
+    1.6x its time: docs/performance.md, Packing).
+    """
+    dtype = x.dtype
+
+    def take(a):  # layer m, then each group's task: [groups, ...]
+      return _take_tasks(a[self.layer], group_tasks)
+
+    # W_down as [groups, b, d]: XLA's CPU compiler forms its gradient (x^T
+    # dz over the group's tokens) 2.4x faster in that order, and transposes
+    # it back at [T, d, b], not at [groups, d, b].
+    down = _take_tasks(jnp.swapaxes(w.down[self.layer], -1, -2), group_tasks)
+    z = self.activation(
+        jnp.einsum('gld,gbd->glb', x, down.astype(dtype),
+                   preferred_element_type=jnp.float32)
+        + take(w.down_bias)[:, None])
+    out = jnp.einsum('glb,gbd->gld', z.astype(dtype),
+                     take(w.up).astype(dtype),
+                     preferred_element_type=jnp.float32)
+    out = (out + take(w.up_bias)[:, None]).astype(dtype)
     if w.norm_scale is not None:
       out = layer_norm(out, take(w.norm_scale)[:, None],
                        take(w.norm_bias)[:, None])
-    return h + out
+    return out
 
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
@@ -181,7 +249,7 @@ class LayerAdapters:
     (`task_blocks`), every block goes through its task's adapter as one
     `[block, d] x [d, b]` matmul, and the outputs go back to their tokens.
     So a token costs one adapter, as unpacked, plus the blocks' padding
-    (at most 1/8). Sending every token through all T tasks' `W_down` and
+    and weight copies (`block_size` balances the two). Sending every token through all T tasks' `W_down` and
     zeroing the other tasks' bottlenecks (the form before) cost T adapters
     a token and kept `[batch, length, T, b]` for the backward pass: 1.12x
     MTL's FLOPs and 1.17x its peak at HyperFormer++'s b = d / 16
@@ -189,19 +257,11 @@ class LayerAdapters:
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[1]
-    blocks = task_blocks(task_ids, num_tasks)
+    blocks = task_blocks(task_ids, num_tasks,
+                         block_size(n * length, num_tasks, w.up.shape[-2]))
     x = blocks.to_blocks(h.reshape(n * length, d))  # [K, block, d]
 
-    def take(a):  # layer m, then each block's task: [K, ...]
-      return jnp.take(a[self.layer], blocks.block_tasks,
-                      axis=0).astype(h.dtype)
-
-    z = self.activation(jnp.einsum('kcd,kdb->kcb', x, take(w.down))
-                        + take(w.down_bias)[:, None])
-    out = jnp.einsum('kcb,kbd->kcd', z, take(w.up)) + take(w.up_bias)[:, None]
-    if w.norm_scale is not None:
-      out = layer_norm(out, take(w.norm_scale)[:, None],
-                       take(w.norm_bias)[:, None])
+    out = self._adapt(x, w, blocks.block_tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
 
 
@@ -222,10 +282,7 @@ class TaskBlocks:
 
   def to_blocks(self, x: Array) -> Array:
     """`x [N, d]` -> `[K, block, d]`, zeros at the padding."""
-    rows = jnp.concatenate([x, jnp.zeros_like(x[:1])])
-    back = jnp.concatenate([self.destination,
-                            jnp.array([self.source.shape[0]], jnp.int32)])
-    out = _permute_rows(rows, self.source, back)
+    out = _permute_rows(x, self.source, self.destination)
     return out.reshape(self.block_tasks.shape[0], -1, x.shape[-1])
 
   def from_blocks(self, y: Array) -> Array:
@@ -234,19 +291,32 @@ class TaskBlocks:
                          self.source)
 
 
-def task_blocks(task_ids: Array, num_tasks: int,
-                max_block: int = 128) -> TaskBlocks:
-  """Lays the tokens of `task_ids` (`[batch, length]`) out by task: each
-  task's tokens (in their order) fill whole blocks of `block` positions, the
-  last one padded, so every block holds one task's tokens.
+def block_size(count: int, num_tasks: int, bottleneck: int) -> int:
+  """Positions per block for `count` tokens of up to `num_tasks` tasks
+  through adapters of bottleneck b.
 
-  `block` = min(max_block, N // (8 T)) (N tokens, at least 1): the padding,
-  at most T (block - 1) positions, stays under N / 8; K = the blocks that
-  N tokens and that padding take (static).
+  A block costs a copy of its task's `[d, b]` and `[b, d]` weights (2 b
+  rows of d), and each task present pads its last block (half a block on
+  average): blocks of c cost about 2 b (N / c + T) + T c / 2 rows of d,
+  least at c = sqrt(4 b N / T). So the weight copies stay near the
+  padding: at N = 4,096, b = 32, T = 8, blocks of 256 copy 1,536 rows and
+  pad about 1,000, where blocks of 64 copied 9,216 (HyperFormer++'s packed
+  step peaked at 1.17x MTL's with those, 1.16x with these).
+  """
+  return max(1, min(count, round(math.sqrt(4 * bottleneck * count
+                                           / num_tasks))))
+
+
+def task_blocks(task_ids: Array, num_tasks: int,
+                block: int) -> TaskBlocks:
+  """Lays the tokens of `task_ids` (`[batch, length]`) out by task: each
+  task's tokens (in their order) fill whole blocks of `block` positions
+  (`block_size`), the last one padded, so every block holds one task's
+  tokens. K = the blocks that N tokens and at most T (block - 1) positions
+  of padding take (static).
   """
   flat = task_ids.reshape(-1).astype(jnp.int32)
   count = flat.shape[0]
-  block = max(1, min(max_block, count // (8 * num_tasks)))
   num_blocks = -(-(count + num_tasks * (block - 1)) // block)
   order = jnp.argsort(flat, stable=True)  # token indices by task
   sorted_tasks = flat[order]
@@ -266,23 +336,51 @@ def task_blocks(task_ids: Array, num_tasks: int,
 
 @jax.custom_vjp
 def _permute_rows(x: Array, index: Array, back: Array) -> Array:
-  """`x[index]`, whose gradient is a gather too: `back` (`[len(x)]`) gives
-  each row of `x` its one place in `index` (len(index): none, a zero
-  cotangent). XLA would scatter-add the cotangent of a plain gather, which
-  it cannot know to be a permutation (and a CPU scatters slowly)."""
-  return x[index]
+  """`x[index]`, zero rows where `index` is len(x) (the blocks' padding),
+  whose gradient is a gather too: `back` (`[len(x)]`) gives each row of `x`
+  its one place in `index`. XLA would scatter-add the cotangent of a plain
+  gather, which it cannot know to be a permutation (and a CPU scatters
+  slowly)."""
+  return _gather_rows(x, index)
+
+
+def _gather_rows(x: Array, index: Array) -> Array:
+  return x.at[index].get(mode='fill', fill_value=0)
 
 
 def _permute_rows_fwd(x, index, back):
-  return x[index], back
+  return _gather_rows(x, index), back
 
 
 def _permute_rows_bwd(back, g):
-  g = jnp.concatenate([g, jnp.zeros_like(g[:1])])
-  return g[back], None, None
+  return _gather_rows(g, back), None, None
 
 
 _permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+
+
+@jax.custom_vjp
+def _take_tasks(a: Array, tasks: Array) -> Array:
+  """`a[tasks]` (`a [T, ...]`, `tasks [G]`), whose gradient is a product
+  with the one-hot tasks: XLA would scatter-add the cotangent of a plain
+  gather, which its CPU compiler runs element by element (fwd + bwd of
+  a packed adapter, 4,096 tokens, b 32: 17.8 ms with it, 10.6 ms this)."""
+  return jnp.take(a, tasks, axis=0)
+
+
+def _take_tasks_fwd(a, tasks):
+  return jnp.take(a, tasks, axis=0), (tasks, a.shape[0])
+
+
+def _take_tasks_bwd(residuals, g):
+  tasks, num_tasks = residuals
+  one_hot = jax.nn.one_hot(tasks, num_tasks, dtype=g.dtype)
+  # HIGHEST: a TPU sums float32 products in bfloat16 passes by default.
+  return (jnp.einsum('gt,g...->t...', one_hot, g,
+                     precision=jax.lax.Precision.HIGHEST), None)
+
+
+_take_tasks.defvjp(_take_tasks_fwd, _take_tasks_bwd)
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
