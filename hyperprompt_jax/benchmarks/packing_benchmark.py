@@ -14,7 +14,8 @@ the two steps' ratio in the same round.
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
-`tasks/packing.py`) over a stream of examples whose lengths follow one of two distributions:
+`tasks/packing.py`) over a stream of examples whose lengths follow one of
+two distributions:
 
 - 'fixture': the offline fixture mixture of the 16 GLUE + SuperGLUE tasks
   (`fixture_glue_super_glue_proportional`), its real examples and their
