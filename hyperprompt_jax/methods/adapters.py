@@ -135,8 +135,8 @@ _LAYER_NORM_EPSILON = 1e-6
 def _row_statistics(x32: Array) -> tuple[Array, Array]:
   """Mean and 1 / std of each row of `x32` (`[..., 1]` each), kept apart
   from their consumers: fused into them, XLA's CPU compiler recomputes a
-  row's statistic for every element of the row (on accelerators the two
-  are separate fusions anyway)."""
+  row's statistic for every element of the row (the barrier holds only
+  `[..., 1]` arrays, so elsewhere it costs next to nothing)."""
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
   return jax.lax.optimization_barrier(
@@ -144,8 +144,9 @@ def _row_statistics(x32: Array) -> tuple[Array, Array]:
 
 
 def _layer_norm_fwd(x, scale, bias):
-  mean, inv_std = _row_statistics(jnp.asarray(x, jnp.float32))
-  y = (jnp.asarray(x, jnp.float32) - mean) * inv_std
+  x32 = jnp.asarray(x, jnp.float32)
+  mean, inv_std = _row_statistics(x32)
+  y = (x32 - mean) * inv_std
   out = jnp.asarray(y * scale + bias, x.dtype)
   return out, (x, mean, inv_std, scale, bias)
 
@@ -226,7 +227,7 @@ class LayerAdapters:
     # W_down as [groups, b, d]: XLA's CPU compiler forms its gradient (x^T
     # dz over the group's tokens) 2.4x faster in that order, and transposes
     # it back at [T, d, b], not at [groups, d, b].
-    down = _take_tasks(jnp.swapaxes(w.down[self.layer], -1, -2), group_tasks)
+    down = take(jnp.swapaxes(w.down, -1, -2))
     z = self.activation(
         jnp.einsum('gld,gbd->glb', x, down.astype(dtype),
                    preferred_element_type=jnp.float32)
@@ -251,10 +252,10 @@ class LayerAdapters:
     So a token costs one adapter, as unpacked, plus the blocks' padding
     and weight copies (`block_size` balances the two). Sending every
     token through all T tasks' `W_down` and zeroing the other tasks'
-    bottlenecks (the form before) cost T adapters
-    a token and kept `[batch, length, T, b]` for the backward pass: 1.12x
-    MTL's FLOPs and 1.17x its peak at HyperFormer++'s b = d / 16
-    (docs/performance.md, Packing).
+    bottlenecks (the form before) cost T adapters a token and kept
+    `[batch, length, T, b]` for the backward pass: 1.12x MTL's FLOPs and
+    1.17x its peak at HyperFormer++'s b = d / 16 (docs/performance.md,
+    Packing).
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[1]
@@ -370,7 +371,7 @@ def _take_tasks(a: Array, tasks: Array) -> Array:
 
 
 def _take_tasks_fwd(a, tasks):
-  return jnp.take(a, tasks, axis=0), (tasks, a.shape[0])
+  return _take_tasks(a, tasks), (tasks, a.shape[0])
 
 
 def _take_tasks_bwd(residuals, g):
