@@ -266,33 +266,42 @@ def test_bad_configuration_raises(change, message):
     network.check_config(cfg)
 
 
-@pytest.mark.parametrize('scale_shape', [(3, 1, 6), (6,), (3, 5, 6)])
-def test_adapter_layer_norm_gradient_is_layer_norms(scale_shape):
-  """`adapters.layer_norm` writes its gradient out (statistics kept, not
-  its float32 intermediates); value and gradients must be those of the
-  textbook layer norm, differentiated by autodiff, for a scale and bias
-  per group, shared, or per token."""
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(2.0, 3.0, (3, 5, 6)), jnp.float32)
-  scale = jnp.asarray(rng.normal(1.0, 0.5, scale_shape), jnp.float32)
-  bias = jnp.asarray(rng.normal(0.0, 0.5, scale_shape), jnp.float32)
-  weights = jnp.asarray(rng.normal(size=(3, 5, 6)), jnp.float32)
+def test_adapter_up_and_norm_is_the_layer_norm_of_the_up_projection():
+  """HyperFormer++'s `adapters.up_and_norm` takes the norm's statistics
+  from the bottleneck and writes its gradient out in those terms; value and
+  gradients (z, W_up, its bias, the norm's scale and bias) must be those of
+  the textbook `layer_norm(z W_up + c)` under autodiff. Group 2's up bias
+  is constant over d and one of its rows of z is zero, so that row's
+  variance is exactly 0 (epsilon alone)."""
+  rng = np.random.default_rng(3)
+  groups, length, b, d = 3, 5, 4, 16
+  z = rng.normal(size=(groups, length, b))
+  z[2, 1] = 0.0
+  up = rng.normal(0.0, 0.3, (groups, b, d))
+  up_bias = rng.normal(0.7, 0.5, (groups, d))
+  up_bias[2] = 0.4
+  scale = rng.normal(1.0, 0.2, (groups, d))
+  bias = rng.normal(0.0, 0.1, (groups, d))
+  args = [jnp.asarray(a, jnp.float32) for a in (z, up, up_bias, scale, bias)]
+  weights = jnp.asarray(rng.normal(size=(groups, length, d)), jnp.float32)
 
-  def textbook(x, scale, bias):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-6) * scale + bias
+  def textbook(z, up, up_bias, scale, bias):
+    o = (jnp.einsum('glb,gbd->gld', z, up, precision='highest')
+         + up_bias[:, None])
+    mean = o.mean(-1, keepdims=True)
+    var = ((o - mean) ** 2).mean(-1, keepdims=True)
+    return (o - mean) / jnp.sqrt(var + 1e-6) * scale[:, None] + bias[:, None]
 
-  def loss(norm):
-    return lambda *args: jnp.sum(jnp.sin(norm(*args)) * weights)
+  def loss(fn):
+    return lambda *a: jnp.sum(jnp.sin(fn(*a)) * weights)
 
-  np.testing.assert_allclose(adapters.layer_norm(x, scale, bias),
-                             textbook(x, scale, bias), rtol=1e-5, atol=1e-5)
-  got = jax.grad(loss(adapters.layer_norm), (0, 1, 2))(x, scale, bias)
-  want = jax.grad(loss(textbook), (0, 1, 2))(x, scale, bias)
+  np.testing.assert_allclose(adapters.up_and_norm(*args), textbook(*args),
+                             rtol=1e-5, atol=1e-5)
+  got = jax.grad(loss(adapters.up_and_norm), range(5))(*args)
+  want = jax.grad(loss(textbook), range(5))(*args)
   for g, w in zip(got, want):
     assert g.shape == w.shape
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_adapter_task_gather_gradient_is_the_gathers():

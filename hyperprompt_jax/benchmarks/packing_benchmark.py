@@ -9,8 +9,9 @@ training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
 process (`timing.round_times`). A step's work is its real target tokens
 (the loss's tokens); throughput is real target tokens per second at the
-median step time; a packed step against MTL's is the median over rounds of
-the two steps' ratio in the same round.
+median step time. Ratios are medians over rounds of the two steps' ratio in
+the same round: a packed step against MTL's, and the speedup (packed real
+tokens per second over unpacked).
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
@@ -240,8 +241,14 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
         row[f'{label}_efficiency'] = info[key]['efficiency']
         row[f'{label}_tokens_per_second'] = (info[key]['target_tokens']
                                              / seconds[key])
-      row['speedup'] = (row['packed_tokens_per_second']
-                        / row['unpacked_tokens_per_second'])
+      # Real tokens per step packed over unpacked, times the median over
+      # rounds of the unpacked step's time over the packed one's in the
+      # same round (`timing.median_ratio`), as for the step ratio below.
+      row['speedup'] = (
+          info[(d, name, True)]['target_tokens']
+          / info[(d, name, False)]['target_tokens']
+          * timing.median_ratio(times[(d, name, False)],
+                                times[(d, name, True)]))
       row['packed_step_to_mtl'] = timing.median_ratio(
           times[(d, name, True)], times[(d, 'mtl', True)])
       rows.append(row)

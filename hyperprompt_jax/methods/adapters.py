@@ -112,75 +112,138 @@ class AdapterWeights:
   norm_bias: Optional[Array] = None
 
 
-@jax.custom_vjp
-def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
-  """Standard layer norm (centred, with bias, epsilon 1e-6) over the last
-  axis, in float32, returned in `x`'s dtype; `scale` and `bias` broadcast
-  against `x` (HyperFormer++: per example, or per block of one task).
-
-  Not `layers.LayerNorm`: that is T5's RMS norm with a parameter of its own;
-  HyperFormer++ generates a standard layer norm's scale and bias per task.
-  Its gradient is written out (`_layer_norm_bwd`): it keeps `x` (in its
-  dtype) and two statistics per row where autodiff kept float32 copies of
-  the row, and XLA's CPU compiler turned autodiff's form into fusions that
-  recompute the row statistics (fwd + bwd of one adapter's norm at 4,096
-  tokens, d 512: 12 ms autodiff, 2.8 ms this; docs/performance.md, Packing).
-  """
-  return _layer_norm_fwd(x, scale, bias)[0]
-
-
 _LAYER_NORM_EPSILON = 1e-6
 
 
-def _row_statistics(x32: Array) -> tuple[Array, Array]:
-  """Mean and 1 / std of each row of `x32` (`[..., 1]` each), kept apart
-  from their consumers: fused into them, XLA's CPU compiler recomputes a
-  row's statistic for every element of the row (the barrier holds only
-  `[..., 1]` arrays, so elsewhere it costs next to nothing)."""
+def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
+  """Standard layer norm (centred, with bias, epsilon 1e-6) over the last
+  axis, in float32, returned in `x`'s dtype; `scale` and `bias` broadcast
+  against `x` (HyperFormer++'s task projector).
+
+  Not `layers.LayerNorm`: that is T5's RMS norm with a parameter of its own.
+  The adapters' generated post norm is `up_and_norm`, which takes its
+  statistics from the bottleneck.
+  """
+  x32 = jnp.asarray(x, jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-  return jax.lax.optimization_barrier(
-      (mean, jax.lax.rsqrt(var + _LAYER_NORM_EPSILON)))
+  y = (x32 - mean) * jax.lax.rsqrt(var + _LAYER_NORM_EPSILON)
+  return jnp.asarray(y * scale + bias, x.dtype)
 
 
-def _layer_norm_fwd(x, scale, bias):
-  x32 = jnp.asarray(x, jnp.float32)
-  mean, inv_std = _row_statistics(x32)
-  y = (x32 - mean) * inv_std
-  out = jnp.asarray(y * scale + bias, x.dtype)
-  return out, (x, mean, inv_std, scale, bias)
+_HIGHEST = jax.lax.Precision.HIGHEST  # a TPU sums float32 in bfloat16 passes
 
 
-def _sum_to_shape(a: Array, shape: tuple[int, ...]) -> Array:
-  """Sums `a` over the axes that `shape` broadcast along (the transpose of
-  broadcasting `shape` to `a.shape`)."""
-  lead = a.ndim - len(shape)
-  axes = tuple(range(lead)) + tuple(
-      lead + i for i, size in enumerate(shape)
-      if size == 1 and a.shape[lead + i] != 1)
-  return jnp.sum(a, axis=axes, keepdims=True).reshape(shape)
+def _up_statistics(z32: Array, up32: Array, c: Array):
+  """Mean and 1 / std over d of each row of o = z W_up + c, from the
+  bottleneck (`z32 [G, L, b]`, `up32 [G, b, d]`, `c [G, d]`, float32):
+
+    mean = z mean_d(W_up) + mean(c),
+    var  = mean_d (z U + k)^2 = z (U U^T / d) z^T + 2 z (U k^T / d) + mean(k^2)
+
+  with U = W_up and k = c centred over d. Returns `(mean, inv_std)` `[G,
+  L]` each and the centred terms `(u_mean [G, b], U [G, b, d], k [G, d],
+  gram [G, b, b], cross [G, b])` the backward pass reuses.
+  """
+  d = up32.shape[-1]
+  u_mean = jnp.mean(up32, axis=-1)
+  uc = up32 - u_mean[..., None]
+  c_mean = jnp.mean(c, axis=-1)
+  cc = c - c_mean[:, None]
+  gram = jnp.einsum('gbd,gcd->gbc', uc, uc, precision=_HIGHEST) / d
+  cross = jnp.einsum('gbd,gd->gb', uc, cc, precision=_HIGHEST) / d
+  mean = (jnp.einsum('glb,gb->gl', z32, u_mean, precision=_HIGHEST)
+          + c_mean[:, None])
+  var = (jnp.sum(jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
+                 * z32, axis=-1)
+         + 2 * jnp.einsum('glb,gb->gl', z32, cross, precision=_HIGHEST)
+         + jnp.mean(jnp.square(cc), axis=-1)[:, None])
+  inv_std = jax.lax.rsqrt(jnp.maximum(var, 0.) + _LAYER_NORM_EPSILON)
+  return (mean, inv_std), (u_mean, uc, cc, gram, cross)
 
 
-def _layer_norm_bwd(residuals, g):
-  """With y = (x - mean) / std and out = y * scale + bias:
-  d bias = sum g, d scale = sum g y, and
-  dx = (gs - mean(gs) - y mean(gs y)) / std, gs = g * scale (row means)."""
-  x, mean, inv_std, scale, bias = residuals
-  y = (jnp.asarray(x, jnp.float32) - mean) * inv_std
+@jax.custom_vjp
+def up_and_norm(z: Array, up: Array, up_bias: Array, scale: Array,
+                bias: Array) -> Array:
+  """HyperFormer++'s up projection and post layer norm, per group of one
+  task: `layer_norm(z W_up + up_bias, scale, bias)` with `z [G, L, b]`,
+  `up [G, b, d]` (both in the activations' dtype), `up_bias`, `scale`,
+  `bias [G, d]`; returns `[G, L, d]` in `z`'s dtype.
+
+  The norm's row statistics are computed from the bottleneck
+  (`_up_statistics`: `[L, b] x [b, b]` work, not passes over `[L, d]`),
+  and the gradient is written out in the same terms, so the step keeps
+  `z` and two statistics a row where the norm kept its `[L, d]` input, and
+  the backward pass makes two `[L, d]`-sized matmuls and one pass over the
+  cotangent, as a plain up projection does (the step of HyperFormer++
+  packed: docs/performance.md, Packing).
+  """
+  return _up_and_norm_fwd(z, up, up_bias, scale, bias)[0]
+
+
+def _up_and_norm_fwd(z, up, up_bias, scale, bias):
+  (mean, inv_std), _ = _up_statistics(
+      jnp.asarray(z, jnp.float32), jnp.asarray(up, jnp.float32), up_bias)
+  o = jnp.einsum('glb,gbd->gld', z, up, preferred_element_type=jnp.float32)
+  out = ((o + up_bias[:, None] - mean[..., None]) * inv_std[..., None]
+         * scale[:, None] + bias[:, None])
+  return out.astype(z.dtype), (z, up, up_bias, scale, bias, mean, inv_std)
+
+
+def _up_and_norm_bwd(residuals, g):
+  """The layer norm's gradient at o = z U + c, `do = inv_std (gs -
+  mean_d(gs) - y beta)` with gs = g scale, y = the normalised o and beta =
+  mean_d(gs y), taken through o's linear map (dz = do U^T, dU = z^T do,
+  dc = sum do), every `y` term rewritten through `z` (y = inv_std (z Uc +
+  k), Uc, k centred): so nothing `[L, d]`-sized is recomputed or kept."""
+  z, up, up_bias, scale, bias, mean, inv_std = residuals
+  d = up.shape[-1]
+  z32 = jnp.asarray(z, jnp.float32)
+  _, (u_mean, uc, cc, gram, cross) = _up_statistics(
+      z32, jnp.asarray(up, jnp.float32), up_bias)
   g32 = jnp.asarray(g, jnp.float32)
-  gs = g32 * scale
-  gs_mean, gsy_mean = jax.lax.optimization_barrier((
-      jnp.mean(gs, axis=-1, keepdims=True),
-      jnp.mean(gs * y, axis=-1, keepdims=True)))
-  dx = inv_std * (gs - gs_mean - y * gsy_mean)
-  d_scale = _sum_to_shape(g32 * y, jnp.shape(scale))
-  d_bias = _sum_to_shape(g32, jnp.shape(bias))
-  dx, d_scale, d_bias = jax.lax.optimization_barrier((dx, d_scale, d_bias))
-  return (jnp.asarray(dx, x.dtype), jnp.asarray(d_scale, scale.dtype),
-          jnp.asarray(d_bias, bias.dtype))
+  gs = g32 * scale[:, None]
+  g_inv_std = g32 * inv_std[..., None]
+  gs_mean = jnp.mean(gs, axis=-1)                                # [G, L]
+  gs_up = jnp.einsum('gld,gbd->glb', gs.astype(z.dtype), up,
+                     preferred_element_type=jnp.float32)         # gs U^T
+  zt_g = jnp.einsum('glb,gld->gbd', z, g_inv_std.astype(z.dtype),
+                    preferred_element_type=jnp.float32)          # z^T g_inv_std
+  # beta = mean_d(gs y) = inv_std / d (gs Uc^T z + gs k), gs Uc^T = gs U^T -
+  # d mean_d(gs) u_mean.
+  z_u_mean = jnp.einsum('glb,gb->gl', z32, u_mean, precision=_HIGHEST)
+  beta = inv_std / d * (
+      jnp.sum(gs_up * z32, axis=-1) - d * gs_mean * z_u_mean
+      + jnp.einsum('gld,gd->gl', gs, cc, precision=_HIGHEST))
+  # y U^T = inv_std (z Uc + k) Uc^T = d inv_std (z gram + cross).
+  y_up = d * inv_std[..., None] * (
+      jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
+      + cross[:, None])
+  dz = inv_std[..., None] * (gs_up - d * gs_mean[..., None] * u_mean[:, None]
+                             - beta[..., None] * y_up)
+  # The beta y terms of dU and dc: sum_l w_l (z_l Uc + k), w = inv_std^2 beta.
+  w = jnp.square(inv_std) * beta
+  zw = jnp.einsum('glb,gl->gb', z32, w, precision=_HIGHEST)
+  zwz = jnp.einsum('glb,gl,glc->gbc', z32, w, z32, precision=_HIGHEST)
+  inv_std_gs_mean = inv_std * gs_mean
+  col_g_inv_std = jnp.sum(g_inv_std, axis=1)                     # [G, d]
+  d_up = (zt_g * scale[:, None]
+          - jnp.einsum('glb,gl->gb', z32, inv_std_gs_mean,
+                       precision=_HIGHEST)[..., None]
+          - jnp.einsum('gbc,gcd->gbd', zwz, uc, precision=_HIGHEST)
+          - zw[..., None] * cc[:, None])
+  d_up_bias = (scale * col_g_inv_std
+               - jnp.sum(inv_std_gs_mean, axis=1)[:, None]
+               - jnp.einsum('gb,gbd->gd', zw, uc, precision=_HIGHEST)
+               - jnp.sum(w, axis=1)[:, None] * cc)
+  d_scale = jnp.sum(zt_g * uc, axis=1) + cc * col_g_inv_std     # sum g y
+  d_bias = jnp.sum(g32, axis=1)
+  return (dz.astype(z.dtype), d_up.astype(up.dtype),
+          d_up_bias.astype(up_bias.dtype), d_scale.astype(scale.dtype),
+          d_bias.astype(bias.dtype))
 
 
-layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+up_and_norm.defvjp(_up_and_norm_fwd, _up_and_norm_bwd)
 
 
 class LayerAdapters:
@@ -232,14 +295,13 @@ class LayerAdapters:
         jnp.einsum('gld,gbd->glb', x, down.astype(dtype),
                    preferred_element_type=jnp.float32)
         + take(w.down_bias)[:, None])
-    out = jnp.einsum('glb,gbd->gld', z.astype(dtype),
-                     take(w.up).astype(dtype),
-                     preferred_element_type=jnp.float32)
-    out = (out + take(w.up_bias)[:, None]).astype(dtype)
+    z, up, up_bias = z.astype(dtype), take(w.up).astype(dtype), take(w.up_bias)
     if w.norm_scale is not None:
-      out = layer_norm(out, take(w.norm_scale)[:, None],
-                       take(w.norm_bias)[:, None])
-    return out
+      return up_and_norm(z, up, up_bias, take(w.norm_scale),
+                         take(w.norm_bias))
+    out = jnp.einsum('glb,gbd->gld', z, up,
+                     preferred_element_type=jnp.float32)
+    return (out + up_bias[:, None]).astype(dtype)
 
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
