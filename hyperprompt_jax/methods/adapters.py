@@ -134,32 +134,26 @@ def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
 _HIGHEST = jax.lax.Precision.HIGHEST  # a TPU sums float32 in bfloat16 passes
 
 
-def _up_statistics(z32: Array, up32: Array, c: Array):
-  """Mean and 1 / std over d of each row of o = z W_up + c, from the
-  bottleneck (`z32 [G, L, b]`, `up32 [G, b, d]`, `c [G, d]`, float32):
-
-    mean = z mean_d(W_up) + mean(c),
-    var  = mean_d (z U + k)^2 = z (U U^T / d) z^T + 2 z (U k^T / d) + mean(k^2)
-
-  with U = W_up and k = c centred over d. Returns `(mean, inv_std)` `[G,
-  L]` each and the centred terms `(u_mean [G, b], U [G, b, d], k [G, d],
-  gram [G, b, b], cross [G, b])` the backward pass reuses.
-  """
+def _centred_terms(up32: Array, c: Array):
+  """W_up and its bias centred over d (`U [G, b, d]`, `k [G, d]`) and the
+  second moments the norm's variance takes from them: `gram = U U^T / d
+  [G, b, b]`, `cross = U k^T / d [G, b]`."""
   d = up32.shape[-1]
-  u_mean = jnp.mean(up32, axis=-1)
-  uc = up32 - u_mean[..., None]
-  c_mean = jnp.mean(c, axis=-1)
-  cc = c - c_mean[:, None]
+  uc = up32 - jnp.mean(up32, axis=-1, keepdims=True)
+  cc = c - jnp.mean(c, axis=-1, keepdims=True)
   gram = jnp.einsum('gbd,gcd->gbc', uc, uc, precision=_HIGHEST) / d
   cross = jnp.einsum('gbd,gd->gb', uc, cc, precision=_HIGHEST) / d
-  mean = (jnp.einsum('glb,gb->gl', z32, u_mean, precision=_HIGHEST)
-          + c_mean[:, None])
+  return uc, cc, gram, cross
+
+
+def _inv_std(z32: Array, cc: Array, gram: Array, cross: Array) -> Array:
+  """1 / std over d of each row of o = z W_up + c (`[G, L]`): o centred is
+  z U + k, so var = z gram z^T + 2 z cross + mean_d(k^2)."""
   var = (jnp.sum(jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
                  * z32, axis=-1)
          + 2 * jnp.einsum('glb,gb->gl', z32, cross, precision=_HIGHEST)
          + jnp.mean(jnp.square(cc), axis=-1)[:, None])
-  inv_std = jax.lax.rsqrt(jnp.maximum(var, 0.) + _LAYER_NORM_EPSILON)
-  return (mean, inv_std), (u_mean, uc, cc, gram, cross)
+  return jax.lax.rsqrt(jnp.maximum(var, 0.) + _LAYER_NORM_EPSILON)
 
 
 @jax.custom_vjp
@@ -170,77 +164,76 @@ def up_and_norm(z: Array, up: Array, up_bias: Array, scale: Array,
   `up [G, b, d]` (both in the activations' dtype), `up_bias`, `scale`,
   `bias [G, d]`; returns `[G, L, d]` in `z`'s dtype.
 
-  The norm's row statistics are computed from the bottleneck
-  (`_up_statistics`: `[L, b] x [b, b]` work, not passes over `[L, d]`),
-  and the gradient is written out in the same terms, so the step keeps
-  `z` and two statistics a row where the norm kept its `[L, d]` input, and
-  the backward pass makes two `[L, d]`-sized matmuls and one pass over the
-  cotangent, as a plain up projection does (the step of HyperFormer++
-  packed: docs/performance.md, Packing).
+  The norm never sees its `[L, d]` input. With U, k = W_up, up_bias
+  centred over d, the normalised row is inv_std (z U + k), and inv_std
+  comes from the bottleneck (`_inv_std`, `[L, b] x [b, b]` work); so the
+  forward pass is one matmul, (z inv_std) (U scale), and the gradient,
+  written out in the same terms (`_up_and_norm_bwd`), is two, as a plain
+  up projection's is. The step keeps `z` and one statistic a row; a norm
+  over the up projection's output kept that output and made several
+  passes over it (the step of HyperFormer++ packed: docs/performance.md,
+  Packing).
   """
   return _up_and_norm_fwd(z, up, up_bias, scale, bias)[0]
 
 
 def _up_and_norm_fwd(z, up, up_bias, scale, bias):
-  (mean, inv_std), _ = _up_statistics(
-      jnp.asarray(z, jnp.float32), jnp.asarray(up, jnp.float32), up_bias)
-  o = jnp.einsum('glb,gbd->gld', z, up, preferred_element_type=jnp.float32)
-  out = ((o + up_bias[:, None] - mean[..., None]) * inv_std[..., None]
-         * scale[:, None] + bias[:, None])
-  return out.astype(z.dtype), (z, up, up_bias, scale, bias, mean, inv_std)
+  z32 = jnp.asarray(z, jnp.float32)
+  uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
+  inv_std = _inv_std(z32, cc, gram, cross)
+  out = jnp.einsum('glb,gbd->gld', (z32 * inv_std[..., None]).astype(z.dtype),
+                   (uc * scale[:, None]).astype(z.dtype),
+                   preferred_element_type=jnp.float32)
+  out = out + inv_std[..., None] * (cc * scale)[:, None] + bias[:, None]
+  return out.astype(z.dtype), (z, up, up_bias, scale, bias, inv_std)
 
 
 def _up_and_norm_bwd(residuals, g):
-  """The layer norm's gradient at o = z U + c, `do = inv_std (gs -
-  mean_d(gs) - y beta)` with gs = g scale, y = the normalised o and beta =
-  mean_d(gs y), taken through o's linear map (dz = do U^T, dU = z^T do,
-  dc = sum do), every `y` term rewritten through `z` (y = inv_std (z Uc +
-  k), Uc, k centred): so nothing `[L, d]`-sized is recomputed or kept."""
-  z, up, up_bias, scale, bias, mean, inv_std = residuals
-  d = up.shape[-1]
+  """The layer norm's gradient at o, do = inv_std (gs - mean_d(gs) - beta
+  y) with gs = g scale, y = inv_std (z U + k) and beta = mean_d(gs y),
+  taken through o = z W_up + c (dz = do W_up^T, dW_up = z^T do, dc = sum_l
+  do), every term rewritten through z, U and k. The mean_d(gs) terms
+  vanish from dz (U's rows sum to 0 over d) and centre dW_up and dc (do
+  sums to 0 over d). What needs the cotangent comes from two matmuls:
+  g [U scale; k scale]^T (gs U^T and gs k) and [z inv_std, inv_std, 1]^T g
+  (z^T g inv_std and the two column sums)."""
+  z, up, up_bias, scale, bias, inv_std = residuals
+  d, b, dtype = up.shape[-1], z.shape[-1], z.dtype
   z32 = jnp.asarray(z, jnp.float32)
-  _, (u_mean, uc, cc, gram, cross) = _up_statistics(
-      z32, jnp.asarray(up, jnp.float32), up_bias)
-  g32 = jnp.asarray(g, jnp.float32)
-  gs = g32 * scale[:, None]
-  g_inv_std = g32 * inv_std[..., None]
-  gs_mean = jnp.mean(gs, axis=-1)                                # [G, L]
-  gs_up = jnp.einsum('gld,gbd->glb', gs.astype(z.dtype), up,
-                     preferred_element_type=jnp.float32)         # gs U^T
-  zt_g = jnp.einsum('glb,gld->gbd', z, g_inv_std.astype(z.dtype),
-                    preferred_element_type=jnp.float32)          # z^T g_inv_std
-  # beta = mean_d(gs y) = inv_std / d (gs Uc^T z + gs k), gs Uc^T = gs U^T -
-  # d mean_d(gs) u_mean.
-  z_u_mean = jnp.einsum('glb,gb->gl', z32, u_mean, precision=_HIGHEST)
-  beta = inv_std / d * (
-      jnp.sum(gs_up * z32, axis=-1) - d * gs_mean * z_u_mean
-      + jnp.einsum('gld,gd->gl', gs, cc, precision=_HIGHEST))
-  # y U^T = inv_std (z Uc + k) Uc^T = d inv_std (z gram + cross).
+  uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
+  g_weights = jnp.concatenate([uc * scale[:, None], (cc * scale)[:, None]],
+                              axis=1)                            # [G, b+1, d]
+  gs_up = jnp.einsum('gld,gbd->glb', g, g_weights.astype(dtype),
+                     preferred_element_type=jnp.float32)
+  gs_uc, gs_k = gs_up[..., :b], gs_up[..., b]
+  z_rows = jnp.concatenate([z32 * inv_std[..., None], inv_std[..., None],
+                            jnp.ones_like(inv_std)[..., None]], axis=-1)
+  zt_g = jnp.einsum('glb,gld->gbd', z_rows.astype(dtype), g,
+                    preferred_element_type=jnp.float32)          # [G, b+2, d]
+  zt_g, col_g_inv_std, col_g = zt_g[:, :b], zt_g[:, b], zt_g[:, b + 1]
+  beta = inv_std / d * (jnp.sum(gs_uc * z32, axis=-1) + gs_k)   # [G, L]
+  # y U^T = inv_std (z U + k) U^T = d inv_std (z gram + cross).
   y_up = d * inv_std[..., None] * (
       jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
       + cross[:, None])
-  dz = inv_std[..., None] * (gs_up - d * gs_mean[..., None] * u_mean[:, None]
-                             - beta[..., None] * y_up)
-  # The beta y terms of dU and dc: sum_l w_l (z_l Uc + k), w = inv_std^2 beta.
+  dz = inv_std[..., None] * (gs_uc - beta[..., None] * y_up)
+  # The beta y terms of dW_up and dc: sum_l w_l (z_l U + k), w = inv_std^2
+  # beta.
   w = jnp.square(inv_std) * beta
   zw = jnp.einsum('glb,gl->gb', z32, w, precision=_HIGHEST)
   zwz = jnp.einsum('glb,gl,glc->gbc', z32, w, z32, precision=_HIGHEST)
-  inv_std_gs_mean = inv_std * gs_mean
-  col_g_inv_std = jnp.sum(g_inv_std, axis=1)                     # [G, d]
-  d_up = (zt_g * scale[:, None]
-          - jnp.einsum('glb,gl->gb', z32, inv_std_gs_mean,
-                       precision=_HIGHEST)[..., None]
+  zt_gs = zt_g * scale[:, None]
+  d_up = (zt_gs - jnp.mean(zt_gs, axis=-1, keepdims=True)
           - jnp.einsum('gbc,gcd->gbd', zwz, uc, precision=_HIGHEST)
           - zw[..., None] * cc[:, None])
-  d_up_bias = (scale * col_g_inv_std
-               - jnp.sum(inv_std_gs_mean, axis=1)[:, None]
+  col_gs = scale * col_g_inv_std
+  d_up_bias = (col_gs - jnp.mean(col_gs, axis=-1, keepdims=True)
                - jnp.einsum('gb,gbd->gd', zw, uc, precision=_HIGHEST)
                - jnp.sum(w, axis=1)[:, None] * cc)
-  d_scale = jnp.sum(zt_g * uc, axis=1) + cc * col_g_inv_std     # sum g y
-  d_bias = jnp.sum(g32, axis=1)
-  return (dz.astype(z.dtype), d_up.astype(up.dtype),
+  d_scale = jnp.sum(zt_g * uc, axis=1) + cc * col_g_inv_std    # sum_l g y
+  return (dz.astype(dtype), d_up.astype(up.dtype),
           d_up_bias.astype(up_bias.dtype), d_scale.astype(scale.dtype),
-          d_bias.astype(bias.dtype))
+          col_g.astype(bias.dtype))
 
 
 up_and_norm.defvjp(_up_and_norm_fwd, _up_and_norm_bwd)
