@@ -433,9 +433,7 @@ def _take_tasks_fwd(a, tasks):
 def _take_tasks_bwd(residuals, g):
   tasks, num_tasks = residuals
   one_hot = jax.nn.one_hot(tasks, num_tasks, dtype=g.dtype)
-  # HIGHEST: a TPU sums float32 products in bfloat16 passes by default.
-  return (jnp.einsum('gt,g...->t...', one_hot, g,
-                     precision=jax.lax.Precision.HIGHEST), None)
+  return jnp.einsum('gt,g...->t...', one_hot, g, precision=_HIGHEST), None
 
 
 _take_tasks.defvjp(_take_tasks_fwd, _take_tasks_bwd)
