@@ -304,6 +304,43 @@ def test_adapter_up_and_norm_is_the_layer_norm_of_the_up_projection():
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_adapter_weights_per_layer_are_the_layers_slices():
+  """`adapters.per_layer` gives layer m's `[T, ...]` arrays of every kind,
+  and its gradient is one concatenate of the layers' (no zero-padded
+  `[M, T, ...]` array a layer: XLA adds those inside every optimizer
+  fusion that reads the gradient)."""
+  rng = np.random.default_rng(3)
+  m, t, d, b = 3, 2, 4, 2
+  arrays = {name: rng.normal(size=(m, t) + shape).astype(np.float32)
+            for name, shape in (('down', (d, b)), ('down_bias', (b,)),
+                                ('up', (b, d)), ('up_bias', (d,)))}
+  weights = {kind: adapters.AdapterWeights(
+      **{name: jnp.asarray(a) * (i + 1) for name, a in arrays.items()})
+             for i, kind in enumerate(adapters.KINDS)}
+  layers = adapters.per_layer(weights)
+  assert len(layers) == m
+  for layer in range(m):
+    for i, kind in enumerate(adapters.KINDS):
+      assert layers[layer][kind].norm_scale is None
+      for name, a in arrays.items():
+        np.testing.assert_array_equal(
+            getattr(layers[layer][kind], name), a[layer] * (i + 1))
+
+  scale = np.arange(1, m + 1, dtype=np.float32)
+
+  def loss(down):
+    parts = adapters.unstack(down)
+    return sum(s * jnp.sum(jnp.square(p)) for s, p in zip(scale, parts))
+
+  down = jnp.asarray(arrays['down'])
+  np.testing.assert_allclose(jax.grad(loss)(down),
+                             2 * scale[:, None, None, None] * arrays['down'],
+                             rtol=1e-6)
+  primitives = {e.primitive.name
+                for e in jax.make_jaxpr(jax.grad(loss))(down).jaxpr.eqns}
+  assert 'concatenate' in primitives and 'pad' not in primitives
+
+
 def test_adapter_task_gather_gradient_is_the_gathers():
   """Each group's weights are gathered from `[T, ...]` with a gradient
   written as a one-hot product; it must equal the scatter-add of plain

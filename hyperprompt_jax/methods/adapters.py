@@ -112,6 +112,26 @@ class AdapterWeights:
   norm_bias: Optional[Array] = None
 
 
+def unstack(a: Array) -> list[Array]:
+  """`a [K, ...]` -> K arrays `[...]`, by one split: its gradient is one
+  concatenate. The gradient of `a[k]` is `a`'s shape padded with zeros, and
+  XLA adds the K pads inside every fusion that reads their sum: Adafactor
+  reads a parameter's gradient in several, so a packed Vanilla adapter
+  step spent 41 ms of its 5.7 s there, on arrays of 0.5 M entries
+  (docs/performance.md, Packing)."""
+  return [jnp.squeeze(part, 0) for part in jnp.split(a, a.shape[0])]
+
+
+def per_layer(weights: dict[str, AdapterWeights]
+              ) -> list[dict[str, AdapterWeights]]:
+  """`{kind: AdapterWeights}` of `[M, T, ...]` arrays -> each layer's,
+  `[T, ...]` (`unstack`)."""
+  leaves, treedef = jax.tree.flatten(weights)
+  layers_of = [unstack(a) for a in leaves]
+  return [treedef.unflatten([parts[m] for parts in layers_of])
+          for m in range(len(layers_of[0]))]
+
+
 _LAYER_NORM_EPSILON = 1e-6
 
 
@@ -240,10 +260,11 @@ up_and_norm.defvjp(_up_and_norm_fwd, _up_and_norm_bwd)
 
 
 class LayerAdapters:
-  """A stack's adapters bound to one layer and the batch's task ids
-  (`[batch]`, or per token `[batch, length]` when `packed`)."""
+  """One layer's adapters (`{kind: AdapterWeights}` of `[T, ...]` arrays,
+  from `per_layer`) bound to the batch's task ids (`[batch]`, or per token
+  `[batch, length]` when `packed`)."""
 
-  def __init__(self, weights: dict[str, AdapterWeights], layer: int,
+  def __init__(self, weights: dict[str, AdapterWeights],
                task_ids: Optional[Array], activation: str,
                packed: bool = False):
     if task_ids is None:
@@ -252,7 +273,6 @@ class LayerAdapters:
           'task_ids to encode / decode / __call__ (the feature converter adds '
           'them).')
     self.weights = weights
-    self.layer = layer
     self.task_ids = task_ids
     self.activation = layers.activation(activation)
     self.packed = packed
@@ -277,8 +297,8 @@ class LayerAdapters:
     """
     dtype = x.dtype
 
-    def take(a):  # layer m, then each group's task: [groups, ...]
-      return _take_tasks(a[self.layer], group_tasks)
+    def take(a):  # each group's task: [groups, ...]
+      return _take_tasks(a, group_tasks)
 
     # W_down as [groups, b, d]: XLA's CPU compiler forms its gradient (x^T
     # dz over the group's tokens) 2.4x faster in that order, and transposes
@@ -313,7 +333,7 @@ class LayerAdapters:
     Packing).
     """
     n, length, d = h.shape
-    num_tasks = w.down.shape[1]
+    num_tasks = w.down.shape[0]
     blocks = task_blocks(task_ids, num_tasks,
                          block_size(n * length, num_tasks, w.up.shape[-2]))
     x = blocks.to_blocks(h.reshape(n * length, d))  # [K, block, d]
@@ -441,7 +461,7 @@ _take_tasks.defvjp(_take_tasks_fwd, _take_tasks_bwd)
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
   return ((adapters.weights, adapters.task_ids),
-          (adapters.layer, adapters.activation, adapters.packed))
+          (adapters.activation, adapters.packed))
 
 
 def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
@@ -449,7 +469,7 @@ def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
   # activation is already the function.
   adapters = object.__new__(LayerAdapters)
   adapters.weights, adapters.task_ids = children
-  adapters.layer, adapters.activation, adapters.packed = aux
+  adapters.activation, adapters.packed = aux
   return adapters
 
 

@@ -151,10 +151,11 @@ class HyperFormerGenerator(nn.Module):
     up_bias = generate('up_bias', d, 'embed', (d,))
     norm_scale = generate('norm_scale', d, 'embed', (d,))
     norm_bias = generate('norm_bias', d, 'embed', (d,))
+    # Per kind by `adapters.unstack`: the gradients meet in one concatenate.
+    generated = zip(*(adapters.unstack(a) for a in (
+        down, down_bias, up, up_bias, norm_scale, norm_bias)))
     return {
-        kind: adapters.AdapterWeights(
-            down=down[k], down_bias=down_bias[k], up=up[k], up_bias=up_bias[k],
-            norm_scale=norm_scale[k], norm_bias=norm_bias[k])
-        for k, kind in enumerate(adapters.KINDS)
+        kind: adapters.AdapterWeights(*arrays)
+        for kind, arrays in zip(adapters.KINDS, generated)
     }
 

@@ -348,7 +348,7 @@ class StackConditioning:
     adapters = None
     if self._adapters is not None:
       weights, activation = self._adapters
-      adapters = adapters_lib.LayerAdapters(weights, m, self.task_ids,
+      adapters = adapters_lib.LayerAdapters(weights[m], self.task_ids,
                                             activation, self.packed)
     hp = self.config.hyperprompt
     return LayerConditioning(
@@ -379,19 +379,22 @@ def _generate_prompts(cfg, stack: str, num_layers: int, generate: bool):
 
 
 def _adapter_weights(cfg, stack: str, num_layers: int):
-  """`(weights [layers, tasks, ...], activation)` of the stack's adapters:
-  Vanilla adapters are parameters, HyperFormer++ generates them once per
-  forward for all T tasks. None without adapters."""
+  """`(weights, activation)` of the stack's adapters, `weights[m]` layer m's
+  `{kind: AdapterWeights [tasks, ...]}` (`adapters.per_layer`): Vanilla
+  adapters are parameters, HyperFormer++ generates them once per forward
+  for all T tasks. None without adapters."""
   if adapters_lib.is_active(cfg.adapter, stack):
-    return (adapters_lib.VanillaAdapters(cfg.adapter, cfg.num_tasks,
-                                         num_layers, cfg.emb_dim,
-                                         name='adapter')(),
-            cfg.adapter.activation)
-  if adapters_lib.is_active(cfg.hyperformer, stack):
-    return (hyperformer_lib.HyperFormerGenerator(
+    weights = adapters_lib.VanillaAdapters(
+        cfg.adapter, cfg.num_tasks, num_layers, cfg.emb_dim, name='adapter')()
+    activation = cfg.adapter.activation
+  elif adapters_lib.is_active(cfg.hyperformer, stack):
+    weights = hyperformer_lib.HyperFormerGenerator(
         cfg.hyperformer, cfg.num_tasks, num_layers, cfg.emb_dim,
-        name='hyperformer')(), cfg.hyperformer.activation)
-  return None
+        name='hyperformer')()
+    activation = cfg.hyperformer.activation
+  else:
+    return None
+  return adapters_lib.per_layer(weights), activation
 
 
 def _gating(cfg, stack: str, task_ids, token_valid, decode: bool,
