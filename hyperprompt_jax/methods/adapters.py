@@ -29,8 +29,9 @@ task-separation test the adapter stays at chance; `optimizers.py` has the
 measurements).
 """
 
+import functools
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from flax import linen as nn
 from flax import struct
@@ -154,6 +155,92 @@ def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
 _HIGHEST = jax.lax.Precision.HIGHEST  # a TPU sums float32 in bfloat16 passes
 
 
+def _dot(spec: str, a: Array, b: Array) -> Array:
+  """`jnp.einsum` in the operands' dtype, accumulated in float32."""
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def adapt_groups(activation: Callable[[Array], Array], x: Array,
+                 down: Array, down_bias: Array, up: Array, up_bias: Array,
+                 norm: Optional[tuple[Array, Array]]) -> Array:
+  """The adapter's output (the update h -> h + . left to the caller) for
+  groups of tokens of one task each: `norm(W_up act(W_down x + b_down) +
+  b_up)`.
+
+  Args:
+    activation: elementwise, e.g. `jax.nn.relu`.
+    x: `[G, L, d]`, the activations' dtype (the matmuls take it and
+      accumulate in float32, as TPUs and GPUs multiply bfloat16).
+    down: W_down as `[G, b, d]`; up: W_up `[G, b, d]`.
+    down_bias: `[G, b]`; up_bias: `[G, d]`.
+    norm: None (no norm), or HyperFormer++'s post layer norm `(scale,
+      bias)`, `[G, d]` each (`_norm_up_fwd`).
+
+  Returns:
+    `[G, L, d]` in `x`'s dtype.
+
+  The gradient is written out (`_adapt_groups_bwd`) so that every matmul
+  takes its operands as XLA's CPU compiler hands them to its fast (YNN)
+  kernels: a contraction over a group's tokens (the weight gradients, z^T
+  g and dz^T x) wants the bottleneck side laid out `[G, b, L]`. Autodiff
+  contracts `[G, L, b]` with `[G, L, d]` over L, which that compiler runs
+  in its own loop, in float32, after converting the `[G, L, d]` side (a
+  packed HyperFormer++ adapter, fwd + bwd, 24 blocks of 256: 5.0 ms; this
+  3.8 ms). An explicit transpose does not help (XLA folds it back into the
+  contraction), so the backward pass forms the bottleneck and its
+  cotangent a second time in that layout, each by a matmul of its own
+  (`[b, d] x [L, d]^T`): 8 matmuls of the down projection's size where
+  autodiff runs 6, all of them fast. The step keeps `x`, the
+  pre-activations and, with the norm, one statistic a row.
+  """
+  return _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias,
+                           norm)[0]
+
+
+def _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias, norm):
+  dtype = x.dtype
+  pre = _dot('gld,gbd->glb', x, down.astype(dtype)) + down_bias[:, None]
+  z = activation(pre).astype(dtype)
+  if norm is None:
+    out = _dot('glb,gbd->gld', z, up.astype(dtype)) + up_bias[:, None]
+    inv_std = None
+  else:
+    out, inv_std = _norm_up_fwd(z, up, up_bias, *norm)
+  return (out.astype(dtype),
+          (x, down, down_bias, up, up_bias, norm, pre, inv_std))
+
+
+def _adapt_groups_bwd(activation, residuals, g):
+  x, down, down_bias, up, up_bias, norm, pre, inv_std = residuals
+  dtype = x.dtype
+  down_x = down.astype(dtype)
+  pre_t = _dot('gbd,gld->gbl', down_x, x) + down_bias[..., None]  # [G, b, L]
+  z, z_t = activation(pre).astype(dtype), activation(pre_t).astype(dtype)
+  if norm is None:
+    up_x = up.astype(dtype)
+    dz, dz_t = _dot('gld,gbd->glb', g, up_x), _dot('gbd,gld->gbl', up_x, g)
+    # [z; 1]^T g: the bias's gradient (sum_l g) as one more row of W_up's,
+    # where a sum of its own read g in float32, converted.
+    ones = jnp.ones_like(z_t[:, :1])
+    zt_g = _dot('gbl,gld->gbd', jnp.concatenate([z_t, ones], axis=1), g)
+    d_up, d_up_bias = zt_g[:, :-1], zt_g[:, -1]
+    d_norm = None
+  else:
+    dz, dz_t, d_up, d_up_bias, d_norm = _norm_up_bwd(
+        z, z_t, up, up_bias, *norm, inv_std, g)
+  d_pre = jax.vjp(activation, pre)[1](dz)[0]
+  d_pre_t = jax.vjp(activation, pre_t)[1](dz_t)[0]
+  dx = _dot('glb,gbd->gld', d_pre.astype(dtype), down_x)
+  d_down = _dot('gbl,gld->gbd', d_pre_t.astype(dtype), x)
+  return (dx.astype(dtype), d_down.astype(down.dtype),
+          jnp.sum(d_pre, axis=1).astype(down_bias.dtype),
+          d_up.astype(up.dtype), d_up_bias.astype(up_bias.dtype), d_norm)
+
+
+adapt_groups.defvjp(_adapt_groups_fwd, _adapt_groups_bwd)
+
+
 def _centred_terms(up32: Array, c: Array):
   """W_up and its bias centred over d (`U [G, b, d]`, `k [G, d]`) and the
   second moments the norm's variance takes from them: `gram = U U^T / d
@@ -176,72 +263,73 @@ def _inv_std(z32: Array, cc: Array, gram: Array, cross: Array) -> Array:
   return jax.lax.rsqrt(jnp.maximum(var, 0.) + _LAYER_NORM_EPSILON)
 
 
-@jax.custom_vjp
-def up_and_norm(z: Array, up: Array, up_bias: Array, scale: Array,
-                bias: Array) -> Array:
-  """HyperFormer++'s up projection and post layer norm, per group of one
-  task: `layer_norm(z W_up + up_bias, scale, bias)` with `z [G, L, b]`,
-  `up [G, b, d]` (both in the activations' dtype), `up_bias`, `scale`,
-  `bias [G, d]`; returns `[G, L, d]` in `z`'s dtype.
+def _norm_up_fwd(z, up, up_bias, scale, bias):
+  """HyperFormer++'s up projection and post layer norm, `layer_norm(z W_up
+  + up_bias, scale, bias)` per group (`z [G, L, b]`, `up [G, b, d]`,
+  `up_bias`, `scale`, `bias [G, d]`): float32 `[G, L, d]` and the rows'
+  1 / std `[G, L]`.
 
   The norm never sees its `[L, d]` input. With U, k = W_up, up_bias
   centred over d, the normalised row is inv_std (z U + k), and inv_std
   comes from the bottleneck (`_inv_std`, `[L, b] x [b, b]` work); so the
-  forward pass is one matmul, (z inv_std) (U scale), and the gradient,
-  written out in the same terms (`_up_and_norm_bwd`), is two, as a plain
-  up projection's is. The step keeps `z` and one statistic a row; a norm
-  over the up projection's output kept that output and made several
-  passes over it (the step of HyperFormer++ packed: docs/performance.md,
-  Packing).
+  forward pass is one matmul, (z inv_std) (U scale), and the gradient
+  (`_norm_up_bwd`) is written out in the same terms. A norm over the up
+  projection's output kept that output for the backward pass and made
+  several passes over it (the step of HyperFormer++ packed:
+  docs/performance.md, Packing).
   """
-  return _up_and_norm_fwd(z, up, up_bias, scale, bias)[0]
-
-
-def _up_and_norm_fwd(z, up, up_bias, scale, bias):
   z32 = jnp.asarray(z, jnp.float32)
   uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
   inv_std = _inv_std(z32, cc, gram, cross)
-  out = jnp.einsum('glb,gbd->gld', (z32 * inv_std[..., None]).astype(z.dtype),
-                   (uc * scale[:, None]).astype(z.dtype),
-                   preferred_element_type=jnp.float32)
+  out = _dot('glb,gbd->gld', (z32 * inv_std[..., None]).astype(z.dtype),
+             (uc * scale[:, None]).astype(z.dtype))
   out = out + inv_std[..., None] * (cc * scale)[:, None] + bias[:, None]
-  return out.astype(z.dtype), (z, up, up_bias, scale, bias, inv_std)
+  return out, inv_std
 
 
-def _up_and_norm_bwd(residuals, g):
-  """The layer norm's gradient at o, do = inv_std (gs - mean_d(gs) - beta
+def _norm_up_bwd(z, z_t, up, up_bias, scale, bias, inv_std, g):
+  """The gradient of `_norm_up_fwd` with `z` also given as `z_t [G, b, L]`:
+  (dz, dz_t, d_up, d_up_bias, (d_scale, d_bias)), dz_t laid out as z_t.
+
+  The layer norm's gradient at o is do = inv_std (gs - mean_d(gs) - beta
   y) with gs = g scale, y = inv_std (z U + k) and beta = mean_d(gs y),
   taken through o = z W_up + c (dz = do W_up^T, dW_up = z^T do, dc = sum_l
   do), every term rewritten through z, U and k. The mean_d(gs) terms
   vanish from dz (U's rows sum to 0 over d) and centre dW_up and dc (do
-  sums to 0 over d). What needs the cotangent comes from two matmuls:
-  g [U scale; k scale]^T (gs U^T and gs k) and [z inv_std, inv_std, 1]^T g
-  (z^T g inv_std and the two column sums)."""
-  z, up, up_bias, scale, bias, inv_std = residuals
+  sums to 0 over d). What needs the cotangent comes from three matmuls:
+  g [U scale; k scale]^T (gs U^T and gs k), its transpose for dz_t, and
+  [z inv_std, inv_std, 1]^T g (z^T g inv_std and the two column sums).
+  """
+  del bias
   d, b, dtype = up.shape[-1], z.shape[-1], z.dtype
-  z32 = jnp.asarray(z, jnp.float32)
+  z32, z32_t = jnp.asarray(z, jnp.float32), jnp.asarray(z_t, jnp.float32)
   uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
   g_weights = jnp.concatenate([uc * scale[:, None], (cc * scale)[:, None]],
-                              axis=1)                            # [G, b+1, d]
-  gs_up = jnp.einsum('gld,gbd->glb', g, g_weights.astype(dtype),
-                     preferred_element_type=jnp.float32)
+                              axis=1).astype(dtype)              # [G, b+1, d]
+  gs_up = _dot('gld,gbd->glb', g, g_weights)
   gs_uc, gs_k = gs_up[..., :b], gs_up[..., b]
-  z_rows = jnp.concatenate([z32 * inv_std[..., None], inv_std[..., None],
-                            jnp.ones_like(inv_std)[..., None]], axis=-1)
-  zt_g = jnp.einsum('glb,gld->gbd', z_rows.astype(dtype), g,
-                    preferred_element_type=jnp.float32)          # [G, b+2, d]
+  gs_uc_t = _dot('gbd,gld->gbl', g_weights[:, :b], g)           # [G, b, L]
+  ones = jnp.ones_like(inv_std)[:, None]
+  z_rows = jnp.concatenate([z32_t * inv_std[:, None], inv_std[:, None], ones],
+                           axis=1)                               # [G, b+2, L]
+  zt_g = _dot('gbl,gld->gbd', z_rows.astype(dtype), g)          # [G, b+2, d]
   zt_g, col_g_inv_std, col_g = zt_g[:, :b], zt_g[:, b], zt_g[:, b + 1]
   beta = inv_std / d * (jnp.sum(gs_uc * z32, axis=-1) + gs_k)   # [G, L]
-  # y U^T = inv_std (z U + k) U^T = d inv_std (z gram + cross).
+  # y U^T = inv_std (z U + k) U^T = d inv_std (z gram + cross), in both
+  # layouts (gram is symmetric).
   y_up = d * inv_std[..., None] * (
       jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
       + cross[:, None])
+  y_up_t = d * inv_std[:, None] * (
+      jnp.einsum('gbc,gcl->gbl', gram, z32_t, precision=_HIGHEST)
+      + cross[..., None])
   dz = inv_std[..., None] * (gs_uc - beta[..., None] * y_up)
+  dz_t = inv_std[:, None] * (gs_uc_t - beta[:, None] * y_up_t)
   # The beta y terms of dW_up and dc: sum_l w_l (z_l U + k), w = inv_std^2
   # beta.
   w = jnp.square(inv_std) * beta
   zw = jnp.einsum('glb,gl->gb', z32, w, precision=_HIGHEST)
-  zwz = jnp.einsum('glb,gl,glc->gbc', z32, w, z32, precision=_HIGHEST)
+  zwz = jnp.einsum('gbl,gl,glc->gbc', z32_t, w, z32, precision=_HIGHEST)
   zt_gs = zt_g * scale[:, None]
   d_up = (zt_gs - jnp.mean(zt_gs, axis=-1, keepdims=True)
           - jnp.einsum('gbc,gcd->gbd', zwz, uc, precision=_HIGHEST)
@@ -251,12 +339,7 @@ def _up_and_norm_bwd(residuals, g):
                - jnp.einsum('gb,gbd->gd', zw, uc, precision=_HIGHEST)
                - jnp.sum(w, axis=1)[:, None] * cc)
   d_scale = jnp.sum(zt_g * uc, axis=1) + cc * col_g_inv_std    # sum_l g y
-  return (dz.astype(dtype), d_up.astype(up.dtype),
-          d_up_bias.astype(up_bias.dtype), d_scale.astype(scale.dtype),
-          col_g.astype(bias.dtype))
-
-
-up_and_norm.defvjp(_up_and_norm_fwd, _up_and_norm_bwd)
+  return dz, dz_t, d_up, d_up_bias, (d_scale, col_g)
 
 
 class LayerAdapters:
@@ -289,32 +372,18 @@ class LayerAdapters:
              ) -> Array:
     """The adapter's output for groups of tokens of one task each: `x
     [groups, length, d]` -> `[groups, length, d]`, group g through the
-    adapter of task `group_tasks[g]`.
-
-    The matmuls take `x`'s dtype and accumulate in float32, as TPUs and
-    GPUs multiply bfloat16 (on a CPU, bfloat16 products cost the adapter
-    1.6x its time: docs/performance.md, Packing).
-    """
-    dtype = x.dtype
+    adapter of task `group_tasks[g]` (`adapt_groups`)."""
 
     def take(a):  # each group's task: [groups, ...]
-      return _take_tasks(a, group_tasks)
+      return None if a is None else _take_tasks(a, group_tasks)
 
-    # W_down as [groups, b, d]: XLA's CPU compiler forms its gradient (x^T
-    # dz over the group's tokens) 2.4x faster in that order, and transposes
-    # it back at [T, d, b], not at [groups, d, b].
-    down = take(jnp.swapaxes(w.down, -1, -2))
-    z = self.activation(
-        jnp.einsum('gld,gbd->glb', x, down.astype(dtype),
-                   preferred_element_type=jnp.float32)
-        + take(w.down_bias)[:, None])
-    z, up, up_bias = z.astype(dtype), take(w.up).astype(dtype), take(w.up_bias)
-    if w.norm_scale is not None:
-      return up_and_norm(z, up, up_bias, take(w.norm_scale),
-                         take(w.norm_bias))
-    out = jnp.einsum('glb,gbd->gld', z, up,
-                     preferred_element_type=jnp.float32)
-    return (out + up_bias[:, None]).astype(dtype)
+    # W_down as [groups, b, d], the layout `adapt_groups` takes it in; the
+    # transpose is of the [T, d, b] weights, not of the groups' copies.
+    norm = (None if w.norm_scale is None
+            else (take(w.norm_scale), take(w.norm_bias)))
+    return adapt_groups(self.activation, x,
+                        take(jnp.swapaxes(w.down, -1, -2)), take(w.down_bias),
+                        take(w.up), take(w.up_bias), norm)
 
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
