@@ -216,7 +216,7 @@ def _adapt_groups_bwd(activation, residuals, g):
   dtype = x.dtype
   down_x = down.astype(dtype)
   pre_t = _dot('gbd,gld->gbl', down_x, x) + down_bias[..., None]  # [G, b, L]
-  z, z_t = activation(pre).astype(dtype), activation(pre_t).astype(dtype)
+  z_t = activation(pre_t).astype(dtype)
   if norm is None:
     up_x = up.astype(dtype)
     dz, dz_t = _dot('gld,gbd->glb', g, up_x), _dot('gbd,gld->gbl', up_x, g)
@@ -227,8 +227,9 @@ def _adapt_groups_bwd(activation, residuals, g):
     d_up, d_up_bias = zt_g[:, :-1], zt_g[:, -1]
     d_norm = None
   else:
+    z = activation(pre).astype(dtype)
     dz, dz_t, d_up, d_up_bias, d_norm = _norm_up_bwd(
-        z, z_t, up, up_bias, *norm, inv_std, g)
+        z, z_t, up, up_bias, norm[0], inv_std, g)
   d_pre = jax.vjp(activation, pre)[1](dz)[0]
   d_pre_t = jax.vjp(activation, pre_t)[1](dz_t)[0]
   dx = _dot('glb,gbd->gld', d_pre.astype(dtype), down_x)
@@ -287,7 +288,7 @@ def _norm_up_fwd(z, up, up_bias, scale, bias):
   return out, inv_std
 
 
-def _norm_up_bwd(z, z_t, up, up_bias, scale, bias, inv_std, g):
+def _norm_up_bwd(z, z_t, up, up_bias, scale, inv_std, g):
   """The gradient of `_norm_up_fwd` with `z` also given as `z_t [G, b, L]`:
   (dz, dz_t, d_up, d_up_bias, (d_scale, d_bias)), dz_t laid out as z_t.
 
@@ -300,7 +301,6 @@ def _norm_up_bwd(z, z_t, up, up_bias, scale, bias, inv_std, g):
   g [U scale; k scale]^T (gs U^T and gs k), its transpose for dz_t, and
   [z inv_std, inv_std, 1]^T g (z^T g inv_std and the two column sums).
   """
-  del bias
   d, b, dtype = up.shape[-1], z.shape[-1], z.dtype
   z32, z32_t = jnp.asarray(z, jnp.float32), jnp.asarray(z_t, jnp.float32)
   uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
@@ -375,7 +375,7 @@ class LayerAdapters:
     adapter of task `group_tasks[g]` (`adapt_groups`)."""
 
     def take(a):  # each group's task: [groups, ...]
-      return None if a is None else _take_tasks(a, group_tasks)
+      return _take_tasks(a, group_tasks)
 
     # W_down as [groups, b, d], the layout `adapt_groups` takes it in; the
     # transpose is of the [T, d, b] weights, not of the groups' copies.
