@@ -28,6 +28,7 @@ from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import host_memory
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
@@ -364,6 +365,10 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError('--flops_batch_size must be positive.')
   if args.memory:
     return _memory_table(args)
+  # As the training command does: a step's fresh host pages are the CPU
+  # allocator's cost, not the model's (`host_memory`).
+  if host_memory.reuse_freed_memory_on_cpu():
+    print('Host memory: freed blocks kept for reuse (host_memory).')
   table_base = None
   if args.table:
     gin.clear_config()

@@ -31,6 +31,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from hyperprompt_jax.runner import host_memory
+
 log = logging.getLogger('hyperprompt_jax')
 
 # A process that sends no heartbeat for this long is lost, and JAX's
@@ -105,10 +107,15 @@ def initialize(coordinator_address: Optional[str] = None,
 
 
 def initialize_from_flags(args) -> bool:
-  """`initialize` from the flags of `gin_utils.add_distributed_flags`."""
-  return initialize(args.coordinator_address, args.num_processes,
-                    args.process_id, args.multiprocess,
-                    args.heartbeat_timeout_seconds)
+  """`initialize` from the flags of `gin_utils.add_distributed_flags`, then,
+  on the CPU, `host_memory.reuse_freed_memory`: every command that computes
+  starts here, and only once the processes have joined may JAX be asked
+  for its backend."""
+  joined = initialize(args.coordinator_address, args.num_processes,
+                      args.process_id, args.multiprocess,
+                      args.heartbeat_timeout_seconds)
+  host_memory.reuse_freed_memory_on_cpu()
+  return joined
 
 
 # -- the data layout ----------------------------------------------------------
