@@ -16,13 +16,16 @@ PAGES = BLOCK_MB * 2**20 // os.sysconf('SC_PAGE_SIZE')
 
 # A child process: mallocs a block over glibc's 32 MB mmap limit, writes it,
 # frees it, mallocs and writes one again, and prints the kernel's count of
-# page faults of the second round (fresh pages fault once each).
+# page faults of the second round (fresh pages fault once each). Transparent
+# huge pages are off for the child (prctl PR_SET_THP_DISABLE), so a fresh
+# page is one page of SC_PAGE_SIZE whatever the machine's THP setting.
 _CHILD = textwrap.dedent(f"""
     import ctypes, resource, sys
     from hyperprompt_jax.runner import host_memory
+    libc = ctypes.CDLL({ctypes.util.find_library('c')!r})
+    assert libc.prctl(41, 1, 0, 0, 0) == 0
     if sys.argv[1] == 'reuse':
       assert host_memory.reuse_freed_memory()
-    libc = ctypes.CDLL({ctypes.util.find_library('c')!r})
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = (ctypes.c_void_p,)
     size = {BLOCK_MB} << 20
