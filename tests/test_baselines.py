@@ -21,6 +21,7 @@ from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
+from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import optimizers
 
 TASKS = 3
@@ -378,5 +379,5 @@ def test_adapter_task_gather_gradient_is_the_gathers():
     return lambda a: jnp.sum(jnp.sin(take(a)) * weights)
 
   np.testing.assert_allclose(
-      jax.grad(loss(lambda a: adapters._take_tasks(a, tasks)))(table),
+      jax.grad(loss(lambda a: task_blocks.take_tasks(a, tasks)))(table),
       jax.grad(loss(lambda a: a[tasks]))(table), rtol=1e-6)

@@ -20,8 +20,10 @@ from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
+from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import feature_converter
@@ -355,7 +357,7 @@ def test_task_blocks_hold_every_token_once_in_blocks_of_one_task(
   ids = rng.choice(num_tasks, shape, p=np.r_[0.6, 0.3, 0.1,
                                              [0] * (num_tasks - 3)])
   block = adapters.block_size(ids.size, num_tasks, 8)
-  blocks = adapters.task_blocks(jax.numpy.asarray(ids), num_tasks, block)
+  blocks = task_blocks.task_blocks(jax.numpy.asarray(ids), num_tasks, block)
   source = np.asarray(blocks.source)
   destination = np.asarray(blocks.destination)
   block_tasks = np.asarray(blocks.block_tasks)
@@ -394,7 +396,7 @@ def test_blocks_permutation_gradient_is_the_gathers():
   must equal the gradient of the plain indexing they stand for."""
   rng = np.random.default_rng(1)
   ids = jax.numpy.asarray(rng.integers(0, 4, (2, 30)))
-  blocks = adapters.task_blocks(ids, 4, 7)
+  blocks = task_blocks.task_blocks(ids, 4, 7)
   x = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
   weights = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
 
@@ -410,3 +412,62 @@ def test_blocks_permutation_gradient_is_the_gathers():
   np.testing.assert_allclose(through_blocks(x), plain(x), rtol=1e-6)
   np.testing.assert_allclose(jax.grad(through_blocks)(x), jax.grad(plain)(x),
                              rtol=1e-6)
+
+
+def _own_task_attention_reference(query, key, value, bias, prefix_key,
+                                  prefix_value, logit_bias, task_ids, keep):
+  """numpy: each query's softmax over [its own task's l prompt columns;
+  the tokens], the dropout keep mask (over every task's columns, then the
+  tokens) applied to those weights."""
+  batch, length, heads, _ = query.shape
+  prefix = prefix_key.shape[1]
+  out = np.zeros(query.shape)
+  for b in range(batch):
+    for i in range(length):
+      task = task_ids[b, i]
+      columns = slice(task * prefix, (task + 1) * prefix)
+      for h in range(heads):
+        k = np.concatenate([prefix_key[task, :, h], key[b, :, h]])
+        v = np.concatenate([prefix_value[task, :, h], value[b, :, h]])
+        logits = k @ query[b, i, h]
+        logits[:prefix] += logit_bias[h]
+        logits[prefix:] += bias[b, h, i]
+        w = np.exp(logits - logits.max())
+        w /= w.sum()
+        w *= np.concatenate([keep[b, h, 0, columns],
+                             keep[b, h, 0, prefix_key.shape[0] * prefix:]])
+        out[b, i, h] = w @ v
+  return out
+
+
+@pytest.mark.parametrize('dropout', [False, True])
+def test_own_task_prefix_attention_is_the_softmax_over_its_columns(dropout):
+  """Packed rows' prefix (`prefix_blocks`): each query attends over its
+  own task's prompt columns and the tokens under one softmax, and dropout
+  drops the same columns of a row for all its queries."""
+  rng = np.random.default_rng(3)
+  batch, length, heads, head_dim, tasks, prefix = 2, 9, 2, 4, 3, 2
+  normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  query, key, value = (normal(batch, length, heads, head_dim)
+                       for _ in range(3))
+  prefix_key, prefix_value = (normal(tasks, prefix, heads, head_dim)
+                              for _ in range(2))
+  bias, logit_bias = normal(batch, heads, length, length), normal(heads)
+  task_ids = rng.integers(0, tasks, (batch, length))
+  blocks = task_blocks.task_blocks(jax.numpy.asarray(task_ids), tasks, 2)
+  rate, dropout_rng = (0.3, jax.random.PRNGKey(5)) if dropout else (0., None)
+  a = jax.numpy.asarray
+  got = layers.dot_product_attention(
+      a(query), a(key), a(value), a(bias), dropout_rng=dropout_rng,
+      dropout_rate=rate, deterministic=not dropout, prefix_key=a(prefix_key),
+      prefix_value=a(prefix_value),
+      prefix_bias=a(logit_bias[None, :, None, None]), prefix_blocks=blocks)
+  keep = np.ones((batch, heads, 1, tasks * prefix + length))
+  if dropout:  # the mask the attention draws (`layers._dropout_keep`)
+    keep = np.asarray(layers._dropout_keep(dropout_rng, rate, np.float32,
+                                           keep.shape))
+    assert 0 < (keep == 0).mean() < 0.6
+  want = _own_task_attention_reference(query, key, value, bias, prefix_key,
+                                       prefix_value, logit_bias, task_ids,
+                                       keep)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

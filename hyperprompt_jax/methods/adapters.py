@@ -14,7 +14,8 @@ base); `norm` is the identity here and HyperFormer++'s generated post layer
 norm there. The task of each example selects its adapters (a gather by
 `task_ids`, so no example pays for another task's adapter); in packed rows
 each token goes through its own task's adapter, the tokens grouped into
-blocks of one task (`LayerAdapters._per_token`, `task_blocks`).
+blocks of one task (`LayerAdapters._per_token`,
+`hyperprompt_jax.model.task_blocks`).
 
 Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
 (the encoder's attention, the decoder's self-attention) and `mlp`:
@@ -39,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import task_blocks as task_blocks_lib
 
 Array = jax.Array
 PLACEMENTS = ('both', 'encoder', 'decoder')
@@ -375,7 +377,7 @@ class LayerAdapters:
     adapter of task `group_tasks[g]` (`adapt_groups`)."""
 
     def take(a):  # each group's task: [groups, ...]
-      return _take_tasks(a, group_tasks)
+      return task_blocks_lib.take_tasks(a, group_tasks)
 
     # W_down as [groups, b, d], the layout `adapt_groups` takes it in; the
     # transpose is of the [T, d, b] weights, not of the groups' copies.
@@ -403,38 +405,12 @@ class LayerAdapters:
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
-    blocks = task_blocks(task_ids, num_tasks,
+    blocks = task_blocks_lib.task_blocks(task_ids, num_tasks,
                          block_size(n * length, num_tasks, w.up.shape[-2]))
     x = blocks.to_blocks(h.reshape(n * length, d))  # [K, block, d]
 
     out = self._adapt(x, w, blocks.block_tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
-
-
-@struct.dataclass
-class TaskBlocks:
-  """Tokens laid out in blocks of one task each (`task_blocks`).
-
-  Attributes:
-    source: `[K * block]`: the token at each block position (the token
-      count N at the blocks' padding, which reads a zero row).
-    destination: `[N]`: each token's block position.
-    block_tasks: `[K]`: each block's task (0 for a block of padding only).
-  """
-
-  source: Array
-  destination: Array
-  block_tasks: Array
-
-  def to_blocks(self, x: Array) -> Array:
-    """`x [N, d]` -> `[K, block, d]`, zeros at the padding."""
-    out = _permute_rows(x, self.source, self.destination)
-    return out.reshape(self.block_tasks.shape[0], -1, x.shape[-1])
-
-  def from_blocks(self, y: Array) -> Array:
-    """`y [K, block, d]` -> each token's row `[N, d]`."""
-    return _permute_rows(y.reshape(-1, y.shape[-1]), self.destination,
-                         self.source)
 
 
 def block_size(count: int, num_tasks: int, bottleneck: int) -> int:
@@ -452,80 +428,6 @@ def block_size(count: int, num_tasks: int, bottleneck: int) -> int:
   """
   return max(1, min(count, round(math.sqrt(4 * bottleneck * count
                                            / num_tasks))))
-
-
-def task_blocks(task_ids: Array, num_tasks: int,
-                block: int) -> TaskBlocks:
-  """Lays the tokens of `task_ids` (`[batch, length]`) out by task: each
-  task's tokens (in their order) fill whole blocks of `block` positions
-  (`block_size`), the last one padded, so every block holds one task's
-  tokens. K = the blocks that N tokens and at most T (block - 1) positions
-  of padding take (static).
-  """
-  flat = task_ids.reshape(-1).astype(jnp.int32)
-  count = flat.shape[0]
-  num_blocks = -(-(count + num_tasks * (block - 1)) // block)
-  order = jnp.argsort(flat, stable=True)  # token indices by task
-  sorted_tasks = flat[order]
-  per_task = jnp.bincount(flat, length=num_tasks)
-  padded = -(-per_task // block) * block
-  task_start = jnp.cumsum(padded) - padded        # in the block layout
-  first = jnp.cumsum(per_task) - per_task         # in `order`
-  rank = jnp.arange(count, dtype=jnp.int32) - first[sorted_tasks]
-  position = (task_start[sorted_tasks] + rank).astype(jnp.int32)
-  destination = jnp.zeros(count, jnp.int32).at[order].set(position)
-  source = jnp.full(num_blocks * block, count, jnp.int32).at[position].set(
-      order.astype(jnp.int32))
-  block_tasks = jnp.zeros(num_blocks, jnp.int32).at[position // block].set(
-      sorted_tasks)
-  return TaskBlocks(source, destination, block_tasks)
-
-
-@jax.custom_vjp
-def _permute_rows(x: Array, index: Array, back: Array) -> Array:
-  """`x[index]`, zero rows where `index` is len(x) (the blocks' padding),
-  whose gradient is a gather too: `back` (`[len(x)]`) gives each row of `x`
-  its one place in `index`. XLA would scatter-add the cotangent of a plain
-  gather, which it cannot know to be a permutation (and a CPU scatters
-  slowly)."""
-  return _gather_rows(x, index)
-
-
-def _gather_rows(x: Array, index: Array) -> Array:
-  return x.at[index].get(mode='fill', fill_value=0)
-
-
-def _permute_rows_fwd(x, index, back):
-  return _gather_rows(x, index), back
-
-
-def _permute_rows_bwd(back, g):
-  return _gather_rows(g, back), None, None
-
-
-_permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
-
-
-@jax.custom_vjp
-def _take_tasks(a: Array, tasks: Array) -> Array:
-  """`a[tasks]` (`a [T, ...]`, `tasks [G]`), whose gradient is a product
-  with the one-hot tasks: XLA would scatter-add the cotangent of a plain
-  gather, which its CPU compiler runs element by element (fwd + bwd of
-  a packed adapter, 4,096 tokens, b 32: 17.8 ms with it, 10.6 ms this)."""
-  return jnp.take(a, tasks, axis=0)
-
-
-def _take_tasks_fwd(a, tasks):
-  return _take_tasks(a, tasks), (tasks, a.shape[0])
-
-
-def _take_tasks_bwd(residuals, g):
-  tasks, num_tasks = residuals
-  one_hot = jax.nn.one_hot(tasks, num_tasks, dtype=g.dtype)
-  return jnp.einsum('gt,g...->t...', one_hot, g, precision=_HIGHEST), None
-
-
-_take_tasks.defvjp(_take_tasks_fwd, _take_tasks_bwd)
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):

@@ -36,6 +36,7 @@ variance (1/d and 1/b), which makes the generated prompt keys about as large
 as token keys at step 0.
 """
 
+import math
 from typing import Any, Optional
 
 from flax import linen as nn
@@ -44,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import task_blocks as task_blocks_lib
 
 Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')
@@ -328,33 +330,44 @@ def gather_prompts(keys: Array, values: Array, layer: int,
           jnp.take(values[layer], task_ids, axis=0))
 
 
-def all_task_prompts(keys: Array, values: Array, layer: int,
-                     token_task_ids: Array) -> tuple[Array, Array, Array]:
-  """Layer `layer`'s prompts for packed rows: every task's, with a mask.
+def prompt_blocks(token_task_ids: Array, num_tasks: int,
+                  prompt_length: int) -> task_blocks_lib.TaskBlocks:
+  """The task blocks of packed rows' queries, shared by a stack's layers.
 
-  A packed row holds examples of several tasks; each token must see exactly
-  its own task's `l` prompt columns. All T tasks' prompts are prepended
-  (`T * l` columns, the same for every row, never copied per row) and masked
-  per token; attention scores them as a block of their own
-  (`layers.dot_product_attention`), so a packed step costs what MTL's does.
-  The other choice, the prompts of the tasks present in each row, needs a
-  static bound on a row's tasks that a row can exceed, and a per-row gather
-  (docs/performance.md, Packing, has the measurements).
+  A packed row holds examples of several tasks and each token must see
+  exactly its own task's `l` prompt columns: its queries are laid out by
+  task in blocks of one task (`task_blocks`), and each block is scored
+  against its task's prompts only (`layers.dot_product_attention`), l
+  columns a query as unpacked. A block of c queries costs a copy of its
+  task's `2 l` prompt rows, and each task pads up to c - 1 positions
+  (static: every block position is computed): (N / c + T) 2 l + T c rows
+  of about the same width are least at c = sqrt(2 l N / T) (128 at N =
+  4,096, l = 16, T = 8). Scoring all T tasks' `T * l` columns and masking
+  all but the token's own (the form before) cost packed HyperPrompt 1.05x
+  MTL's step (docs/performance.md, Packing).
+
+  Args:
+    token_task_ids: int32 `[batch, length]`, each token's task.
+    num_tasks: T.
+    prompt_length: l.
+  """
+  count = token_task_ids.size
+  block = max(1, min(count, round(math.sqrt(
+      2 * prompt_length * count / num_tasks))))
+  return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block)
+
+
+def all_task_prompts(keys: Array, values: Array,
+                     layer: int) -> tuple[Array, Array]:
+  """Layer `layer`'s prompts of every task, for packed rows (each query
+  attends over its own task's, `prompt_blocks`).
 
   Args:
     keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.
     values: same shape as keys.
     layer: the layer index m.
-    token_task_ids: int32 `[batch, length]`, each token's task.
 
   Returns:
-    keys and values `[1, T * l, heads, head_dim]` (task-major columns, the
-    same for every row: attention broadcasts them) and the prefix mask
-    `[batch, 1, length, T * l]`.
+    keys and values `[T, l, heads, head_dim]`.
   """
-  num_tasks, length = keys.shape[1:3]
-  columns = lambda a: a[layer].reshape((1, num_tasks * length) + a.shape[3:])
-  column_task = jnp.repeat(jnp.arange(num_tasks, dtype=token_task_ids.dtype),
-                           length)
-  mask = token_task_ids[:, None, :, None] == column_task
-  return columns(keys), columns(values), mask.astype(keys.dtype)
+  return keys[layer], values[layer]

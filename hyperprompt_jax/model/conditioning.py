@@ -17,8 +17,9 @@ id, so its cost does not grow with the batch.
 Task ids come in two shapes. Unpacked rows (one example per row): `[batch]`.
 Packed rows (several examples per row, `segment_ids` given): per token,
 `[batch, length]` like the tokens, one id per segment; each token is then
-conditioned by its own example's task: its task's prompt columns only (a
-prefix mask over all T tasks' prompts), its task's adapter, its task's soft
+conditioned by its own example's task: its task's prompt columns only (the
+queries laid out in blocks of one task, `hyperprompt.prompt_blocks`), its
+task's adapter, its task's soft
 prompt in the slots the packer reserved. Methods that cannot condition per
 token refuse packed rows (`methods.check_packing`).
 """
@@ -39,6 +40,7 @@ from hyperprompt_jax.methods import hypergrid as hypergrid_lib
 from hyperprompt_jax.methods import hyperprompt as hyperprompt_lib
 from hyperprompt_jax.methods import prompt_tuning as prompt_tuning_lib
 from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import task_blocks as task_blocks_lib
 from hyperprompt_jax.runner import batches
 
 Array = jax.Array
@@ -47,20 +49,20 @@ Array = jax.Array
 class Prompts(NamedTuple):
   """One layer's attention prefix: keys and values `[batch, l, heads,
   head_dim]` (None at decode steps, where they live in the cache), the
-  optional `[heads]` logit bias and, for packed rows, the prefix mask
-  `[batch, 1, length, T * l]` (keys and values then hold all T tasks'
-  prompts, `[1, T * l, heads, head_dim]`, shared by every row)."""
+  optional `[heads]` logit bias and, for packed rows, the queries' task
+  blocks (keys and values then hold every task's prompts, `[T, l, heads,
+  head_dim]`, and each query attends over its own task's)."""
 
   keys: Optional[Array]
   values: Optional[Array]
   logit_bias: Optional[Array]
-  mask: Optional[Array] = None
+  blocks: Optional[task_blocks_lib.TaskBlocks] = None
 
   def as_kwargs(self) -> dict[str, Any]:
     kwargs = dict(prefix_key=self.keys, prefix_value=self.values,
                   prefix_logit_bias=self.logit_bias)
-    if self.mask is not None:
-      kwargs['prefix_mask'] = self.mask
+    if self.blocks is not None:
+      kwargs['prefix_blocks'] = self.blocks
     return kwargs
 
 
@@ -307,6 +309,11 @@ class StackConditioning:
     cache_ready = decode and 'cache' in module.variables
     self._prompts = _generate_prompts(cfg, stack, num_layers,
                                       generate=not cache_ready)
+    self._prompt_blocks = None
+    if packed and self._prompts is not None:
+      self._prompt_blocks = hyperprompt_lib.prompt_blocks(
+          task_ids, cfg.num_tasks,
+          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack))
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
                            cache_ready)
@@ -337,9 +344,8 @@ class StackConditioning:
       keys, values, logit_bias = self._prompts
       bias = None if logit_bias is None else logit_bias[m]
       if self.packed:
-        keys, values, mask = hyperprompt_lib.all_task_prompts(
-            keys, values, m, self.task_ids)
-        prompts = Prompts(keys, values, bias, mask)
+        keys, values = hyperprompt_lib.all_task_prompts(keys, values, m)
+        prompts = Prompts(keys, values, bias, self._prompt_blocks)
       else:
         if keys is not None:
           keys, values = hyperprompt_lib.gather_prompts(keys, values, m,

@@ -31,6 +31,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax.model import task_blocks as task_blocks_lib
+
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
 
@@ -263,6 +265,84 @@ PROBE_COLLECTION = 'intermediates'
 ATTENTION_WEIGHTS = 'attention_weights'
 
 
+@jax.custom_jvp
+def softmax_and_logsumexp(x: Array) -> tuple[Array, Array]:
+  """`jax.nn.softmax(x)` over the last axis and its log normaliser
+  `[..., 1]`, with the derivative written out as `jax.nn.softmax`'s is."""
+  top = lax.stop_gradient(x.max(-1, keepdims=True))
+  unnormalized = jnp.exp(x - top)
+  total = unnormalized.sum(-1, keepdims=True)
+  return unnormalized / total, jnp.log(total) + top
+
+
+@softmax_and_logsumexp.defjvp
+def _softmax_and_logsumexp_jvp(primals, tangents):
+  (x_dot,) = tangents
+  y, lse = softmax_and_logsumexp(*primals)
+  lse_dot = (y * x_dot).sum(-1, keepdims=True)
+  return (y, lse), (y * (x_dot - lse_dot), lse_dot)
+
+
+def _own_task_prefix(query: Array, keys: Array, values: Array,
+                     logit_bias: Optional[Array],
+                     blocks: task_blocks_lib.TaskBlocks,
+                     keep: Optional[Array], dtype: DType
+                     ) -> tuple[Array, Array]:
+  """Each query's attention over its own task's prefix columns only.
+
+  The queries are laid out by task (`blocks`), and a block of one task's
+  queries is scored against that task's `l` columns: a query's
+  `[heads, l]` scores, where scoring all T tasks' `T * l` columns and
+  masking all but its own task's `l` (the form before) made packed
+  HyperPrompt's step 1.05x MTL's against 1.00x unpacked.
+
+  Args:
+    query: `[batch, q_length, heads, head_dim]`.
+    keys: every task's prefix keys `[T, l, heads, head_dim]`.
+    values: `[T, l, heads, head_dim]`.
+    logit_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
+    blocks: the queries' task blocks (`task_blocks.task_blocks` of each
+      query's task).
+    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]` (a row's
+      mask over every task's columns, broadcast along its queries), or None.
+    dtype: dtype of the attention weights and output.
+
+  Returns:
+    The prefix block's output `[batch, q_length, heads, head_dim]` (its
+    softmax over the `l` columns alone) and that softmax's log normaliser
+    `[batch, heads, q_length, 1]`.
+  """
+  batch, length, heads, head_dim = query.shape
+  num_tasks, prefix = keys.shape[:2]
+  queries = blocks.to_blocks(query.reshape(batch * length, heads * head_dim))
+  num_blocks, block = queries.shape[:2]
+  queries = queries.reshape(num_blocks, block, heads, head_dim)
+  logits = jnp.einsum(
+      'kchd,klhd->khcl', queries,
+      task_blocks_lib.take_tasks(keys, blocks.block_tasks).astype(query.dtype))
+  if logit_bias is not None:
+    logits = logits + logit_bias.astype(logits.dtype)
+  weights, lse = softmax_and_logsumexp(logits)  # [K, heads, block, l]
+  weights = weights.astype(dtype)
+  if keep is not None:
+    # Each block position's row (the padding's is out of range: 0) and task.
+    by_row_task = keep[:, :, 0].reshape(batch, heads, num_tasks, prefix)
+    by_row_task = by_row_task.transpose(0, 2, 1, 3).reshape(
+        batch * num_tasks, heads, prefix)
+    index = (blocks.source // length) * num_tasks + jnp.repeat(
+        blocks.block_tasks, block)
+    position_keep = by_row_task.at[index].get(mode='fill', fill_value=0)
+    weights = weights * position_keep.reshape(
+        num_blocks, block, heads, prefix).transpose(0, 2, 1, 3)
+  out = jnp.einsum(
+      'khcl,klhd->kchd', weights,
+      task_blocks_lib.take_tasks(values, blocks.block_tasks).astype(dtype))
+  out = blocks.from_blocks(out.reshape(num_blocks, block, heads * head_dim))
+  lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
+  return (out.reshape(batch, length, heads, head_dim),
+          lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])
+
+
 def dot_product_attention(
     query: Array,
     key: Array,
@@ -277,17 +357,17 @@ def dot_product_attention(
     prefix_key: Optional[Array] = None,
     prefix_value: Optional[Array] = None,
     prefix_bias: Optional[Array] = None,
+    prefix_blocks: Optional[task_blocks_lib.TaskBlocks] = None,
 ) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(d_h) into the query init).
 
   With a prefix, each query attends over `[prefix; key]` under one softmax,
   computed as two blocks that share the softmax's max and normaliser rather
   than over concatenated columns: concatenating copies the `[batch, heads,
-  q_length, kv_length]` bias and logits, which made packed HyperPrompt's
-  attention 1.26x MTL's (forward and backward, 8 x 512 tokens, 128 prefix
-  columns, CPU) against 1.08x as two blocks; the whole packed training step
-  of HyperPrompt-Global went from 1.15x MTL's to 0.98x (docs/performance.md,
-  Packing).
+  q_length, kv_length]` bias and logits (docs/performance.md, Packing).
+  Packed rows (`prefix_blocks`) score each query against its own task's
+  prefix columns only and combine the two blocks' softmaxes by their log
+  normalisers (`_own_task_prefix`).
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.
@@ -305,6 +385,11 @@ def dot_product_attention(
       front of `key` (batch 1: the same columns for every row).
     prefix_value: `[batch or 1, prefix, heads, head_dim]`, with `prefix_key`.
     prefix_bias: broadcastable to `[batch, heads, q_length, prefix]`.
+    prefix_blocks: packed rows: the queries' task blocks
+      (`task_blocks.task_blocks` of each query's task). `prefix_key` and
+      `prefix_value` then hold every task's columns, `[T, l, heads,
+      head_dim]`, each query attends over its own task's `l` of them
+      (`_own_task_prefix`) and `prefix_bias` is at most a per-head bias.
 
   Returns:
     `[batch, q_length, heads, head_dim]`.
@@ -331,6 +416,31 @@ def dot_product_attention(
     return jnp.einsum('bhqk,bkhd->bqhd', weights, values)
 
   logits = logits_of(key, bias)
+  if prefix_blocks is not None:
+    if on_weights is not None:
+      raise ValueError('The attention probe reads unpacked rows only.')
+    # softmax([prefix; tokens]) is each block's own softmax scaled by its
+    # share of the joint normaliser, exp(lse_block - lse): a per-query
+    # factor, applied to the block's output.
+    token_weights, token_lse = softmax_and_logsumexp(logits)
+    token_weights = token_weights.astype(dtype)
+    prefix_keep = None
+    if not deterministic and dropout_rate > 0.0:
+      width = prefix_key.shape[0] * prefix_key.shape[1]
+      keep = _dropout_keep(dropout_rng, dropout_rate, dtype,
+                           token_weights.shape[:-2]
+                           + (1, width + token_weights.shape[-1]))
+      prefix_keep, token_keep = keep[..., :width], keep[..., width:]
+      token_weights = token_weights * token_keep
+    prefix_out, prefix_lse = _own_task_prefix(
+        query, prefix_key, prefix_value, prefix_bias, prefix_blocks,
+        prefix_keep, dtype)
+    lse = jnp.logaddexp(prefix_lse, token_lse)
+    share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
+    out = (attend_values(token_weights, value).astype(jnp.float32)
+           * share(token_lse)
+           + prefix_out.astype(jnp.float32) * share(prefix_lse))
+    return out.astype(dtype)
   if prefix_key is None:
     blocks = [jax.nn.softmax(logits).astype(dtype)]
     values = [value]
@@ -347,17 +457,24 @@ def dot_product_attention(
   if on_weights is not None:
     on_weights(jnp.concatenate(blocks, axis=-1))
   if not deterministic and dropout_rate > 0.0:
-    keep_prob = 1.0 - dropout_rate
     widths = [w.shape[-1] for w in blocks]
-    shape = blocks[-1].shape[:-2] + (1, sum(widths))
-    keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
-    keep = keep.astype(dtype) / jnp.asarray(keep_prob, dtype)
+    keep = _dropout_keep(dropout_rng, dropout_rate, dtype,
+                         blocks[-1].shape[:-2] + (1, sum(widths)))
     blocks = [w * k for w, k in zip(
         blocks, jnp.split(keep, np.cumsum(widths)[:-1], axis=-1))]
   out = attend_values(blocks[0], values[0])
   for weights, block_values in zip(blocks[1:], values[1:]):
     out = out + attend_values(weights, block_values)
   return out
+
+
+def _dropout_keep(rng: Array, rate: float, dtype: DType,
+                  shape: tuple[int, ...]) -> Array:
+  """Attention dropout's keep mask, scaled by 1 / keep probability (shape
+  `[batch, heads, 1, columns]`: broadcast along the queries, as t5x's)."""
+  keep_prob = 1.0 - rate
+  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  return keep.astype(dtype) / jnp.asarray(keep_prob, dtype)
 
 
 def mask_to_bias(mask: Optional[Array], dtype: DType) -> Optional[Array]:
@@ -407,7 +524,7 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
       prefix_logit_bias: Optional[Array] = None,
-      prefix_mask: Optional[Array] = None,
+      prefix_blocks: Optional[task_blocks_lib.TaskBlocks] = None,
       decode: bool = False,
       deterministic: bool = False,
   ) -> Array:
@@ -425,8 +542,10 @@ class MultiHeadDotProductAttention(nn.Module):
         `prefix_key`.
       prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
         (zero when None).
-      prefix_mask: optional `[batch, 1, q_length, prefix]` 0/1 mask over the
-        prefix columns (packed rows: each token's own task's prompts).
+      prefix_blocks: packed rows: the queries' task blocks; `prefix_key`
+        and `prefix_value` then hold every task's prompts `[T, l, heads,
+        head_dim]` and each query attends over its own task's
+        (`dot_product_attention`).
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
@@ -436,7 +555,7 @@ class MultiHeadDotProductAttention(nn.Module):
     out, _, _ = self.attend(
         self.projections(inputs_q.shape[-1]), inputs_q, inputs_kv, mask,
         bias, prefix_key=prefix_key, prefix_value=prefix_value,
-        prefix_logit_bias=prefix_logit_bias, prefix_mask=prefix_mask,
+        prefix_logit_bias=prefix_logit_bias, prefix_blocks=prefix_blocks,
         decode=decode, deterministic=deterministic)
     return out
 
@@ -470,15 +589,15 @@ class MultiHeadDotProductAttention(nn.Module):
 
   def attend(self, proj: 'Projections', inputs_q, inputs_kv, mask, bias, *,
              prefix_key=None, prefix_value=None, prefix_logit_bias=None,
-             prefix_mask=None, decode=False, deterministic=False):
+             prefix_blocks=None, decode=False, deterministic=False):
     """`__call__`'s computation; also returns the projected token keys and
     values `[batch, kv_length, heads, head_dim]` (before the cache)."""
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
     if prefix_key is None and prefix_logit_bias is not None and not decode:
       raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
-    if prefix_mask is not None and (decode or prefix_key is None):
-      raise ValueError('prefix_mask (packed rows) needs prefix_key / '
+    if prefix_blocks is not None and (decode or prefix_key is None):
+      raise ValueError('prefix_blocks (packed rows) needs prefix_key / '
                        'prefix_value and cannot decode.')
     query = proj.query(inputs_q)
     key = proj.key(inputs_kv)
@@ -500,13 +619,11 @@ class MultiHeadDotProductAttention(nn.Module):
           bias if attention_bias is None else attention_bias + bias
       )
     # The prefix columns get no causal or padding mask and no relative-
-    # position bias: zero, or `prefix_logit_bias [heads]`; `prefix_mask`
-    # (packed rows: each token sees only its own task's columns) masks them.
-    prefix_bias = mask_to_bias(prefix_mask, self.dtype)
+    # position bias: zero, or `prefix_logit_bias [heads]` (packed rows:
+    # `prefix_blocks` gives each token its own task's columns only).
+    prefix_bias = None
     if prefix_logit_bias is not None:
-      logit_bias = prefix_logit_bias.astype(self.dtype)[None, :, None, None]
-      prefix_bias = (logit_bias if prefix_bias is None
-                     else prefix_bias + logit_bias)
+      prefix_bias = prefix_logit_bias.astype(self.dtype)[None, :, None, None]
 
     dropout_rng = None
     if not deterministic and self.dropout_rate > 0.0:
@@ -528,6 +645,7 @@ class MultiHeadDotProductAttention(nn.Module):
         prefix_key=prefix_key,
         prefix_value=prefix_value,
         prefix_bias=prefix_bias,
+        prefix_blocks=prefix_blocks,
     )
     return proj.out(x), token_key, token_value
 
