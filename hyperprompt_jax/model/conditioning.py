@@ -19,9 +19,9 @@ Packed rows (several examples per row, `segment_ids` given): per token,
 `[batch, length]` like the tokens, one id per segment; each token is then
 conditioned by its own example's task: its task's prompt columns only (the
 queries laid out in blocks of one task, `hyperprompt.prompt_blocks`), its
-task's adapter, its task's soft
-prompt in the slots the packer reserved. Methods that cannot condition per
-token refuse packed rows (`methods.check_packing`).
+task's adapter, its task's soft prompt in the slots the packer reserved.
+Methods that cannot condition per token refuse packed rows
+(`methods.check_packing`).
 """
 
 import dataclasses
