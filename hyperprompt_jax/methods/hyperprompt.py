@@ -356,18 +356,3 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
       2 * prompt_length * count / num_tasks))))
   return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block)
 
-
-def all_task_prompts(keys: Array, values: Array,
-                     layer: int) -> tuple[Array, Array]:
-  """Layer `layer`'s prompts of every task, for packed rows (each query
-  attends over its own task's, `prompt_blocks`).
-
-  Args:
-    keys: `[layers, tasks, l, heads, head_dim]` from HyperPromptGenerator.
-    values: same shape as keys.
-    layer: the layer index m.
-
-  Returns:
-    keys and values `[T, l, heads, head_dim]`.
-  """
-  return keys[layer], values[layer]

@@ -344,8 +344,9 @@ class StackConditioning:
       keys, values, logit_bias = self._prompts
       bias = None if logit_bias is None else logit_bias[m]
       if self.packed:
-        keys, values = hyperprompt_lib.all_task_prompts(keys, values, m)
-        prompts = Prompts(keys, values, bias, self._prompt_blocks)
+        # Every task's prompts `[T, l, heads, head_dim]`; each query attends
+        # over its own task's (`hyperprompt.prompt_blocks`).
+        prompts = Prompts(keys[m], values[m], bias, self._prompt_blocks)
       else:
         if keys is not None:
           keys, values = hyperprompt_lib.gather_prompts(keys, values, m,
