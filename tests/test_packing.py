@@ -348,35 +348,41 @@ def test_packed_rows_without_prompt_slots_are_refused():
   batches.validate_batch(with_slots, TASKS, 384, rows=rows)
 
 
-@pytest.mark.parametrize('shape,num_tasks', [((8, 512), 8), ((3, 40), 5),
-                                             ((2, 7), 8)])
+@pytest.mark.parametrize('shape,num_tasks,shards', [
+    ((8, 512), 8, 1), ((8, 512), 8, 4), ((3, 40), 5, 1), ((3, 40), 5, 3),
+    ((2, 7), 8, 2)])
 def test_task_blocks_hold_every_token_once_in_blocks_of_one_task(
-    shape, num_tasks):
+    shape, num_tasks, shards):
   rng = np.random.default_rng(0)
   # Skewed: most tokens of one task, some tasks absent.
   ids = rng.choice(num_tasks, shape, p=np.r_[0.6, 0.3, 0.1,
                                              [0] * (num_tasks - 3)])
-  block = adapters.block_size(ids.size, num_tasks, 8)
-  blocks = task_blocks.task_blocks(jax.numpy.asarray(ids), num_tasks, block)
-  source = np.asarray(blocks.source)
-  destination = np.asarray(blocks.destination)
-  block_tasks = np.asarray(blocks.block_tasks)
-  count = ids.size
-  flat = ids.reshape(-1)
-  # Each token once, at its destination; the rest is padding (index N).
-  real = source[source < count]
-  assert sorted(real.tolist()) == list(range(count))
-  np.testing.assert_array_equal(source[destination], np.arange(count))
-  # Every block holds one task's tokens, in their order, and says which.
-  per_block = source.reshape(len(block_tasks), -1)
-  for tasks_of_block, tokens in zip(block_tasks, per_block):
-    tokens = tokens[tokens < count]
-    assert (flat[tokens] == tasks_of_block).all()
-    assert (np.diff(tokens) > 0).all()
-  # Blocks of `block`; padding at most one partial block a task (and one
-  # block's rounding of the static count).
-  assert per_block.shape[1] == block
-  assert source.size - count <= num_tasks * (block - 1) + block
+  count = ids.size // shards  # a shard's tokens: its rows, in order
+  block = adapters.block_size(count, num_tasks, 8)
+  blocks = task_blocks.task_blocks(jax.numpy.asarray(ids), num_tasks, block,
+                                   shards)
+  assert blocks.source.shape[0] == blocks.destination.shape[0] == shards
+  for s in range(shards):
+    source = np.asarray(blocks.source[s])
+    destination = np.asarray(blocks.destination[s])
+    block_tasks = np.asarray(blocks.block_tasks[s])
+    flat = ids.reshape(shards, -1)[s]
+    # Each token once, at its destination; the rest is padding (index n).
+    real = source[source < count]
+    assert sorted(real.tolist()) == list(range(count))
+    np.testing.assert_array_equal(source[destination], np.arange(count))
+    # Every block holds one task's tokens, in their order, and says which.
+    per_block = source.reshape(len(block_tasks), -1)
+    for tasks_of_block, tokens in zip(block_tasks, per_block):
+      tokens = tokens[tokens < count]
+      assert (flat[tokens] == tasks_of_block).all()
+      assert (np.diff(tokens) > 0).all()
+    # Blocks of `block`; padding at most one partial block a task (and one
+    # block's rounding of the static count).
+    assert per_block.shape[1] == block
+    assert source.size - count <= num_tasks * (block - 1) + block
+  np.testing.assert_array_equal(
+      blocks.tasks, np.asarray(blocks.block_tasks).reshape(-1))
 
 
 @pytest.mark.parametrize('count,num_tasks,bottleneck,block', [
@@ -391,14 +397,20 @@ def test_block_size_balances_weight_copies_and_padding(count, num_tasks,
   assert adapters.block_size(count, num_tasks, bottleneck) == block
 
 
-def test_blocks_permutation_gradient_is_the_gathers():
+@pytest.mark.parametrize('shards', [1, 2])
+def test_blocks_permutation_gradient_is_the_gathers(shards):
   """`to_blocks` / `from_blocks` carry gathers as their gradients; they
-  must equal the gradient of the plain indexing they stand for."""
+  must equal the gradient of the plain indexing they stand for (shard s's
+  tokens are rows [30 s, 30 s + 30) of x, its blocks after shard s - 1's)."""
   rng = np.random.default_rng(1)
   ids = jax.numpy.asarray(rng.integers(0, 4, (2, 30)))
-  blocks = task_blocks.task_blocks(ids, 4, 7)
+  blocks = task_blocks.task_blocks(ids, 4, 7, shards)
   x = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
   weights = jax.numpy.asarray(rng.normal(size=(60, 5)), jax.numpy.float32)
+  n, positions = 60 // shards, blocks.source.shape[1]
+  offset = np.arange(shards)[:, None]
+  source = np.where(blocks.source < n, blocks.source + offset * n, 60)
+  destination = np.asarray(blocks.destination) + offset * positions
 
   def through_blocks(x):
     y = blocks.to_blocks(x)
@@ -406,8 +418,8 @@ def test_blocks_permutation_gradient_is_the_gathers():
 
   def plain(x):
     padded = jax.numpy.concatenate([x, jax.numpy.zeros_like(x[:1])])
-    y = padded[blocks.source] * 2.0
-    return jax.numpy.sum(jax.numpy.sin(y[blocks.destination]) * weights)
+    y = padded[source.reshape(-1)] * 2.0
+    return jax.numpy.sum(jax.numpy.sin(y[destination.reshape(-1)]) * weights)
 
   np.testing.assert_allclose(through_blocks(x), plain(x), rtol=1e-6)
   np.testing.assert_allclose(jax.grad(through_blocks)(x), jax.grad(plain)(x),
@@ -440,11 +452,14 @@ def _own_task_attention_reference(query, key, value, bias, prefix_key,
   return out
 
 
-@pytest.mark.parametrize('dropout', [False, True])
-def test_own_task_prefix_attention_is_the_softmax_over_its_columns(dropout):
+@pytest.mark.parametrize('dropout,shards', [(False, 1), (True, 1),
+                                            (True, 2)])
+def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
+    dropout, shards):
   """Packed rows' prefix (`prefix_blocks`): each query attends over its
   own task's prompt columns and the tokens under one softmax, and dropout
-  drops the same columns of a row for all its queries."""
+  drops the same columns of a row for all its queries (blocks of the whole
+  batch, and per data shard: each row's mask found in its shard)."""
   rng = np.random.default_rng(3)
   batch, length, heads, head_dim, tasks, prefix = 2, 9, 2, 4, 3, 2
   normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
@@ -454,7 +469,8 @@ def test_own_task_prefix_attention_is_the_softmax_over_its_columns(dropout):
                               for _ in range(2))
   bias, logit_bias = normal(batch, heads, length, length), normal(heads)
   task_ids = rng.integers(0, tasks, (batch, length))
-  blocks = task_blocks.task_blocks(jax.numpy.asarray(task_ids), tasks, 2)
+  blocks = task_blocks.task_blocks(jax.numpy.asarray(task_ids), tasks, 2,
+                                   shards)
   rate, dropout_rng = (0.3, jax.random.PRNGKey(5)) if dropout else (0., None)
   a = jax.numpy.asarray
   got = layers.dot_product_attention(

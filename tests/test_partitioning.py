@@ -67,6 +67,110 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+# Packed rows on an 8 x 1 (data) mesh: the conditioned variants' task blocks
+# are built per data shard, so the step's only collectives are MTL's: the
+# all-reduce of the gradients (and the loss's sums). Blocks of the whole
+# batch gathered every token's task id and activations onto every device.
+PACKED_SCRIPT = textwrap.dedent(r'''
+    import math, re, warnings
+    import jax, numpy as np
+    from flax.linen import partitioning as nn_partitioning
+    from hyperprompt_jax.methods import adapters, hyperprompt
+    from hyperprompt_jax.model import network, task_blocks
+    from hyperprompt_jax.runner import partitioning, trainer
+
+    assert jax.device_count() == 8
+    tasks, enc_len, dec_len = 4, 32, 8
+
+    def packed_batch(rows):
+      rng = np.random.default_rng(rows)
+      batch = {f'{stack}_{k}': np.zeros((rows, n), np.int32)
+               for stack, n in (('encoder', enc_len), ('decoder', dec_len))
+               for k in ('input_tokens', 'segment_ids', 'positions',
+                         'task_ids')}
+      for k in ('decoder_target_tokens', 'decoder_loss_weights'):
+        batch[k] = np.zeros((rows, dec_len), np.int32)
+      for r in range(rows):  # three examples a row, of random tasks
+        for seg, (e, d) in enumerate(((0, 0), (10, 3), (20, 5)), start=1):
+          a, t = rng.integers(4, 11), rng.integers(1, 4)
+          task = rng.integers(tasks)
+          for stack, where, n in (('encoder', slice(e, e + a), a),
+                                  ('decoder', slice(d, d + t), t)):
+            batch[stack + '_segment_ids'][r, where] = seg
+            batch[stack + '_positions'][r, where] = np.arange(n)
+            batch[stack + '_task_ids'][r, where] = task
+          batch['encoder_input_tokens'][r, e:e + a] = rng.integers(2, 384, a)
+          targets = rng.integers(2, 384, t)
+          batch['decoder_target_tokens'][r, d:d + t] = targets
+          batch['decoder_input_tokens'][r, d:d + t] = np.r_[0, targets[:-1]]
+          batch['decoder_loss_weights'][r, d:d + t] = 1
+      return batch
+
+    mesh = partitioning.create_mesh(data=8, model=1)
+    rules = partitioning.logical_axis_rules()
+    data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    assert task_blocks.batch_shards(16) == 1  # no mesh
+    with jax.set_mesh(mesh), nn_partitioning.axis_rules(rules):
+      assert task_blocks.batch_shards(16) == 8
+      assert task_blocks.batch_shards(12) == 1  # 8 shards do not divide 12
+    with warnings.catch_warnings(), nn_partitioning.axis_rules(rules):
+      warnings.simplefilter('ignore', DeprecationWarning)
+      with mesh:  # t5x's partitioner
+        pass
+
+    def collectives(step, params, batch):
+      # (the kinds of collective, the elements all-reduced) of a step.
+      with jax.set_mesh(mesh):
+        hlo = step.lower(params, batch).compile().as_text()
+      kinds, elements = set(), 0
+      for line in hlo.splitlines():
+        found = re.search(r' = (.+?) (all-gather|all-reduce|all-to-all|'
+                          r'collective-permute|reduce-scatter)(-start)?\(', line)
+        if found:
+          kinds.add(found.group(2))
+          elements += sum(math.prod(int(n) for n in dims.split(',') if n)
+                          for dims in re.findall(r'\[([0-9,]*)\]',
+                                                 found.group(1)))
+      return kinds, elements
+
+    variants = {
+        'hyperprompt': dict(hyperprompt=hyperprompt.HyperPromptConfig(
+            variant='global', encoder_prompt_length=3, decoder_prompt_length=2,
+            hypernet_reduction=8, task_embed_dim=5, task_hidden_dim=7,
+            layer_task_embed_dim=6)),
+        # (HyperFormer++'s generated adapters take the same blocks.)
+        'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
+    }
+    for name, extra in variants.items():
+      cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=2,
+                             head_dim=16, mlp_dim=64, num_encoder_layers=2,
+                             num_decoder_layers=2, dropout_rate=0.1,
+                             num_tasks=tasks, **extra)
+      model = network.Transformer(cfg)
+      variables = network.init_variables(model, jax.random.PRNGKey(0), 32, 8)
+      params = variables['params']
+      step = lambda p, b: jax.value_and_grad(lambda p: trainer.loss_fn(
+          model, p, b, jax.random.PRNGKey(1), 1e-4)[0])(p)
+      shardings = partitioning.parameter_shardings(variables['params_axes'],
+                                                   mesh, rules)
+      sharded_step = jax.jit(step, in_shardings=(shardings, data))
+      batch = packed_batch(16)
+      single = jax.jit(step)(params, batch)
+      with jax.set_mesh(mesh):
+        sharded = sharded_step(params, batch)
+      for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5,
+                                   atol=2e-6, err_msg=name)
+      # The gradients' all-reduces, the same at twice the rows: nothing the
+      # size of the batch crosses devices.
+      kinds, elements = collectives(sharded_step, params, batch)
+      assert kinds == {'all-reduce'}, (name, kinds)
+      assert collectives(sharded_step, params, packed_batch(32)) == (
+          kinds, elements), name
+    print('PACKED_SHARDED_OK')
+''')
+
+
 def test_tiny_model_shards_on_a_2x4_mesh():
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu')
@@ -101,3 +205,11 @@ def test_every_variant_has_valid_logical_axes():
       assert set(axes) <= known, (variant, set(axes) - known)
     partitioning.parameter_shardings(abstract['params_axes'], mesh, rules)
   gin.clear_config()
+
+
+def test_packed_task_blocks_stay_on_their_data_shards():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', PACKED_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert 'PACKED_SHARDED_OK' in result.stdout, result.stderr[-3000:]

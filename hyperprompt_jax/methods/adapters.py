@@ -405,11 +405,11 @@ class LayerAdapters:
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
-    blocks = task_blocks_lib.task_blocks(task_ids, num_tasks,
-                         block_size(n * length, num_tasks, w.up.shape[-2]))
-    x = blocks.to_blocks(h.reshape(n * length, d))  # [K, block, d]
-
-    out = self._adapt(x, w, blocks.block_tasks)
+    shards = task_blocks_lib.batch_shards(n)  # blocks per data shard
+    block = block_size(n * length // shards, num_tasks, w.up.shape[-2])
+    blocks = task_blocks_lib.task_blocks(task_ids, num_tasks, block, shards)
+    x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
+    out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
 
 

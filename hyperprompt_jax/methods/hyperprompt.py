@@ -342,7 +342,8 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
   task's `2 l` prompt rows, and each task pads up to c - 1 positions
   (static: every block position is computed): (N / c + T) 2 l + T c rows
   of about the same width are least at c = sqrt(2 l N / T) (128 at N =
-  4,096, l = 16, T = 8). Scoring all T tasks' `T * l` columns and masking
+  4,096, l = 16, T = 8), N a data shard's tokens (blocks per data shard,
+  `task_blocks.batch_shards`). Scoring all T tasks' `T * l` columns and masking
   all but the token's own (the form before) cost packed HyperPrompt 1.05x
   MTL's step (docs/performance.md, Packing).
 
@@ -351,8 +352,10 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
     num_tasks: T.
     prompt_length: l.
   """
-  count = token_task_ids.size
+  shards = task_blocks_lib.batch_shards(token_task_ids.shape[0])
+  count = token_task_ids.size // shards  # a data shard's tokens
   block = max(1, min(count, round(math.sqrt(
       2 * prompt_length * count / num_tasks))))
-  return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block)
+  return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block,
+                                     shards)
 

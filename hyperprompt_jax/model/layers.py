@@ -319,24 +319,28 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
   queries = queries.reshape(num_blocks, block, heads, head_dim)
   logits = jnp.einsum(
       'kchd,klhd->khcl', queries,
-      task_blocks_lib.take_tasks(keys, blocks.block_tasks).astype(query.dtype))
+      task_blocks_lib.take_tasks(keys, blocks.tasks).astype(query.dtype))
   if logit_bias is not None:
     logits = logits + logit_bias.astype(logits.dtype)
   weights, lse = softmax_and_logsumexp(logits)  # [K, heads, block, l]
   weights = weights.astype(dtype)
   if keep is not None:
-    # Each block position's row (the padding's is out of range: 0) and task.
+    # Each block position's row in its shard (the padding's is out of
+    # range: 0) and task.
+    shards = blocks.source.shape[0]
     by_row_task = keep[:, :, 0].reshape(batch, heads, num_tasks, prefix)
     by_row_task = by_row_task.transpose(0, 2, 1, 3).reshape(
-        batch * num_tasks, heads, prefix)
+        shards, batch // shards * num_tasks, heads, prefix)
     index = (blocks.source // length) * num_tasks + jnp.repeat(
-        blocks.block_tasks, block)
-    position_keep = by_row_task.at[index].get(mode='fill', fill_value=0)
+        blocks.block_tasks, block, axis=1)
+    position_keep = jax.vmap(
+        lambda table, i: table.at[i].get(mode='fill', fill_value=0))(
+            by_row_task, index)
     weights = weights * position_keep.reshape(
         num_blocks, block, heads, prefix).transpose(0, 2, 1, 3)
   out = jnp.einsum(
       'khcl,klhd->kchd', weights,
-      task_blocks_lib.take_tasks(values, blocks.block_tasks).astype(dtype))
+      task_blocks_lib.take_tasks(values, blocks.tasks).astype(dtype))
   out = blocks.from_blocks(out.reshape(num_blocks, block, heads * head_dim))
   lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
   return (out.reshape(batch, length, heads, head_dim),

@@ -11,9 +11,13 @@ HyperPrompt's packed attention (`layers.dot_product_attention`, each query
 scored against its own task's prompt columns only).
 """
 
+import math
+
 from flax import struct
+from flax.linen import partitioning as nn_partitioning
 import jax
 from jax import lax
+from jax.interpreters import pxla
 import jax.numpy as jnp
 
 Array = jax.Array
@@ -21,39 +25,86 @@ Array = jax.Array
 
 @struct.dataclass
 class TaskBlocks:
-  """Tokens laid out in blocks of one task each (`task_blocks`).
+  """Tokens laid out in blocks of one task each, per data shard
+  (`task_blocks`): S shards of n = N / S tokens, K blocks of `block`
+  positions a shard.
 
   Attributes:
-    source: `[K * block]`: the token at each block position (the token
-      count N at the blocks' padding, which reads a zero row).
-    destination: `[N]`: each token's block position.
-    block_tasks: `[K]`: each block's task (0 for a block of padding only).
+    source: `[S, K * block]`: the token (of its shard's n) at each block
+      position; n at the blocks' padding, which reads a zero row.
+    destination: `[S, n]`: each token's block position in its shard.
+    block_tasks: `[S, K]`: each block's task (0 for a block of padding
+      only).
   """
 
   source: Array
   destination: Array
   block_tasks: Array
 
+  @property
+  def tasks(self) -> Array:
+    """`[S * K]`: the task of each block of `to_blocks`."""
+    return self.block_tasks.reshape(-1)
+
   def to_blocks(self, x: Array) -> Array:
-    """`x [N, d]` -> `[K, block, d]`, zeros at the padding."""
-    out = _permute_rows(x, self.source, self.destination)
-    return out.reshape(self.block_tasks.shape[0], -1, x.shape[-1])
+    """`x [N, d]` -> `[S * K, block, d]`, zeros at the padding; shard s's
+    blocks are `[s * K, (s + 1) * K)`."""
+    shards, per_shard = self.destination.shape
+    out = jax.vmap(_permute_rows)(x.reshape(shards, per_shard, -1),
+                                  self.source, self.destination)
+    return out.reshape(self.tasks.shape[0], -1, x.shape[-1])
 
   def from_blocks(self, y: Array) -> Array:
-    """`y [K, block, d]` -> each token's row `[N, d]`."""
-    return _permute_rows(y.reshape(-1, y.shape[-1]), self.destination,
-                         self.source)
+    """`y [S * K, block, d]` -> each token's row `[N, d]`."""
+    shards = self.source.shape[0]
+    out = jax.vmap(_permute_rows)(y.reshape(shards, -1, y.shape[-1]),
+                                  self.destination, self.source)
+    return out.reshape(-1, y.shape[-1])
 
 
-def task_blocks(task_ids: Array, num_tasks: int,
-                block: int) -> TaskBlocks:
-  """Lays the tokens of `task_ids` (`[batch, length]`) out by task: each
-  task's tokens (in their order) fill whole blocks of `block` positions
-  (`adapters.block_size` for adapters), the last one padded, so every block holds one task's
-  tokens. K = the blocks that N tokens and at most T (block - 1) positions
-  of padding take (static).
+def batch_shards(rows: int) -> int:
+  """The data shards a batch of `rows` is split into where the model runs:
+  the mesh axes the logical axis 'batch' maps to under the current axis
+  rules (`flax.linen.partitioning.axis_rules`), in the mesh of
+  `jax.set_mesh` or of t5x's partitioner (`with mesh:`); 1 outside a mesh,
+  or where they do not divide `rows`."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    mesh = pxla.thread_resources.env.physical_mesh  # t5x's `with mesh:`
+  if mesh.empty:
+    return 1
+  axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  shards = math.prod(mesh.shape[a] for a in axes)
+  return shards if rows % shards == 0 else 1
+
+
+def task_blocks(task_ids: Array, num_tasks: int, block: int,
+                shards: int = 1) -> TaskBlocks:
+  """Lays the tokens of `task_ids` (`[rows, length]`) out by task, within
+  each of `shards` data shards (contiguous runs of rows): each task's
+  tokens of a shard (in their order) fill whole blocks of `block`
+  positions, the last one padded, so every block holds one task's
+  tokens. K = the blocks that the shard's n = N / S tokens and at most T
+  (block - 1) positions of padding take (static).
+
+  Blocks per shard keep the layout on the shard's devices: laying out the
+  whole batch at once sorts across shards, and XLA then gathers the
+  batch's tokens and activations onto every device (all-gathers and
+  all-reduces of `[N, d]` in the compiled step on 8 simulated devices).
+  `block` is for a shard's n tokens (`batch_shards`).
   """
-  flat = task_ids.reshape(-1).astype(jnp.int32)
+  rows = task_ids.shape[0]
+  if rows % shards:
+    raise ValueError(f'{rows} rows do not split into {shards} data shards.')
+  by_shard = task_ids.reshape(shards, -1).astype(jnp.int32)
+  return jax.vmap(lambda ids: _one_shard(ids, num_tasks, block))(by_shard)
+
+
+def _one_shard(flat: Array, num_tasks: int, block: int) -> TaskBlocks:
+  """`task_blocks` of one shard's tokens (`flat [n]`)."""
   count = flat.shape[0]
   num_blocks = -(-(count + num_tasks * (block - 1)) // block)
   order = jnp.argsort(flat, stable=True)  # token indices by task
