@@ -31,7 +31,6 @@ measurements).
 """
 
 import functools
-import math
 from typing import Any, Callable, Optional
 
 from flax import linen as nn
@@ -396,7 +395,7 @@ class LayerAdapters:
     (`task_blocks`), every block goes through its task's adapter as one
     `[block, d] x [d, b]` matmul, and the outputs go back to their tokens.
     So a token costs one adapter, as unpacked, plus the blocks' padding
-    and weight copies (`block_size` balances the two). Sending every
+    and weight copies (`task_blocks.block_size` balances the two). Sending every
     token through all T tasks' `W_down` and zeroing the other tasks'
     bottlenecks (the form before) cost T adapters a token and kept
     `[batch, length, T, b]` for the backward pass: 1.12x MTL's FLOPs and
@@ -406,28 +405,13 @@ class LayerAdapters:
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
     shards = task_blocks_lib.batch_shards(n)  # blocks per data shard
-    block = block_size(n * length // shards, num_tasks, w.up.shape[-2])
+    # A block copies its task's W_down and W_up: 2 b rows of d.
+    block = task_blocks_lib.block_size(n * length // shards, num_tasks,
+                                       2 * w.up.shape[-2])
     blocks = task_blocks_lib.task_blocks(task_ids, num_tasks, block, shards)
     x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
     out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
-
-
-def block_size(count: int, num_tasks: int, bottleneck: int) -> int:
-  """Positions per block for `count` tokens of up to `num_tasks` tasks
-  through adapters of bottleneck b.
-
-  A block costs a copy of its task's `[d, b]` and `[b, d]` weights (2 b
-  rows of d), and each task present pads its last block (half a block on
-  average): blocks of c cost about 2 b (N / c + T) + T c / 2 rows of d,
-  least at c = sqrt(4 b N / T). So the weight copies stay near the
-  padding: at N = 4,096, b = 32, T = 8, blocks of 256 copy 1,536 rows and
-  pad about 1,000, where blocks of 64 copied 9,216 (HyperFormer++'s packed
-  step, its norm then over the up projection's output, peaked at 1.17x
-  MTL's with those, 1.16x with these).
-  """
-  return max(1, min(count, round(math.sqrt(4 * bottleneck * count
-                                           / num_tasks))))
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):

@@ -36,7 +36,6 @@ variance (1/d and 1/b), which makes the generated prompt keys about as large
 as token keys at step 0.
 """
 
-import math
 from typing import Any, Optional
 
 from flax import linen as nn
@@ -339,13 +338,12 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
   task in blocks of one task (`task_blocks`), and each block is scored
   against its task's prompts only (`layers.dot_product_attention`), l
   columns a query as unpacked. A block of c queries costs a copy of its
-  task's `2 l` prompt rows, and each task pads up to c - 1 positions
-  (static: every block position is computed): (N / c + T) 2 l + T c rows
-  of about the same width are least at c = sqrt(2 l N / T) (128 at N =
+  task's `2 l` prompt rows, and each task pads up to c - 1 positions:
+  blocks of c = sqrt(2 l N / T) (`task_blocks.block_size`; 128 at N =
   4,096, l = 16, T = 8), N a data shard's tokens (blocks per data shard,
-  `task_blocks.batch_shards`). Scoring all T tasks' `T * l` columns and masking
-  all but the token's own (the form before) cost packed HyperPrompt 1.05x
-  MTL's step (docs/performance.md, Packing).
+  `task_blocks.batch_shards`). Scoring all T tasks' `T * l` columns and
+  masking all but the token's own (the form before) cost packed
+  HyperPrompt 1.05x MTL's step (docs/performance.md, Packing).
 
   Args:
     token_task_ids: int32 `[batch, length]`, each token's task.
@@ -353,9 +351,8 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
     prompt_length: l.
   """
   shards = task_blocks_lib.batch_shards(token_task_ids.shape[0])
-  count = token_task_ids.size // shards  # a data shard's tokens
-  block = max(1, min(count, round(math.sqrt(
-      2 * prompt_length * count / num_tasks))))
+  block = task_blocks_lib.block_size(token_task_ids.size // shards,
+                                     num_tasks, 2 * prompt_length)
   return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block,
                                      shards)
 

@@ -81,6 +81,27 @@ def batch_shards(rows: int) -> int:
   return shards if rows % shards == 0 else 1
 
 
+def block_size(count: int, num_tasks: int, copied_rows: int) -> int:
+  """Positions per block for `count` tokens (a data shard's) of up to
+  `num_tasks` tasks, where a block costs a copy of `copied_rows` rows of
+  its task's weights (an adapter's W_down and W_up: 2 b; HyperPrompt's
+  prompt keys and values: 2 l).
+
+  Every block position is computed (the layout is static): K = N / c + T
+  blocks of c hold N tokens and up to c - 1 positions of padding a task,
+  so blocks of c cost about (N / c + T) w copied rows and N + T c
+  positions, least at c = sqrt(w N / T): 181 at N = 4,096, T = 8 for
+  HyperFormer++'s adapters (b = 32), 128 for the Vanilla adapter's (b =
+  16) and for HyperPrompt's prompts (l = 16). (sqrt(2 w N / T), which
+  counted half a block of padding a task, gave the adapters 256 and 181:
+  the packed step of HyperFormer++ 1.051x MTL packed's, now 1.048x; the
+  Vanilla adapter 1.040x, now 1.023x, in one run side by side;
+  docs/performance.md, Packing.)
+  """
+  return max(1, min(count, round(math.sqrt(copied_rows * count
+                                           / num_tasks))))
+
+
 def task_blocks(task_ids: Array, num_tasks: int, block: int,
                 shards: int = 1) -> TaskBlocks:
   """Lays the tokens of `task_ids` (`[rows, length]`) out by task, within
@@ -88,7 +109,7 @@ def task_blocks(task_ids: Array, num_tasks: int, block: int,
   tokens of a shard (in their order) fill whole blocks of `block`
   positions, the last one padded, so every block holds one task's
   tokens. K = the blocks that the shard's n = N / S tokens and at most T
-  (block - 1) positions of padding take (static).
+  (block - 1) positions of padding take (static; `block_size`).
 
   Blocks per shard keep the layout on the shard's devices: laying out the
   whole batch at once sorts across shards, and XLA then gathers the
