@@ -3,9 +3,10 @@ conditioning of packed rows.
 
 A packed row holds examples of several tasks, and each token must be
 conditioned by its own example's task. Rather than run every token through
-all T tasks' weights, `task_blocks` sorts the batch's N tokens by task into
-blocks of one task each; a block then costs one product with a copy of its
-task's weights (`take_tasks`), and the outputs go back to their tokens.
+all T tasks' weights, `task_blocks` sorts each data shard's tokens by task
+into blocks of one task each (`batch_shards`, `block_size`); a block then
+costs one product with a copy of its task's weights (`take_tasks`), and
+the outputs go back to their tokens.
 Used by the adapters (`methods/adapters.py`, one adapter a token) and by
 HyperPrompt's packed attention (`layers.dot_product_attention`, each query
 scored against its own task's prompt columns only).
