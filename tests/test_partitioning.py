@@ -117,7 +117,7 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     with warnings.catch_warnings(), nn_partitioning.axis_rules(rules):
       warnings.simplefilter('ignore', DeprecationWarning)
       with mesh:  # t5x's partitioner
-        pass
+        assert task_blocks.batch_shards(16) == 8
 
     def collectives(step, params, batch):
       # (the kinds of collective, the elements all-reduced) of a step.
