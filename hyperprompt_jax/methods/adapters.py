@@ -405,11 +405,9 @@ class LayerAdapters:
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
-    shards = task_blocks_lib.batch_shards(n)  # blocks per data shard
     # A block copies its task's W_down and W_up: 2 b rows of d.
-    block = task_blocks_lib.block_size(n * length // shards, num_tasks,
-                                       2 * w.up.shape[-2])
-    blocks = task_blocks_lib.task_blocks(task_ids, num_tasks, block, shards)
+    blocks = task_blocks_lib.batch_task_blocks(task_ids, num_tasks,
+                                               2 * w.up.shape[-2])
     x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
     out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)

@@ -350,9 +350,6 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
     num_tasks: T.
     prompt_length: l.
   """
-  shards = task_blocks_lib.batch_shards(token_task_ids.shape[0])
-  block = task_blocks_lib.block_size(token_task_ids.size // shards,
-                                     num_tasks, 2 * prompt_length)
-  return task_blocks_lib.task_blocks(token_task_ids, num_tasks, block,
-                                     shards)
+  return task_blocks_lib.batch_task_blocks(token_task_ids, num_tasks,
+                                           2 * prompt_length)
 

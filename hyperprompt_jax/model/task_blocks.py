@@ -116,13 +116,23 @@ def task_blocks(task_ids: Array, num_tasks: int, block: int,
   whole batch at once sorts across shards, and XLA then gathers the
   batch's tokens and activations onto every device (all-gathers and
   all-reduces of `[N, d]` in the compiled step on 8 simulated devices).
-  `block` is for a shard's n tokens (`batch_shards`).
+  `block` is for a shard's n tokens (`batch_task_blocks` picks both).
   """
   rows = task_ids.shape[0]
   if rows % shards:
     raise ValueError(f'{rows} rows do not split into {shards} data shards.')
   by_shard = task_ids.reshape(shards, -1).astype(jnp.int32)
   return jax.vmap(lambda ids: _one_shard(ids, num_tasks, block))(by_shard)
+
+
+def batch_task_blocks(task_ids: Array, num_tasks: int,
+                      copied_rows: int) -> TaskBlocks:
+  """`task_blocks` of a batch (`task_ids [rows, length]`) where the model
+  runs: per data shard (`batch_shards`), in blocks of `block_size` for a
+  shard's tokens and `copied_rows` rows of weights a block."""
+  shards = batch_shards(task_ids.shape[0])
+  block = block_size(task_ids.size // shards, num_tasks, copied_rows)
+  return task_blocks(task_ids, num_tasks, block, shards)
 
 
 def _one_shard(flat: Array, num_tasks: int, block: int) -> TaskBlocks:
