@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from conftest import T5X_TINY_CONFIG
 from hyperprompt_jax.benchmarks import benchmark
@@ -14,6 +15,7 @@ from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.tasks import packing
 
 
 def test_train_step_reduces_the_loss_on_a_repeated_batch():
@@ -115,13 +117,24 @@ def test_packing_rows():
                             num_decoder_layers=1)
   configs = {'mtl': benchmark.variant_config(cfg, 'mtl', 'both')}
   rows = packing_benchmark.packing_benchmark(
-      configs, 2, 128, 16, ['glue_super_glue'], rounds=1, steps=1)[
-          'glue_super_glue']
+      configs, 2, 128, 16, ['glue_super_glue'], rounds=1, steps=1,
+      stream_rows=40)['glue_super_glue']
   assert [r['model'] for r in rows] == ['mtl']
   mtl = rows[0]
-  assert mtl['packed_examples'] > mtl['unpacked_examples'] == 2
+  assert mtl['packed_examples_per_row'] > mtl['unpacked_examples_per_row'] == 1
   assert mtl['packed_efficiency'] > mtl['unpacked_efficiency']
   assert mtl['packed_step_to_mtl'] == 1.0
+  # Unpacked rows hold the stream's first examples, one each (targets
+  # trimmed to 16): their fill, from the drawn lengths.
+  held = round(40 * mtl['packed_examples_per_row'])
+  drawn = packing_benchmark.example_lengths(  # the benchmark's draw
+      'glue_super_glue', (40 + packing.BUFFER_SIZE) * 16 // 2)[:held]
+  tokens = sum(min(i, 128) + min(t, 16) for i, t, _ in drawn)
+  assert mtl['unpacked_efficiency'] == pytest.approx(
+      tokens / (held * (128 + 16)))
+  with pytest.raises(ValueError, match='stream_rows'):
+    packing_benchmark.packing_benchmark(
+        configs, 4, 128, 16, ['glue_super_glue'], 1, 1, stream_rows=2)
   assert 'tasks per packed row' in packing_benchmark.format_packing(rows)
   # QQP and MNLI (756,548 of the 1,133,190 training examples: 0.668)
   # dominate the draw.

@@ -9,9 +9,15 @@ training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
 process (`timing.round_times`). A step's work is its real target tokens
 (the loss's tokens); throughput is real target tokens per second at the
-median step time. Ratios are medians over rounds of the two steps' ratio in
-the same round: a packed step against MTL's, and the speedup (packed real
-tokens per second over unpacked).
+median step time. A step's cost does not depend on what its rows hold
+(static shapes), so the timed batch is the first `batch` rows, and a row's
+real tokens, examples, fill and tasks are means over a long stretch of the
+stream (`STREAM_ROWS` packed rows, and as many unpacked rows as they hold
+examples), as a run sees them: 8 rows are too few (at 512 / 32 the 8
+unpacked rows' target tokens swing by +-10 % between draws). Ratios are
+medians over rounds of the two steps' ratio in the same round: a packed
+step against MTL's, and the speedup (packed real tokens per second over
+unpacked).
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
@@ -71,6 +77,8 @@ GLUE_SUPER_GLUE_LENGTHS = {
     'super_glue_wic': (30, 2), 'super_glue_wsc': (33, 4),
 }
 LENGTH_DISTRIBUTIONS = ('fixture', 'glue_super_glue')
+# Packed rows a row's means are taken over (~1,500 examples at 512 / 32).
+STREAM_ROWS = 256
 
 
 def _training_rates() -> dict[str, float]:
@@ -171,77 +179,95 @@ def tasks_per_row(batch: dict[str, np.ndarray]) -> np.ndarray:
   return np.array([len(np.unique(i[s > 0])) for i, s in zip(ids, segments)])
 
 
-def _batch_info(batch: dict[str, np.ndarray], pack: bool) -> dict:
-  """Examples, real target tokens and filled fraction of a batch."""
+def _row_means(rows: dict[str, np.ndarray], pack: bool) -> dict:
+  """Per row of a stretch of the stream: real target tokens, examples and
+  (packed) distinct tasks; and the filled fraction of its positions."""
   info = {
-      'examples': int(batch['decoder_segment_ids'].max(axis=1).sum()
-                      if pack else batch['decoder_target_tokens'].shape[0]),
-      'target_tokens': int((batch['decoder_target_tokens'] > 0).sum()),
+      'examples': float(rows['decoder_segment_ids'].max(axis=1).mean()
+                        if pack else 1.0),
+      'target_tokens': float((rows['decoder_target_tokens'] > 0).sum(axis=1
+                                                                     ).mean()),
       'efficiency': float(
-          ((batch['encoder_input_tokens'] > 0).sum()
-           + (batch['decoder_target_tokens'] > 0).sum())
-          / (batch['encoder_input_tokens'].size
-             + batch['decoder_target_tokens'].size)),
+          ((rows['encoder_input_tokens'] > 0).sum()
+           + (rows['decoder_target_tokens'] > 0).sum())
+          / (rows['encoder_input_tokens'].size
+             + rows['decoder_target_tokens'].size)),
   }
   if pack:
-    info['tasks_per_row'] = tasks_per_row(batch)
+    info['tasks_per_row'] = tasks_per_row(rows)
   return info
 
 
 def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
                       input_length: int, target_length: int,
                       distributions: Sequence[str], rounds: int, steps: int,
-                      z_loss: float = 1e-4) -> dict[str, list[dict]]:
+                      z_loss: float = 1e-4, stream_rows: int = STREAM_ROWS
+                      ) -> dict[str, list[dict]]:
   """Per length distribution, one row per model: seconds per step and real
   target tokens per second, unpacked and packed, on the same example
   stream. Each (model, layout) step is compiled once (the shapes do not
-  depend on the distribution) and every step is timed side by side.
+  depend on the distribution) and every step is timed side by side; a
+  row's tokens, examples and fill are means over `stream_rows` packed rows
+  and the examples they hold, unpacked.
 
   Args:
     configs: model name -> its configuration ('mtl' first); every model
       must pack (`methods.check_packing`).
   """
+  if stream_rows < batch_size:
+    raise ValueError(f'stream_rows ({stream_rows}) must be at least the '
+                     f'batch ({batch_size}).')
   optimizer = optimizers.make_optimizer()
-  # Enough examples for the skipped and `batch_size` packed rows of short
-  # examples.
+  # Enough examples for the skipped and `stream_rows` packed rows: a row
+  # holds at most target_length / 2 (a target is a piece and EOS or more).
   lengths = {d: example_lengths(
-      d, (batch_size + packing.BUFFER_SIZE) * input_length // 4)
+      d, (stream_rows + packing.BUFFER_SIZE) * target_length // 2)
              for d in distributions}
   runners, info = {}, {}
   for name, cfg in configs.items():
     methods.check_packing(cfg)
     model = network.Transformer(cfg)
     state = timing.fresh_state(model, optimizer, input_length, target_length)
+    batches = {}
+    for d in distributions:
+      packed = converted_batch(
+          lengths[d], stream_rows, input_length, target_length,
+          cfg.vocab_size, cfg.num_tasks, batch_lib.RowFormat.of(cfg, True))
+      info[(d, name, True)] = _row_means(packed, True)
+      held = int(packed['decoder_segment_ids'].max(axis=1).sum())
+      unpacked = converted_batch(
+          lengths[d], held, input_length, target_length, cfg.vocab_size,
+          cfg.num_tasks, batch_lib.RowFormat.of(cfg, False))
+      info[(d, name, False)] = _row_means(unpacked, False)
+      for pack, rows in ((False, unpacked), (True, packed)):
+        batches[(d, pack)] = {k: v[:batch_size] for k, v in rows.items()}
     for pack in (False, True):
-      batches = {d: converted_batch(
-          lengths[d], batch_size, input_length, target_length,
-          cfg.vocab_size, cfg.num_tasks, batch_lib.RowFormat.of(cfg, pack))
-                 for d in distributions}
       step = jax.jit(lambda s, b, r, m=model: trainer.train_step(
           m, optimizer, s, b, r, z_loss)).lower(
-              state, batches[distributions[0]],
+              state, batches[(distributions[0], pack)],
               jax.random.PRNGKey(0)).compile()
-      for d, batch in batches.items():
+      for d in distributions:
+        batch = batches[(d, pack)]
         jax.block_until_ready(step(state, batch, jax.random.PRNGKey(0)))
         runners[(d, name, pack)] = (
             lambda i, step=step, s=state, b=batch:
             step(s, b, jax.random.PRNGKey(i))[1]['loss'])
-        info[(d, name, pack)] = _batch_info(batch, pack)
   times = timing.round_times(runners, rounds, steps)
   seconds = {key: statistics.median(t) for key, t in times.items()}
   tables = {}
   for d in distributions:
     rows = []
     for name in configs:
-      row = {'model': name, 'num_tasks': configs[name].num_tasks}
+      row = {'model': name, 'num_tasks': configs[name].num_tasks,
+             'batch_size': batch_size, 'stream_rows': stream_rows}
       for pack, label in ((False, 'unpacked'), (True, 'packed')):
         key = (d, name, pack)
         row[f'{label}_seconds'] = seconds[key]
-        row[f'{label}_examples'] = info[key]['examples']
+        row[f'{label}_examples_per_row'] = info[key]['examples']
         row[f'{label}_efficiency'] = info[key]['efficiency']
-        row[f'{label}_tokens_per_second'] = (info[key]['target_tokens']
-                                             / seconds[key])
-      # Real tokens per step packed over unpacked, times the median over
+        row[f'{label}_tokens_per_second'] = (
+            info[key]['target_tokens'] * batch_size / seconds[key])
+      # Real tokens a row packed over unpacked, times the median over
       # rounds of the unpacked step's time over the packed one's in the
       # same round (`timing.median_ratio`), as for the step ratio below.
       row['speedup'] = (
@@ -267,8 +293,9 @@ def format_packing(rows: list[dict]) -> str:
   mtl = rows[0]
   per_row = mtl['tasks_per_row']
   lines.append(
-      f'examples per step: unpacked {mtl["unpacked_examples"]}, packed '
-      f'{mtl["packed_examples"]}; rows filled: unpacked '
+      f'over {mtl["stream_rows"]} packed rows of the stream (timed: the '
+      f'first {mtl["batch_size"]}): examples per packed row '
+      f'{mtl["packed_examples_per_row"]:.2f}; rows filled: unpacked '
       f'{100 * mtl["unpacked_efficiency"]:.0f}%, packed '
       f'{100 * mtl["packed_efficiency"]:.0f}%; tasks per packed row: mean '
       f'{per_row.mean():.1f}, max {per_row.max()} (of T = '
