@@ -5,13 +5,22 @@ time in stream order and closes it at the first example that does not fit.
 At GLUE + SuperGLUE lengths (512 / 32) a ~400-piece MultiRC or ReCoRD
 example then ends a row that is often half full, and rows come out ~70 %
 filled. `best_fit_pack` keeps a buffer of the next `buffer_size` examples
-and fills the open row from it: each step moves the largest buffered
-example that still fits in every feature (size: the sum over features of
-its length / the feature's row length; ties: the lowest buffer slot, an
-example taking the first free one), and the row closes only when none
-fits; a new row starts with the largest buffered example. With 16 buffered
-examples rows are ~90 % filled at those lengths (docs/performance.md,
-Packing).
+and fills the open row from it; the row closes only when no buffered
+example fits it in every feature. Each step moves the example that leaves
+the least room: for each buffered example that fits, the room the row has
+left after it, alone or followed by the buffered example that then leaves
+the least (one step of lookahead), is the largest over features of weight
+* free positions / row length, and the example with the least wins (ties:
+the oldest). A new row opens with the example the same rule picks for an
+empty row. The weights count the feature the stream fills first and barely
+the others: each feature's demand (its mean example length so far over its
+row length) over the largest one's, to the sixth power. At 512 / 32 GLUE +
+SuperGLUE inputs bind (MultiRC, ReCoRD) and the fixture's byte-length
+targets do. The packer's first rule, the largest example that fits (by the
+sum over features of length / row length), weighed both alike: it spent
+rows on the feature that does not bind, and small examples waited in its
+buffer for up to ~2,000 examples. Rows are ~93 % filled at GLUE +
+SuperGLUE lengths, against ~90 % (docs/performance.md, Packing).
 
 The output is seqio's: every feature `k` of `feature_lengths`, trimmed to
 its length and packed, with `k_segment_ids` (1, 2, ... per example, 0 on
@@ -32,14 +41,59 @@ best-fit; this module is the one piece of packing the project writes.
 
 from typing import Mapping
 
+import numpy as np
 import tensorflow as tf
 
-# Examples buffered for the best fit: 16 fills GLUE + SuperGLUE rows to ~90 %
-# (more buys < 0.5 %; docs/performance.md, Packing).
+# Examples buffered for the best fit (docs/performance.md, Packing).
 BUFFER_SIZE = 16
+# How much the scarce feature outweighs the others (`_feature_weights`): the
+# compromise of a simulation over both benchmark distributions (lower fills
+# GLUE + SuperGLUE inputs more, higher the fixture's targets).
+SCARCITY_POWER = 6
 # The packer as run records name it (a run resumes only with the packer
 # whose state its iterator checkpoint holds).
-NAME = f'best_fit(buffer_size={BUFFER_SIZE})'
+NAME = f'best_fit(buffer_size={BUFFER_SIZE}, choice=scarce_pairs)'
+
+
+def _feature_weights(seen_lengths: tf.Tensor, seen: tf.Tensor,
+                     lengths: list[int]) -> tf.Tensor:
+  """`[features]` float64: each feature's demand (its mean example length
+  over its row length) over the largest feature's, to SCARCITY_POWER. The
+  feature whose rows the stream fills first counts (1), the others barely
+  (GLUE + SuperGLUE at 512 / 32: inputs 1, targets ~0.25; the fixture's
+  byte lengths: targets 1, inputs ~0.05). All 0 before any example."""
+  demand = (tf.cast(seen_lengths, tf.float64) / tf.cast(lengths, tf.float64)
+            / tf.cast(tf.maximum(seen, 1), tf.float64))
+  x = tf.math.divide_no_nan(demand, tf.reduce_max(demand))
+  weights = tf.ones_like(x)
+  for _ in range(SCARCITY_POWER):  # products, not pow: exact in any libm
+    weights = weights * x
+  return weights
+
+
+def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
+            weights: tf.Tensor, lengths: list[int]) -> tf.Tensor:
+  """`[slots]` float64: minus the room the open row would have left (the
+  largest over features of weight * free positions / row length) after the
+  slot's example, or after it and the buffered example that then leaves
+  the least, whichever leaves less. Higher is better; `-inf` for a slot
+  whose example does not fit."""
+  scale = weights / tf.cast(lengths, tf.float64)
+
+  def room(left):  # [..., features] int -> [...] float64
+    return tf.reduce_max(tf.cast(left, tf.float64) * scale, axis=-1)
+
+  alone = free[None] - buffer_lengths  # [slots, features]
+  paired = alone[:, None] - buffer_lengths[None]  # [slots, slots, features]
+  ok = tf.logical_and(
+      tf.reduce_all(paired >= 0, axis=-1),
+      tf.logical_and(buffered[None],
+                     tf.logical_not(tf.eye(tf.shape(buffered)[0],
+                                           dtype=tf.bool))))
+  score = tf.maximum(
+      -room(alone),
+      tf.reduce_max(tf.where(ok, -room(paired), -np.inf), axis=1))
+  return tf.where(tf.reduce_all(alone >= 0, axis=-1), score, -np.inf)
 
 
 def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
@@ -103,6 +157,11 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
       'positions': {k: tf.zeros([n], tf.int32) for k, n in zip(keys, lengths)},
       'used': tf.zeros([len(keys)], tf.int32),
       'examples': tf.constant(0, tf.int32),
+      # Arrival index of each slot's example (ties go to the oldest), and
+      # the stream's examples and summed lengths so far (its demand).
+      'arrival': tf.zeros([b], tf.int64),
+      'seen': tf.constant(0, tf.int64),
+      'seen_lengths': tf.zeros([len(keys)], tf.int64),
   }
 
   @tf.autograph.experimental.do_not_convert
@@ -123,19 +182,21 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     buffer_lengths = tf.where(into_slot[:, None], example_lengths[None],
                               buffer_lengths)
     buffered = tf.logical_or(buffered, into_slot)
+    arrival = tf.where(into_slot, state['seen'], state['arrival'])
+    seen = state['seen'] + tf.cast(insert, tf.int64)
+    seen_lengths = state['seen_lengths'] + tf.cast(
+        example_lengths, tf.int64) * tf.cast(insert, tf.int64)
     count = tf.reduce_sum(tf.cast(buffered, tf.int32))
 
     # 2. Once the buffer is full (or flushing), one example moves into the
-    #    row: the largest that fits, else the row closes and the largest
-    #    starts the next.
+    #    row: the best-scored that fits, else the row closes and the
+    #    best-scored starts the next.
     move = tf.logical_or(tf.equal(count, b),
                          tf.logical_and(is_flush, count > 0))
     used = state['used']
     fits = tf.logical_and(
         buffered, tf.reduce_all(used[None] + buffer_lengths <= capacity,
                                 axis=1))
-    size = tf.reduce_sum(tf.cast(buffer_lengths, tf.float32)
-                         / tf.cast(capacity, tf.float32), axis=1)
     row_open = state['examples'] > 0
     close = tf.logical_and(row_open, tf.logical_or(
         tf.logical_and(move, tf.logical_not(tf.reduce_any(fits))),
@@ -156,7 +217,12 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
 
     # A closed row is empty again, and every buffered example fits it.
     fits = tf.logical_or(fits, tf.logical_and(close, buffered))
-    chosen = tf.argmax(tf.where(fits, size, -1.0), output_type=tf.int32)
+    score = _scores(buffer_lengths, buffered, capacity - used,
+                    _feature_weights(seen_lengths, seen, lengths), lengths)
+    best = tf.reduce_max(tf.where(fits, score, -np.inf))
+    tied = tf.logical_and(fits, tf.equal(score, best))
+    chosen = tf.argmin(tf.where(tied, arrival, np.iinfo(np.int64).max),
+                       output_type=tf.int32)
     chosen_lengths = buffer_lengths[chosen] * tf.cast(move, tf.int32)
     for i, (k, n) in enumerate(zip(keys, lengths)):
       index = tf.range(n)
@@ -177,6 +243,7 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
         'row': row, 'segment_ids': segment_ids, 'positions': positions,
         'used': used + chosen_lengths,
         'examples': examples + tf.cast(move, tf.int32),
+        'arrival': arrival, 'seen': seen, 'seen_lengths': seen_lengths,
     }
     return new_state, (close, emitted)
 

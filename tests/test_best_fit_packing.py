@@ -28,39 +28,61 @@ def _examples(rng, count, max_inputs, max_targets):
 def _reference_pack(examples, lengths, buffer_size):
   """The rule, written out in plain Python: a buffer of `buffer_size` slots
   (an example takes the first free one); once it is full (or the stream has
-  ended), each step moves the buffered example with the largest sum of
-  length / row length that fits the open row (ties: lowest slot), or closes
-  the row and opens the next with the largest. Returns each row as a list
+  ended), each step moves the buffered example that fits the open row and
+  leaves it the least room, alone or followed by one other buffered example
+  (room: the largest over features of w * free / row length, w the
+  feature's mean length so far / row length over the largest such, to the
+  sixth power; ties: the oldest), or closes the row and opens the next with
+  the example the rule picks for an empty row. Returns each row as a list
   of examples (trimmed)."""
-  trimmed = [{k: list(e[k][:n]) for k, n in lengths.items()}
-             for e in examples]
-  slots = [None] * buffer_size
+  names = sorted(lengths)
+  trimmed = [{k: list(e[k][:lengths[k]]) for k in names} for e in examples]
+  slots = [None] * buffer_size  # (arrival, example)
   rows, row = [], []
+  seen, seen_lengths = 0, {k: 0 for k in names}
 
-  def size(e):
-    return sum(len(e[k]) / n for k, n in lengths.items())
+  def weights():
+    demand = {k: seen_lengths[k] / lengths[k] / max(seen, 1) for k in names}
+    top = max(demand.values())
+    return {k: (demand[k] / top if top else 0.0) ** 6 for k in names}
 
-  def fits(e):
-    return all(sum(len(x[k]) for x in row) + len(e[k]) <= n
-               for k, n in lengths.items())
+  def room(left, w):
+    return max(left[k] * (w[k] / lengths[k]) for k in names)
 
   def move():
     nonlocal row
-    full = [i for i, e in enumerate(slots) if e is not None]
-    fitting = [i for i in full if fits(slots[i])]
+    full = [i for i, s in enumerate(slots) if s is not None]
+    free = {k: lengths[k] - sum(len(x[k]) for x in row) for k in names}
+    fitting = [i for i in full
+               if all(len(slots[i][1][k]) <= free[k] for k in names)]
     if not fitting:
       rows.append(row)
       row = []
+      free = dict(lengths)
       fitting = full
-    best = max(fitting, key=lambda i: (size(slots[i]), -i))
-    row.append(slots[best])
-    slots[best] = None
+    w = weights()
 
-  for e in trimmed:
-    slots[slots.index(None)] = e
+    def score(i):
+      alone = {k: free[k] - len(slots[i][1][k]) for k in names}
+      best = -room(alone, w)
+      for j in full:
+        then = {k: alone[k] - len(slots[j][1][k]) for k in names}
+        if j != i and min(then.values()) >= 0:
+          best = max(best, -room(then, w))
+      return best
+
+    chosen = max(fitting, key=lambda i: (score(i), -slots[i][0]))
+    row.append(slots[chosen][1])
+    slots[chosen] = None
+
+  for arrival, e in enumerate(trimmed):
+    slots[slots.index(None)] = (arrival, e)
+    seen += 1
+    for k in names:
+      seen_lengths[k] += len(e[k])
     if None not in slots:
       move()
-  while any(e is not None for e in slots):
+  while any(s is not None for s in slots):
     move()
   if row:
     rows.append(row)

@@ -426,8 +426,15 @@ def test_a_run_packed_by_seqio_does_not_resume_with_best_fit_rows():
                                   {'inputs': 64, 'targets': 8}, 8, True, 0)
   old = {'model': run_record.model_settings(config),
          'data': {k: v for k, v in data.items() if k != 'PACKER'}}
+  now = r"'best_fit\(buffer_size=16, choice=scarce_pairs\)'"
   with pytest.raises(checkpoint_manager.ResumeMismatchError,
-                     match=r"PACKER: 'seqio' -> 'best_fit\(buffer_size=16\)'"):
+                     match=r"PACKER: 'seqio' -> " + now):
+    run_record.check_resume(old, config, data, 'checkpoint_4', [])
+  # Nor does a run of the best-fit packer's first rule (largest first): its
+  # iterator state lacks the arrivals and the stream's demand.
+  old['data'] = {**data, 'PACKER': 'best_fit(buffer_size=16)'}
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match=r"PACKER: 'best_fit\(buffer_size=16\)' -> " + now):
     run_record.check_resume(old, config, data, 'checkpoint_4', [])
   # Unpacked, the packer does not matter.
   unpacked = run_record.data_settings('fixture_glue_proportional',

@@ -305,21 +305,26 @@ def test_converter_reserves_prompt_tuning_slots():
   rows = list(converter(_dataset(MIXTURE),
                         {'inputs': 12, 'targets': 7}).as_numpy_iterator())
   slot = feature_converter.PROMPT_SLOT_TOKEN
-  # Best fit (hand-packed): the largest example (6 inputs with its slots, 3
-  # targets) opens row 0; the third (4, 2) still fits beside it, the second
-  # (7, 2) does not and gets row 1.
+  # Best fit (hand-packed). With its slots, the examples are (6, 3), (7, 2)
+  # and (4, 2) positions of (12, 7); inputs are the scarce feature (mean
+  # 17 / 36 of a row against 7 / 21): weights 1 and (0.333 / 0.472)^6 =
+  # 0.124. On the empty row, the second then the third leaves (1, 3), room
+  # max(1 / 12, 0.124 * 3 / 7) = 0.083, and so does the third then the
+  # second; the first at best leaves (2, 2), 0.167. Ties go to the oldest:
+  # row 0 takes the second, then the third (the first no longer fits),
+  # and the first gets row 1.
   np.testing.assert_array_equal(
       rows[0]['encoder_input_tokens'],
-      [slot, slot, 7, 8, 5, 1, slot, slot, 6, 1, 0, 0])
+      [slot, slot, 8, 4, 9, 3, 1, slot, slot, 6, 1, 0])
   np.testing.assert_array_equal(rows[0]['encoder_positions'],
-                                [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 0, 0])
+                                [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 0])
   np.testing.assert_array_equal(rows[0]['encoder_task_ids'],
-                                [2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0])
+                                [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0])
   np.testing.assert_array_equal(
       rows[1]['encoder_input_tokens'],
-      [slot, slot, 8, 4, 9, 3, 1, 0, 0, 0, 0, 0])
+      [slot, slot, 7, 8, 5, 1, 0, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(rows[1]['encoder_task_ids'],
-                                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+                                [2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0])
   assert len(rows) == 2
 
 

@@ -144,9 +144,9 @@ def converted_batch(lengths: Sequence[tuple[int, int, int]], batch_size: int,
                     ) -> dict[str, np.ndarray]:
   """`batch_size` rows of these examples (random tokens, task ids modulo
   `num_tasks`) after the project's feature converter for `rows`. Packed,
-  the first `packing.BUFFER_SIZE` rows are skipped: the best-fit packer
-  opens each row with the largest buffered example, so its first rows take
-  the stream's largest examples and are not yet the rows of a run."""
+  the first `packing.BUFFER_SIZE` rows are skipped: the best-fit packer's
+  buffer starts as the stream's first examples, and only later holds what
+  a run's buffer holds (the examples that wait for a row's last places)."""
   rng = np.random.default_rng(seed)
 
   def examples():  # truncated to the row, as seqio's trim would
