@@ -240,7 +240,8 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
           cfg.num_tasks, batch_lib.RowFormat.of(cfg, False))
       info[(d, name, False)] = _row_means(unpacked, False)
       for pack, rows in ((False, unpacked), (True, packed)):
-        batches[(d, pack)] = {k: v[:batch_size] for k, v in rows.items()}
+        batches[(d, pack)] = {k: v[:batch_size].copy()  # not a view
+                              for k, v in rows.items()}
     for pack in (False, True):
       step = jax.jit(lambda s, b, r, m=model: trainer.train_step(
           m, optimizer, s, b, r, z_loss)).lower(
