@@ -76,8 +76,8 @@ def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
   """`[slots]` float64: minus the room the open row would have left (the
   largest over features of weight * free positions / row length) after the
   slot's example, or after it and the buffered example that then leaves
-  the least, whichever leaves less. Higher is better; `-inf` for a slot
-  whose example does not fit."""
+  the least, whichever leaves less. Higher is better; only the slots whose
+  example fits the row are compared (the caller's `fits`)."""
   scale = weights / tf.cast(lengths, tf.float64)
 
   def room(left):  # [..., features] int -> [...] float64
@@ -88,12 +88,11 @@ def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
   ok = tf.logical_and(
       tf.reduce_all(paired >= 0, axis=-1),
       tf.logical_and(buffered[None],
-                     tf.logical_not(tf.eye(tf.shape(buffered)[0],
+                     tf.logical_not(tf.eye(buffered.shape[0],
                                            dtype=tf.bool))))
-  score = tf.maximum(
+  return tf.maximum(
       -room(alone),
       tf.reduce_max(tf.where(ok, -room(paired), -np.inf), axis=1))
-  return tf.where(tf.reduce_all(alone >= 0, axis=-1), score, -np.inf)
 
 
 def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
