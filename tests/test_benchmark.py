@@ -135,7 +135,8 @@ def test_packing_rows():
   with pytest.raises(ValueError, match='stream_rows'):
     packing_benchmark.packing_benchmark(
         configs, 4, 128, 16, ['glue_super_glue'], 1, 1, stream_rows=2)
-  assert 'tasks per packed row' in packing_benchmark.format_packing(rows)
+  text = packing_benchmark.format_packing(rows)
+  assert 'tasks per packed row' in text and '1 rounds x 1 steps' in text
   # QQP and MNLI (756,548 of the 1,133,190 training examples: 0.668)
   # dominate the draw.
   tasks = [t for _, _, t in packing_benchmark.example_lengths(
@@ -143,3 +144,37 @@ def test_packing_rows():
   names = list(packing_benchmark.GLUE_SUPER_GLUE_LENGTHS)
   share = np.mean([names[t] in ('glue_qqp', 'glue_mnli') for t in tasks])
   assert 0.64 < share < 0.70, share
+
+
+def test_step_times_interleave_the_runners_and_time_every_call():
+  calls = []
+
+  def runner(name):
+    return lambda i: calls.append((name, i)) or jnp.zeros(())
+
+  times = timing.step_times({n: runner(n) for n in 'abc'}, rounds=3, steps=2)
+  assert {n: t.shape for n, t in times.items()} == {n: (3, 2) for n in 'abc'}
+  assert all((t > 0).all() for t in times.values())
+  # Each round starts at the next runner; each runner's steps are 0, 1.
+  order = [n for n, i in calls if i == 0]
+  assert order == list('abc' 'bca' 'cab')
+  assert [i for _, i in calls] == [0, 1] * 9
+
+
+def test_relative_ratio_divides_out_the_rounds_level_and_the_jitter():
+  # b costs 1.25x a. Round 1 runs the machine 2x slower (both runners),
+  # and one call of a in round 2 jitters 3x. By hand: the rounds' levels
+  # are sqrt(mean a * mean b) = sqrt(1.25), 2 sqrt(1.25), sqrt(2.5); a's
+  # six relative times are 1 / sqrt(1.25) four times, 1 / sqrt(2.5) and
+  # 3 / sqrt(2.5) (median 1 / sqrt(1.25)); b's sqrt(1.25) four times and
+  # 1.25 / sqrt(2.5) twice (median sqrt(1.25)): the ratio is 1.25.
+  a = np.array([[1.0, 1.0], [2.0, 2.0], [1.0, 3.0]])
+  b = np.array([[1.25, 1.25], [2.5, 2.5], [1.25, 1.25]])
+  times = {'a': a, 'b': b}
+  assert timing.relative_ratio(times, 'b', 'a') == pytest.approx(1.25)
+  assert timing.relative_ratio(times, 'a', 'b') == pytest.approx(0.8)
+  # The ratio of the raw medians mixes in the slow round: 1.25 / 1.5.
+  assert np.median(b) / np.median(a) == pytest.approx(1.25 / 1.5)
+  # A third runner changes the levels, not the ratio of these two.
+  times['c'] = np.array([[5.0, 5.0], [10.0, 10.0], [5.0, 5.0]])
+  assert timing.relative_ratio(times, 'b', 'a') == pytest.approx(1.25)

@@ -7,17 +7,18 @@
 For each model (MTL and every variant that packs) the built-in runner's
 training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
-process (`timing.round_times`). A step's work is its real target tokens
-(the loss's tokens); throughput is real target tokens per second at the
-median step time. A step's cost does not depend on what its rows hold
-(static shapes), so the timed batch is the first `batch` rows, and a row's
-real tokens, examples, fill and tasks are means over a long stretch of the
-stream (`STREAM_ROWS` packed rows, and as many unpacked rows as they hold
-examples), as a run sees them: 8 rows are too few (at 512 / 32 the 8
-unpacked rows' target tokens swing by +-10 % between draws). Ratios are
-medians over rounds of the two steps' ratio in the same round: a packed
-step against MTL's, and the speedup (packed real tokens per second over
-unpacked).
+process, every step on its own (`timing.step_times`). A step's work is its
+real target tokens (the loss's tokens); throughput is real target tokens
+per second at the median step time. A step's cost does not depend on what
+its rows hold (static shapes), so the timed batch is the first `batch`
+rows, and a row's real tokens, examples, fill and tasks are means over a
+long stretch of the stream (`STREAM_ROWS` packed rows, and as many
+unpacked rows as they hold examples), as a run sees them: 8 rows are too
+few (at 512 / 32 the 8 unpacked rows' target tokens swing by +-10 %
+between draws). The ratios (a packed step against MTL's, and the
+speedup: packed real tokens per second over unpacked) are
+`timing.relative_ratio`s: each step's time relative to its round's, the
+median over all steps of a model.
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
@@ -43,7 +44,6 @@ example's task id is its task's index modulo the model's `num_tasks` (the
 variant's paper setup has T = 8: only the id range matters to the cost).
 """
 
-import statistics
 from typing import Iterator, Sequence
 
 import gin
@@ -253,14 +253,15 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
         runners[(d, name, pack)] = (
             lambda i, step=step, s=state, b=batch:
             step(s, b, jax.random.PRNGKey(i))[1]['loss'])
-  times = timing.round_times(runners, rounds, steps)
-  seconds = {key: statistics.median(t) for key, t in times.items()}
+  times = timing.step_times(runners, rounds, steps)
+  seconds = {key: float(np.median(t)) for key, t in times.items()}
   tables = {}
   for d in distributions:
     rows = []
     for name in configs:
       row = {'model': name, 'num_tasks': configs[name].num_tasks,
-             'batch_size': batch_size, 'stream_rows': stream_rows}
+             'batch_size': batch_size, 'stream_rows': stream_rows,
+             'rounds': rounds, 'steps': steps}
       for pack, label in ((False, 'unpacked'), (True, 'packed')):
         key = (d, name, pack)
         row[f'{label}_seconds'] = seconds[key]
@@ -268,16 +269,15 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
         row[f'{label}_efficiency'] = info[key]['efficiency']
         row[f'{label}_tokens_per_second'] = (
             info[key]['target_tokens'] * batch_size / seconds[key])
-      # Real tokens a row packed over unpacked, times the median over
-      # rounds of the unpacked step's time over the packed one's in the
-      # same round (`timing.median_ratio`), as for the step ratio below.
+      # Real tokens a row packed over unpacked, times the unpacked step's
+      # time over the packed one's (`timing.relative_ratio`, as the step
+      # ratio below).
       row['speedup'] = (
           info[(d, name, True)]['target_tokens']
           / info[(d, name, False)]['target_tokens']
-          * timing.median_ratio(times[(d, name, False)],
-                                times[(d, name, True)]))
-      row['packed_step_to_mtl'] = timing.median_ratio(
-          times[(d, name, True)], times[(d, 'mtl', True)])
+          * timing.relative_ratio(times, (d, name, False), (d, name, True)))
+      row['packed_step_to_mtl'] = timing.relative_ratio(
+          times, (d, name, True), (d, 'mtl', True))
       rows.append(row)
     rows[0]['tasks_per_row'] = info[(d, 'mtl', True)]['tasks_per_row']
     tables[d] = rows
@@ -300,5 +300,6 @@ def format_packing(rows: list[dict]) -> str:
       f'{100 * mtl["unpacked_efficiency"]:.0f}%, packed '
       f'{100 * mtl["packed_efficiency"]:.0f}%; tasks per packed row: mean '
       f'{per_row.mean():.1f}, max {per_row.max()} (of T = '
-      f'{mtl["num_tasks"]})')
+      f'{mtl["num_tasks"]}); timed: {mtl["rounds"]} rounds x '
+      f'{mtl["steps"]} steps')
   return '\n'.join(lines)

@@ -80,11 +80,45 @@ def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
           for name, t in round_times(runners, rounds, steps).items()}
 
 
-def median_ratio(numerator: list[float], denominator: list[float]) -> float:
-  """The median over rounds of one runner's time over another's in the
-  same round: a machine that slows down for a while slows both, where a
-  ratio of medians takes each from other rounds."""
-  return statistics.median(a / b for a, b in zip(numerator, denominator))
+def step_times(runners: dict[str, Callable[[int], jax.Array]],
+               rounds: int, steps: int) -> dict[str, np.ndarray]:
+  """Seconds of every call of each runner (`i -> output`), `[rounds,
+  steps]`: the interleaved rounds of `round_times`, each call waited for
+  and timed on its own."""
+  names = list(runners)
+  times = {name: np.zeros((rounds, steps)) for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      for i in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(runners[name](i))
+        times[name][r, i] = time.perf_counter() - start
+  return times
+
+
+def relative_ratio(times: dict[str, np.ndarray], numerator: str,
+                   denominator: str) -> float:
+  """One runner's time over another's, from `step_times`: each call's
+  seconds over its round's level (the geometric mean over all runners of
+  their mean call in that round), pooled over every call of a runner, and
+  the ratio of the two medians.
+
+  Why this estimator: on a shared CPU the calls' times jitter call by call
+  (up to 10 % between two calls of one program, one after the other), and
+  the machine also slows for minutes at a time. Dividing by the round's level
+  takes out the slow part, which every runner of a round shares; the median
+  over all `rounds * steps` calls takes out the jitter. The median over
+  rounds of the same-round ratio of two runners (the estimator before) left
+  the jitter of one pair of calls in each ratio: over two halves of one run
+  (MTL and HyperFormer++, 5 rounds x 3 steps each) it put the halves 5-7 %
+  apart, this one 1-2 % (docs/performance.md, Packing)."""
+  names = list(times)
+  level = np.exp(np.mean([np.log(times[n].mean(axis=1)) for n in names],
+                         axis=0))  # [rounds]
+
+  def median(name):
+    return float(np.median(times[name] / level[:, None]))
+  return median(numerator) / median(denominator)
 
 
 def peak_bytes(compiled) -> int:
