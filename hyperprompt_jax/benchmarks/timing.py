@@ -104,7 +104,7 @@ def relative_ratio(times: dict[str, np.ndarray], numerator: str,
   the ratio of the two medians.
 
   Why this estimator: on a shared CPU the calls' times jitter call by call
-  (up to 10 % between two calls of one program, one after the other), and
+  (up to 12 % between two calls of one program, one after the other), and
   the machine also slows for minutes at a time. Dividing by the round's level
   takes out the slow part, which every runner of a round shares; the median
   over all `rounds * steps` calls takes out the jitter. The median over
