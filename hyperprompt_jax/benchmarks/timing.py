@@ -55,16 +55,21 @@ def fresh_state(model: network.Transformer, optimizer, input_length: int,
           'opt_state': optimizer.init(params)}
 
 
+def _round_order(names: list[str], r: int) -> list[str]:
+  """The runners of round `r`: each round starts at another one, so no
+  runner always runs first (right after a switch of programs, or after
+  the previous round)."""
+  return names[r % len(names):] + names[:r % len(names)]
+
+
 def round_times(runners: dict[str, Callable[[int], jax.Array]],
                 rounds: int, steps: int) -> dict[str, list[float]]:
   """Seconds per call of each runner (`i -> output`), one figure per
-  round, in interleaved rounds: each round starts at another model, so no
-  model always runs first (right after a switch of programs, or after the
-  previous round)."""
+  round, in interleaved rounds (`_round_order`)."""
   names = list(runners)
   times = {name: [] for name in names}
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in _round_order(names, r):
       start = time.perf_counter()
       for i in range(steps):
         out = runners[name](i)
@@ -88,7 +93,7 @@ def step_times(runners: dict[str, Callable[[int], jax.Array]],
   names = list(runners)
   times = {name: np.zeros((rounds, steps)) for name in names}
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in _round_order(names, r):
       for i in range(steps):
         start = time.perf_counter()
         jax.block_until_ready(runners[name](i))
