@@ -124,6 +124,9 @@ def test_packing_rows():
   assert mtl['packed_examples_per_row'] > mtl['unpacked_examples_per_row'] == 1
   assert mtl['packed_efficiency'] > mtl['unpacked_efficiency']
   assert mtl['packed_step_to_mtl'] == 1.0
+  assert mtl['packed_step_to_mtl_interval'] == (1.0, 1.0)
+  low, high = mtl['speedup_interval']
+  assert low <= mtl['speedup'] <= high
   # Unpacked rows hold the stream's first examples, one each (targets
   # trimmed to 16): their fill, from the drawn lengths.
   held = round(40 * mtl['packed_examples_per_row'])
@@ -178,3 +181,37 @@ def test_relative_ratio_divides_out_the_rounds_level_and_the_jitter():
   # A third runner changes the levels, not the ratio of these two.
   times['c'] = np.array([[5.0, 5.0], [10.0, 10.0], [5.0, 5.0]])
   assert timing.relative_ratio(times, 'b', 'a') == pytest.approx(1.25)
+
+
+def test_relative_ratio_interval_holds_the_true_ratio():
+  """Simulated runs of 4 runners, b 1.05x a: 6 rounds x 2 steps, each call
+  jittered by 4 % (log-normal) and each round's machine by 5 %. The
+  95 % bootstrap interval holds 1.05 in most runs (a bootstrap over 6
+  rounds is narrow: ~90 % here), and narrows with more rounds."""
+  rng = np.random.default_rng(1)
+  costs = {'a': 1.0, 'b': 1.05, 'c': 0.98, 'd': 1.1}
+
+  def run(rounds):
+    drift = np.exp(rng.normal(0, 0.05, (rounds, 1)))
+    return {n: c * drift * np.exp(rng.normal(0, 0.04, (rounds, 2)))
+            for n, c in costs.items()}
+
+  held, widths = 0, {6: [], 24: []}
+  for sim in range(100):
+    for rounds in (6, 24):
+      times = run(rounds)
+      low, high = timing.relative_ratio_interval(times, 'b', 'a', draws=200)
+      assert low <= timing.relative_ratio(times, 'b', 'a') <= high
+      widths[rounds].append(high - low)
+      held += rounds == 6 and low <= 1.05 <= high
+  assert held >= 80, held
+  # 4x the rounds: narrower (not quite half, as 6 rounds' is too narrow).
+  assert 0.4 < np.mean(widths[24]) / np.mean(widths[6]) < 0.75
+  # Without jitter or drift every resample gives the true ratio.
+  exact = {n: np.full((6, 2), c) for n, c in costs.items()}
+  assert timing.relative_ratio_interval(exact, 'b', 'a') == (
+      pytest.approx(1.05), pytest.approx(1.05))
+  # Seeded: the same times, the same interval.
+  times = run(6)
+  assert (timing.relative_ratio_interval(times, 'd', 'a')
+          == timing.relative_ratio_interval(times, 'd', 'a'))

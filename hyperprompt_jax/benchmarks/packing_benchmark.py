@@ -18,7 +18,9 @@ few (at 512 / 32 the 8 unpacked rows' target tokens swing by +-10 %
 between draws). The ratios (a packed step against MTL's, and the
 speedup: packed real tokens per second over unpacked) are
 `timing.relative_ratio`s: each step's time relative to its round's, the
-median over all steps of a model.
+median over all steps of a model; each is printed with its bootstrap
+interval over the rounds (`timing.relative_ratio_interval`), which says
+how far another run may put it.
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
@@ -272,12 +274,20 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
       # Real tokens a row packed over unpacked, times the unpacked step's
       # time over the packed one's (`timing.relative_ratio`, as the step
       # ratio below).
-      row['speedup'] = (
-          info[(d, name, True)]['target_tokens']
-          / info[(d, name, False)]['target_tokens']
-          * timing.relative_ratio(times, (d, name, False), (d, name, True)))
-      row['packed_step_to_mtl'] = timing.relative_ratio(
-          times, (d, name, True), (d, 'mtl', True))
+      # Each with its bootstrap interval over the rounds
+      # (`timing.relative_ratio_interval`): how far another run may put it.
+      tokens = (info[(d, name, True)]['target_tokens']
+                / info[(d, name, False)]['target_tokens'])
+      unpacked_to_packed = ((d, name, False), (d, name, True))
+      row['speedup'] = tokens * timing.relative_ratio(
+          times, *unpacked_to_packed)
+      row['speedup_interval'] = tuple(
+          tokens * r for r in timing.relative_ratio_interval(
+              times, *unpacked_to_packed))
+      packed_to_mtl = ((d, name, True), (d, 'mtl', True))
+      row['packed_step_to_mtl'] = timing.relative_ratio(times, *packed_to_mtl)
+      row['packed_step_to_mtl_interval'] = timing.relative_ratio_interval(
+          times, *packed_to_mtl)
       rows.append(row)
     rows[0]['tasks_per_row'] = info[(d, 'mtl', True)]['tasks_per_row']
     tables[d] = rows
@@ -285,12 +295,18 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
 
 
 def format_packing(rows: list[dict]) -> str:
+  def interval(low_high, digits):
+    return f'({low_high[0]:.{digits}f}-{low_high[1]:.{digits}f})'
+
   lines = [f'{"model":<15}{"unpacked tok/s":>15}{"packed tok/s":>14}'
-           f'{"speedup":>9}{"packed step / MTL packed":>26}']
+           f'{"speedup (95%)":>23}{"packed step / MTL packed (95%)":>33}']
   for r in rows:
-    lines.append(f'{r["model"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
-                 f'{r["packed_tokens_per_second"]:>14.1f}'
-                 f'{r["speedup"]:>8.2f}x{r["packed_step_to_mtl"]:>25.3f}x')
+    lines.append(
+        f'{r["model"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
+        f'{r["packed_tokens_per_second"]:>14.1f}'
+        f'{r["speedup"]:>9.2f}x {interval(r["speedup_interval"], 2):>12}'
+        f'{r["packed_step_to_mtl"]:>16.3f}x '
+        f'{interval(r["packed_step_to_mtl_interval"], 3):>15}')
   mtl = rows[0]
   per_row = mtl['tasks_per_row']
   lines.append(
@@ -301,5 +317,5 @@ def format_packing(rows: list[dict]) -> str:
       f'{100 * mtl["packed_efficiency"]:.0f}%; tasks per packed row: mean '
       f'{per_row.mean():.1f}, max {per_row.max()} (of T = '
       f'{mtl["num_tasks"]}); timed: {mtl["rounds"]} rounds x '
-      f'{mtl["steps"]} steps')
+      f'{mtl["steps"]} steps (95%: bootstrap intervals over the rounds)')
   return '\n'.join(lines)
