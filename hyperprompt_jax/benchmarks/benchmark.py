@@ -107,11 +107,11 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
                                  target_length)
       runners[name], peaks[name] = timing.step_runner(model, optimizer,
                                                       state, batch)
-    seconds = timing.timed_side_by_side(runners, rounds, steps)
+    timed = timing.timed_side_by_side(runners, rounds, steps, 'mtl')
     for name in configs:
       rows.append({'batch_size': batch_size, 'model': name,
-                   'seconds_per_step': seconds[name],
-                   'ratio_to_mtl': seconds[name] / seconds['mtl'],
+                   'seconds_per_step': timed[name][0],
+                   'ratio_to_mtl': timed[name][1],
                    'peak_bytes': peaks[name],
                    'peak_ratio_to_mtl': peaks[name] / peaks['mtl']})
     del runners
@@ -154,11 +154,11 @@ def metabalance_benchmark(base: network.T5Config, batch_size: int,
             plan.num_auxiliary)
       runners[mode], peaks[mode] = timing.step_runner(model, optimizer,
                                                       state, batch, plan)
-    seconds = timing.timed_side_by_side(runners, rounds, steps)
+    timed = timing.timed_side_by_side(runners, rounds, steps, 'plain')
     for mode in runners:
       rows.append({'num_tasks': num_tasks, 'gradient': mode,
-                   'seconds_per_step': seconds[mode],
-                   'ratio_to_plain': seconds[mode] / seconds['plain'],
+                   'seconds_per_step': timed[mode][0],
+                   'ratio_to_plain': timed[mode][1],
                    'peak_bytes': peaks[mode],
                    'peak_ratio_to_plain': peaks[mode] / peaks['plain']})
     del runners
@@ -191,11 +191,11 @@ def remat_microbatches_benchmark(base: network.T5Config, batch_size: int,
           model, optimizer, state, batch, num_microbatches=parts,
           temp_bytes=temp)
       temps[key] = temp[0]
-  seconds = timing.timed_side_by_side(runners, rounds, steps)
   plain = (1, 'none')
+  timed = timing.timed_side_by_side(runners, rounds, steps, plain)
   return [{'num_microbatches': parts, 'remat_policy': policy,
-           'seconds_per_step': seconds[(parts, policy)],
-           'ratio': seconds[(parts, policy)] / seconds[plain],
+           'seconds_per_step': timed[(parts, policy)][0],
+           'ratio': timed[(parts, policy)][1],
            'peak_bytes': peaks[(parts, policy)],
            'peak_ratio': peaks[(parts, policy)] / peaks[plain],
            'temp_bytes': temps[(parts, policy)],
@@ -240,9 +240,9 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
     jax.block_until_ready(step(params, cache, encoded))  # warm up
     runners[name] = (lambda i, step=step, p=params, c=cache, e=encoded:
                      step(p, c, e)[0])
-  seconds = timing.timed_side_by_side(runners, rounds, steps)
-  return [{'model': name, 'seconds_per_step': s,
-           'ratio_to_mtl': s / seconds['mtl']} for name, s in seconds.items()]
+  timed = timing.timed_side_by_side(runners, rounds, steps, 'mtl')
+  return [{'model': name, 'seconds_per_step': seconds, 'ratio_to_mtl': ratio}
+          for name, (seconds, ratio) in timed.items()]
 
 
 def gated_matmul_routes(batch: int, lengths: Sequence[int], d_model: int,

@@ -304,9 +304,9 @@ def format_packing(rows: list[dict]) -> str:
     lines.append(
         f'{r["model"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
         f'{r["packed_tokens_per_second"]:>14.1f}'
-        f'{r["speedup"]:>9.2f}x {interval(r["speedup_interval"], 2):>12}'
+        f'{r["speedup"]:>9.2f}x {interval(r["speedup_interval"], 2):>13}'
         f'{r["packed_step_to_mtl"]:>16.3f}x '
-        f'{interval(r["packed_step_to_mtl_interval"], 3):>15}')
+        f'{interval(r["packed_step_to_mtl_interval"], 3):>16}')
   mtl = rows[0]
   per_row = mtl['tasks_per_row']
   lines.append(

@@ -1,11 +1,11 @@
 """What every benchmark measures with: random batches, the runners'
 initialisation, the built-in runner's training step compiled and warmed up,
-XLA's peak-memory estimate, and median timings of several programs run side
-by side in one process (ratios, never absolute targets)."""
+XLA's peak-memory estimate, and several programs timed side by side in one
+process, every call on its own, their ratios relative to each round's level
+(`relative_ratio`; ratios, never absolute targets)."""
 
 import functools
 import math
-import statistics
 import time
 from typing import Callable, Optional
 
@@ -62,33 +62,10 @@ def _round_order(names: list[str], r: int) -> list[str]:
   return names[r % len(names):] + names[:r % len(names)]
 
 
-def round_times(runners: dict[str, Callable[[int], jax.Array]],
-                rounds: int, steps: int) -> dict[str, list[float]]:
-  """Seconds per call of each runner (`i -> output`), one figure per
-  round, in interleaved rounds (`_round_order`)."""
-  names = list(runners)
-  times = {name: [] for name in names}
-  for r in range(rounds):
-    for name in _round_order(names, r):
-      start = time.perf_counter()
-      for i in range(steps):
-        out = runners[name](i)
-      jax.block_until_ready(out)
-      times[name].append((time.perf_counter() - start) / steps)
-  return times
-
-
-def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
-                        rounds: int, steps: int) -> dict[str, float]:
-  """Median seconds per call of each runner over `round_times`' rounds."""
-  return {name: statistics.median(t)
-          for name, t in round_times(runners, rounds, steps).items()}
-
-
 def step_times(runners: dict[str, Callable[[int], jax.Array]],
                rounds: int, steps: int) -> dict[str, np.ndarray]:
   """Seconds of every call of each runner (`i -> output`), `[rounds,
-  steps]`: the interleaved rounds of `round_times`, each call waited for
+  steps]`, in interleaved rounds (`_round_order`), each call waited for
   and timed on its own."""
   names = list(runners)
   times = {name: np.zeros((rounds, steps)) for name in names}
@@ -151,6 +128,17 @@ def relative_ratio_interval(times: dict[str, np.ndarray], numerator: str,
   tail = (1 - coverage) / 2
   low, high = np.quantile(ratios, [tail, 1 - tail])
   return float(low), float(high)
+
+
+def timed_side_by_side(runners: dict[str, Callable[[int], jax.Array]],
+                       rounds: int, steps: int, baseline: str
+                       ) -> dict[str, tuple[float, float]]:
+  """Each runner's median seconds per call and its time over
+  `baseline`'s (`relative_ratio`), from `step_times`' interleaved
+  rounds."""
+  times = step_times(runners, rounds, steps)
+  return {name: (float(np.median(t)), relative_ratio(times, name, baseline))
+          for name, t in times.items()}
 
 
 def peak_bytes(compiled) -> int:
