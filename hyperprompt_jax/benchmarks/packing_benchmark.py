@@ -19,8 +19,8 @@ between draws). The ratios (a packed step against MTL's, and the
 speedup: packed real tokens per second over unpacked) are
 `timing.relative_ratio`s: each step's time relative to its round's, the
 median over all steps of a model; each is printed with its bootstrap
-interval over the rounds (`timing.relative_ratio_interval`), which says
-how far another run may put it.
+interval over the rounds (`timing.relative_ratio_interval`): the spread
+within the run (another run on a shared machine may fall further).
 
 Both batches come out of the project's own feature converter
 (`TaskIdsEncDecFeatureConverter`, the best-fit packer of
@@ -275,7 +275,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
       # time over the packed one's (`timing.relative_ratio`, as the step
       # ratio below).
       # Each with its bootstrap interval over the rounds
-      # (`timing.relative_ratio_interval`): how far another run may put it.
+      # (`timing.relative_ratio_interval`): the spread within this run.
       tokens = (info[(d, name, True)]['target_tokens']
                 / info[(d, name, False)]['target_tokens'])
       unpacked_to_packed = ((d, name, False), (d, name, True))

@@ -114,10 +114,12 @@ def relative_ratio_interval(times: dict[str, np.ndarray], numerator: str,
   because calls of one round share the machine's state of those minutes.
   Seeded: the same times give the same interval.
 
-  It says how far a second run's ratio may fall: with few rounds the
-  bootstrap is narrow (in simulation, 6 rounds x 2 steps of 4 % jitter and
-  5 % drift between rounds, the 95 % interval held the true ratio in 89 %
-  of runs; `tests/test_benchmark.py`)."""
+  It is the spread within one run, and with few rounds it is narrow (in
+  simulation, 6 rounds x 2 steps of 4 % jitter and 5 % drift between
+  rounds, the 95 % interval held the true ratio in about 90 % of runs;
+  `tests/test_benchmark.py`). Runs on a shared machine differ by more: of
+  two runs of 12 rounds x 2 steps, the first's intervals missed two of the
+  second's three step ratios (docs/performance.md, Packing)."""
   rounds = next(iter(times.values())).shape[0]
   rng = np.random.default_rng(seed)
   ratios = []
