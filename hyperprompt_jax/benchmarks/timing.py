@@ -94,13 +94,19 @@ def relative_ratio(times: dict[str, np.ndarray], numerator: str,
   the jitter of one pair of calls in each ratio: over two halves of one run
   (MTL and HyperFormer++, 5 rounds x 3 steps each) it put the halves 5-7 %
   apart, this one 1-2 % (docs/performance.md, Packing)."""
-  names = list(times)
-  level = np.exp(np.mean([np.log(times[n].mean(axis=1)) for n in names],
-                         axis=0))  # [rounds]
+  relative = _relative_to_round(times)
+  return (float(np.median(relative[numerator]))
+          / float(np.median(relative[denominator])))
 
-  def median(name):
-    return float(np.median(times[name] / level[:, None]))
-  return median(numerator) / median(denominator)
+
+def _relative_to_round(times: dict[str, np.ndarray]
+                       ) -> dict[str, np.ndarray]:
+  """Each call's seconds (`step_times`, `[rounds, steps]`) over its round's
+  level: the geometric mean over all runners of their mean call that
+  round. A round's level depends on that round's calls only."""
+  level = np.exp(np.mean([np.log(t.mean(axis=1)) for t in times.values()],
+                         axis=0))  # [rounds]
+  return {name: t / level[:, None] for name, t in times.items()}
 
 
 def relative_ratio_interval(times: dict[str, np.ndarray], numerator: str,
@@ -110,8 +116,9 @@ def relative_ratio_interval(times: dict[str, np.ndarray], numerator: str,
   """A bootstrap interval of `relative_ratio` over the rounds: the
   `coverage` central quantiles of the ratio over `draws` resamples of the
   rounds (with replacement; a resampled round keeps all its runners'
-  calls, so each still has its level). Rounds, not calls, are resampled
-  because calls of one round share the machine's state of those minutes.
+  calls, so each keeps its level, computed once). Rounds, not calls, are
+  resampled because calls of one round share the machine's state of those
+  minutes.
   Seeded: the same times give the same interval.
 
   It is the spread within one run, and with few rounds it is narrow (in
@@ -120,13 +127,14 @@ def relative_ratio_interval(times: dict[str, np.ndarray], numerator: str,
   `tests/test_benchmark.py`). Runs on a shared machine differ by more: of
   two runs of 12 rounds x 2 steps, the first's intervals missed two of the
   second's three step ratios (docs/performance.md, Packing)."""
-  rounds = next(iter(times.values())).shape[0]
+  relative = _relative_to_round(times)
+  top, bottom = relative[numerator], relative[denominator]
+  rounds = top.shape[0]
   rng = np.random.default_rng(seed)
   ratios = []
   for _ in range(draws):
     pick = rng.integers(0, rounds, rounds)
-    ratios.append(relative_ratio({n: t[pick] for n, t in times.items()},
-                                 numerator, denominator))
+    ratios.append(np.median(top[pick]) / np.median(bottom[pick]))
   tail = (1 - coverage) / 2
   low, high = np.quantile(ratios, [tail, 1 - tail])
   return float(low), float(high)
