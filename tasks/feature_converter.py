@@ -59,6 +59,8 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
       for every other model).
     pack_buffer_size: with `pack`, examples the best-fit packer chooses
       from (`packing.best_fit_pack`).
+    max_examples_per_row: with `pack`, the most examples a row holds (None:
+      as many as fit); HyperGrid's MAX_SEGMENTS.
     use_custom_packing_ops, apply_length_check, bos_id, passthrough_features:
       as seqio's (no pass-through features when packing, as in seqio;
       `use_custom_packing_ops` is ignored: seqio's packer is not used).
@@ -74,12 +76,14 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
           Mapping[str, seqio.FeatureConverter.FeatureSpec]] = None,
       input_prompt_length: int = 0,
       pack_buffer_size: int = packing.BUFFER_SIZE,
+      max_examples_per_row: Optional[int] = None,
   ):
     if input_prompt_length < 0:
       raise ValueError('input_prompt_length must be >= 0, got '
                        f'{input_prompt_length}.')
     self._input_prompt_length = input_prompt_length if pack else 0
     self._pack_buffer_size = pack_buffer_size
+    self._max_examples_per_row = max_examples_per_row
     if pack:
       if passthrough_features:
         raise ValueError(
@@ -153,7 +157,8 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
                    packed_lengths: Mapping[str, int]) -> tf.data.Dataset:
     if not self.pack:
       return super()._pack_or_pad(ds, packed_lengths)
-    return packing.best_fit_pack(ds, packed_lengths, self._pack_buffer_size)
+    return packing.best_fit_pack(ds, packed_lengths, self._pack_buffer_size,
+                                 self._max_examples_per_row)
 
   def _convert_example(self, features: Mapping[str, tf.Tensor]
                        ) -> Mapping[str, tf.Tensor]:

@@ -39,7 +39,7 @@ seqio offers no packer to plug in, and no tf.data transform packs
 best-fit; this module is the one piece of packing the project writes.
 """
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -53,6 +53,13 @@ SCARCITY_POWER = 6
 # The packer as run records name it (a run resumes only with the packer
 # whose state its iterator checkpoint holds).
 NAME = f'best_fit(buffer_size={BUFFER_SIZE}, choice=scarce_pairs)'
+
+
+def name(max_examples: Optional[int] = None) -> str:
+  """The packer's record name, with its bound on examples per row."""
+  if max_examples is None:
+    return NAME
+  return f'{NAME[:-1]}, max_examples={max_examples})'
 
 
 def _feature_weights(seen_lengths: tf.Tensor, seen: tf.Tensor,
@@ -96,7 +103,8 @@ def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
 
 
 def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
-                  buffer_size: int = BUFFER_SIZE) -> tf.data.Dataset:
+                  buffer_size: int = BUFFER_SIZE,
+                  max_examples: Optional[int] = None) -> tf.data.Dataset:
   """Packs `dataset`'s examples into rows of `feature_lengths`.
 
   Args:
@@ -106,6 +114,9 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     feature_lengths: feature -> its row length; longer examples are trimmed.
     buffer_size: examples the packer chooses from (>= 1; 1 packs in stream
       order, like seqio's).
+    max_examples: at most this many examples a row (the row closes at it;
+      models that gate each example by its own weights need a bound, e.g.
+      HyperGrid's MAX_SEGMENTS); None: as many as fit.
 
   Returns:
     Packed rows: `k`, `k_segment_ids`, `k_positions` (int32 for the ids and
@@ -115,6 +126,11 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
   if (isinstance(buffer_size, bool) or not isinstance(buffer_size, int)
       or buffer_size < 1):
     raise ValueError(f'buffer_size must be an int >= 1, got {buffer_size!r}.')
+  if max_examples is not None and (
+      isinstance(max_examples, bool) or not isinstance(max_examples, int)
+      or max_examples < 1):
+    raise ValueError(
+        f'max_examples must be None or an int >= 1, got {max_examples!r}.')
   spec = dataset.element_spec
   keys = sorted(feature_lengths)
   for k in keys:
@@ -196,6 +212,8 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     fits = tf.logical_and(
         buffered, tf.reduce_all(used[None] + buffer_lengths <= capacity,
                                 axis=1))
+    if max_examples is not None:  # a full row takes no more examples
+      fits = tf.logical_and(fits, state['examples'] < max_examples)
     row_open = state['examples'] > 0
     close = tf.logical_and(row_open, tf.logical_or(
         tf.logical_and(move, tf.logical_not(tf.reduce_any(fits))),

@@ -226,6 +226,8 @@ def test_decode_steps_read_the_decoder_gates_from_the_cache(hg, leaf, shape):
     (dict(target='wq'), 'HYPERGRID_TARGET'),
     (dict(variant='output_gating', output_gating_values=5),
      'output_gating_values=5'),
+    (dict(max_segments=0), 'MAX_SEGMENTS=0'),
+    (dict(packed_form='sorted'), 'packed_form'),
 ])
 def test_bad_configuration_raises(hg, message):
   with pytest.raises(ValueError, match=message):
@@ -237,7 +239,7 @@ def test_bad_inputs_raise():
   enc, dec_in, tgt, ids = _batch()
   with pytest.raises(ValueError, match='HyperGrid needs task_ids'):
     model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False)
-  with pytest.raises(ValueError, match='pack = False'):
+  with pytest.raises(ValueError, match='per-token task ids'):
     model.apply({'params': params}, enc, dec_in, tgt, enable_dropout=False,
                 task_ids=ids, encoder_segment_ids=np.ones_like(enc),
                 decoder_segment_ids=np.ones_like(tgt))

@@ -43,6 +43,11 @@ def _hyperprompt(variant, placement='both', **kwargs):
       task_hidden_dim=7, layer_task_embed_dim=6, **kwargs))
 
 
+def _hypergrid(variant, **kwargs):
+  kwargs = dict(dict(grid_rows=2, grid_cols=16, max_segments=3), **kwargs)
+  return dict(hypergrid=hypergrid.HyperGridConfig(variant=variant, **kwargs))
+
+
 PACKING_VARIANTS = {
     'mtl': {},
     # Each variant once, each placement once (and the cross-attention
@@ -56,6 +61,20 @@ PACKING_VARIANTS = {
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
     'hyperformer': dict(hyperformer=hyperformer.HyperFormerConfig(
         reduction=8, task_embed_dim=5, task_hidden_dim=7, projected_dim=6)),
+    # HyperGrid: every variant, target, conditioning and placement once, both
+    # packed forms, both sides of the token blocks (grid 2 x 16: `wo`'s
+    # input copies, `wi`'s partial sums), and a bound (3) that row 1 (two
+    # examples) does not fill.
+    'hypergrid_lg': _hypergrid('lg', target='both'),
+    'hypergrid_lg_grouped': _hypergrid('lg', target='both',
+                                       packed_form='grouped'),
+    'hypergrid_l2_wi_first_token': _hypergrid(
+        'l2', target='wi', conditioning='first_token', grid_rows=4,
+        grid_cols=8, packed_form='grouped'),
+    'hypergrid_gl_decoder': _hypergrid('gl', placement='decoder'),
+    'hypergrid_l_encoder': _hypergrid('l', placement='encoder'),
+    'output_gating_first_token': _hypergrid(
+        'output_gating', conditioning='first_token', output_gating_values=16),
 }
 
 
@@ -221,18 +240,34 @@ def test_other_segments_do_not_reach_a_segment(variant_outputs):
 # -- refusals and bad input -----------------------------------------------
 
 
-@pytest.mark.parametrize('variant', ['lg', 'l', 'output_gating'])
-def test_gating_refuses_packed_rows(variant):
+def _gated_init(batch, **kwargs):
   cfg = dataclasses.replace(
       T5X_TINY_CONFIG, num_tasks=TASKS, hypergrid=hypergrid.HyperGridConfig(
-          variant=variant, grid_rows=4, grid_cols=8))
-  batch, _ = _packed(_examples(0), ROWS, 22, 10)
+          grid_rows=4, grid_cols=8, **kwargs))
   model = network.Transformer(cfg)
-  with pytest.raises(ValueError, match='PACK = False'):
-    jax.eval_shape(lambda: model.init(
-        jax.random.PRNGKey(0), batch['encoder_input_tokens'],
-        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-        enable_dropout=False, **trainer.model_inputs(batch)))
+  return lambda: model.init(
+      jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+      enable_dropout=False, **trainer.model_inputs(batch))
+
+
+def test_gating_refuses_rows_over_max_segments():
+  batch, _ = _packed(_examples(0), ROWS, 22, 10)  # row 0 holds 3 examples
+  with pytest.raises(ValueError, match='over MAX_SEGMENTS=2'):
+    jax.eval_shape(_gated_init(batch, max_segments=2))
+  jax.eval_shape(_gated_init(batch, max_segments=3))
+  # Traced ids: the compiled program refuses them.
+  with pytest.raises(Exception, match='over MAX_SEGMENTS=2'):
+    jax.jit(lambda b: _gated_init(b, max_segments=2, variant='l')())(batch)
+
+
+def test_gating_refuses_segments_out_of_order():
+  batch, _ = _packed(_examples(0), ROWS, 22, 10)
+  for stack in ('encoder', 'decoder'):
+    for k in ('segment_ids', 'task_ids'):
+      batch[f'{stack}_{k}'][0] = batch[f'{stack}_{k}'][0][::-1].copy()
+  with pytest.raises(ValueError, match='contiguous, in order'):
+    jax.eval_shape(_gated_init(batch, max_segments=3))
 
 
 def test_packed_rows_need_per_token_task_ids():

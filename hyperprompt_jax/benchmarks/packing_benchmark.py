@@ -54,7 +54,6 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from hyperprompt_jax import methods
 # Registers the project's seqio tasks.
 from hyperprompt_jax import tasks  # pylint: disable=unused-import
 from hyperprompt_jax.benchmarks import timing
@@ -213,8 +212,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
   and the examples they hold, unpacked.
 
   Args:
-    configs: model name -> its configuration ('mtl' first); every model
-      must pack (`methods.check_packing`).
+    configs: model name -> its configuration ('mtl' first).
   """
   if stream_rows < batch_size:
     raise ValueError(f'stream_rows ({stream_rows}) must be at least the '
@@ -227,7 +225,6 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
              for d in distributions}
   runners, info = {}, {}
   for name, cfg in configs.items():
-    methods.check_packing(cfg)
     model = network.Transformer(cfg)
     state = timing.fresh_state(model, optimizer, input_length, target_length)
     batches = {}

@@ -8,8 +8,6 @@ Each method module has the same small face:
     VARIANT_FILES  the gin/variants files that select it
     check(cfg, model_config)   raises ValueError on a config that cannot build
     is_active(cfg, stack)      whether it conditions 'encoder' / 'decoder'
-    PACKING_REFUSAL  None if packed rows (several tasks per row, per-token
-                   task ids) work, else why not and what to set instead
 
 and `REGISTRY` lists the modules. The network's checks, `param_groups`'
 backbone / task-conditioned split, `partitioning`'s axis rules and the
@@ -58,14 +56,6 @@ def check(model_config: Any) -> None:
   """Each configured method's own check."""
   for method, cfg in configured(model_config):
     method.check(cfg, model_config)
-
-
-def check_packing(model_config: Any) -> None:
-  """Raises ValueError if a configured method cannot take packed rows."""
-  for method, cfg in configured(model_config):
-    if method.PACKING_REFUSAL and any(method.is_active(cfg, stack)
-                                      for stack in STACKS):
-      raise ValueError(method.PACKING_REFUSAL)
 
 
 def is_task_conditioned(model_config: Any) -> bool:

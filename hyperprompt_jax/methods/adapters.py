@@ -50,7 +50,6 @@ CONFIG_FIELD = 'adapter'
 SCOPES = ('adapter',)
 AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_bottleneck')
 VARIANT_FILES = ('variants/adapter.gin',)
-PACKING_REFUSAL = None  # packed rows: each token its own task
 KINDS = ('attention', 'mlp')  # the sublayers an adapter follows
 WEIGHT_INIT_STDDEV = 1e-2
 

@@ -56,7 +56,6 @@ SCOPES = ('hyperformer',)
 AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_kinds', 'task_embed',
               'task_hidden')
 VARIANT_FILES = ('variants/hyperformer_pp.gin',)
-PACKING_REFUSAL = None  # packed rows: each token its own task
 is_active = adapters.is_active
 
 

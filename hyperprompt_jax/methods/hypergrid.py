@@ -75,6 +75,7 @@ from flax import struct
 from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hyperprompt_jax.model import layers
 
@@ -93,32 +94,7 @@ AXIS_NAMES = ('tasks', 'grid_rows', 'grid_cols')
 VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
                  'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
                  'variants/output_gating.gin')
-# Packed rows. A gate depends on the whole example (its conditioning vector),
-# so a row of S packed examples needs S gated weights. At T5.1.1-base (d_model
-# 768, d_ff 2048, 12 heads, grid 32 x 128 on `wo`), per layer and 512-token
-# row, float32, what the backward pass keeps:
-#   MTL: about 25k values per token (scores and softmax 2 x 12 x 512, FFN
-#     3 x 2048, ~8 x 768 of projections and norms): ~51 MB per row;
-#   fold per segment, `[S, 2048, 768]`: 6.3 MB per example, ~30 MB per row
-#     at ~5 examples per row (GLUE + SuperGLUE at 512 / 32), more with its
-#     gradient: ~1.6-2x MTL;
-#   blockwise per token, `min(k_out d_in, k_in d_out)` = 32 x 2048 = 65k
-#     values per token: ~3.6x MTL.
-# Measured at T5.1.1-small, 512 / 32, batch 8 (XLA's peak of the train step):
-# MTL packed 4.3 GB; LG with the per-token blockwise route 9.0 GB (2.09x);
-# LG folded per example 4.8 GB for 8 rows of one example, so the batch's 38
-# packed examples (32 MiB of folded `wo` each over 16 layers) need >= 5.7 GB
-# (>= 1.33x), growing with the examples per row. Both exceed the 1.3x
-# budget, so HyperGrid refuses packed rows.
-# (The L variant and Output Gating gate elementwise, 1.05x; packing them needs
-# a per-segment task query, not built.)
-PACKING_REFUSAL = (
-    'HyperGrid / Output Gating cannot train on packed rows: each example '
-    'gates the FFN weights with its own conditioning vector, so a row of S '
-    'packed examples needs S gated weights (about 2x the activation memory '
-    'of packed MTL at T5.1.1-base, hypergrid.py explains the arithmetic). '
-    'Set PACK = False in the run (t5x: train/utils.DatasetConfig.pack = '
-    'False, and the same for train_eval).')
+PACKED_FORMS = ('auto', 'token_blocks', 'grouped')
 
 
 @struct.dataclass
@@ -135,6 +111,11 @@ class HyperGridConfig:
   scalar: bool = False
   # Output Gating: number of gate values n repeated over d_ff (0: d_ff).
   output_gating_values: int = 0
+  # Packed rows (module docstring, "Packed rows"): at most this many
+  # examples per row (the packer closes a row at it; a row over it is an
+  # error), and how each token meets its own example's gated weight.
+  max_segments: int = 16        # MAX_SEGMENTS
+  packed_form: str = 'auto'     # 'auto' | 'token_blocks' | 'grouped'
 
 
 def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
@@ -146,10 +127,16 @@ def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
                                ('target (HYPERGRID_TARGET)', cfg.target,
                                 TARGETS),
                                ('conditioning (HYPERGRID_CONDITIONING)',
-                                cfg.conditioning, CONDITIONINGS)):
+                                cfg.conditioning, CONDITIONINGS),
+                               ('packed_form', cfg.packed_form,
+                                PACKED_FORMS)):
     if value not in allowed:
       raise ValueError(f'HyperGridConfig.{name} must be one of {allowed}, '
                        f'got {value!r}.')
+  if cfg.max_segments < 1:
+    raise ValueError(f'MAX_SEGMENTS={cfg.max_segments} (HyperGridConfig.'
+                     'max_segments) must be >= 1: it bounds the examples of '
+                     'a packed row.')
   if cfg.variant == 'output_gating':
     n = cfg.output_gating_values
     if n < 0 or (n and mlp_dim % n):
@@ -225,6 +212,8 @@ class GridGate(nn.Module):
     return _cached(self, 'cached_grid', lambda: self._grid(c), decode)
 
   def _grid(self, c: Array) -> Array:
+    """`c [..., embed]` (`[batch, embed]`, or `[batch, segments, embed]` for
+    packed rows) -> `[..., rows, cols]`."""
     cfg = self.config
     d, d_r, d_c = self.emb_dim, cfg.grid_rows, cfg.grid_cols
     dense_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
@@ -239,27 +228,27 @@ class GridGate(nn.Module):
     if cfg.variant == 'gl':
       rows = jnp.broadcast_to(_param(self, 'global_rows',
                                      nn.initializers.normal(1.0), (d_r,),
-                                     ('grid_rows',)), (c.shape[0], d_r))
+                                     ('grid_rows',)), c.shape[:-1] + (d_r,))
     if cfg.variant == 'lg':
       cols = jnp.broadcast_to(_param(self, 'global_cols',
                                      nn.initializers.normal(1.0), (d_c,),
-                                     ('grid_cols',)), (c.shape[0], d_c))
+                                     ('grid_cols',)), c.shape[:-1] + (d_c,))
     if cfg.variant == 'l':
-      grid = jax.nn.sigmoid(rows)[:, :, None]
+      grid = jax.nn.sigmoid(rows)[..., :, None]
     else:
-      grid = jax.nn.sigmoid(rows[:, :, None] * cols[:, None, :])
+      grid = jax.nn.sigmoid(rows[..., :, None] * cols[..., None, :])
     if cfg.scalar:
-      grid = jnp.mean(grid, axis=(1, 2), keepdims=True)
+      grid = jnp.mean(grid, axis=(-2, -1), keepdims=True)
     return grid
 
 
 def orient_grid(grid: Array, kernel_rows_are_model: bool) -> Array:
-  """Paper orientation `[batch, d_r, d_c]` -> the kernel's `[in, out]` blocks.
+  """Paper orientation `[..., d_r, d_c]` -> the kernel's `[in, out]` blocks.
 
   `wi` kernels are `[d_model, d_ff]` (same orientation); `wo` kernels are
   `[d_ff, d_model]` (transposed).
   """
-  return grid if kernel_rows_are_model else jnp.swapaxes(grid, 1, 2)
+  return grid if kernel_rows_are_model else jnp.swapaxes(grid, -2, -1)
 
 
 def gated_matmul_route(length: int, d_in: int, k_in: int, k_out: int) -> str:
@@ -319,6 +308,186 @@ def gated_matmul(x: Array, kernel: Array, grid: Array,
   return jnp.einsum('bli,bio->blo', x, (1 + full_gate) * kernel)
 
 
+# -- Packed rows: every example gated by its own grid -------------------------
+#
+# Exact selections (a token's segment, a segment's first token) are one-hot
+# contractions at HIGHEST precision rather than gathers: each output is one
+# input times 1, and the gradient is a matmul, not XLA:CPU's slow scatter.
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def segment_one_hot(segment_ids: Array, num_segments: int,
+                    dtype: Any = jnp.float32) -> Array:
+  """`[batch, length]` segment ids (1..S, 0 on padding) -> `[batch, length,
+  S]`, 1 where a token belongs to segment s + 1 (padding: none)."""
+  return (segment_ids[..., None]
+          == jnp.arange(1, num_segments + 1)).astype(dtype)
+
+
+def segment_task_ids(task_ids: Array, segment_ids: Array,
+                     num_segments: int) -> Array:
+  """Per-token task ids `[batch, length]` -> each segment's `[batch, S]` (0
+  for a segment the row does not hold)."""
+  member = segment_one_hot(segment_ids, num_segments, bool)
+  return jnp.max(jnp.where(member, task_ids[..., None], 0), axis=1)
+
+
+def segment_first_tokens(x: Array, segment_ids: Array,
+                         num_segments: int) -> Array:
+  """`x [batch, length, embed]` -> `[batch, S, embed]`, each segment's first
+  token (zeros for a segment the row does not hold)."""
+  member = segment_one_hot(segment_ids, num_segments, jnp.int32)
+  first = member * (jnp.cumsum(member, axis=1) == 1)
+  return jnp.einsum('bls,ble->bse', first.astype(x.dtype), x,
+                    precision=_EXACT)
+
+
+def per_token(values: Array, segment_ids: Array) -> Array:
+  """Per-segment `[batch, S, ...]` -> per-token `[batch, length, ...]`: each
+  token its segment's values (zeros on padding)."""
+  batch, num_segments = values.shape[:2]
+  flat = values.reshape(batch, num_segments, -1)
+  out = jnp.einsum('bls,bsf->blf',
+                   segment_one_hot(segment_ids, num_segments, flat.dtype),
+                   flat, precision=_EXACT)
+  return out.reshape(segment_ids.shape + values.shape[2:])
+
+
+def max_segments(cfg: Optional[HyperGridConfig]) -> Optional[int]:
+  """The bound on examples per packed row the model needs (None: none)."""
+  if cfg is None or not any(is_active(cfg, stack)
+                            for stack in ('encoder', 'decoder')):
+    return None
+  return cfg.max_segments
+
+
+def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
+  """Raises ValueError unless every packed row (`[batch, length]` segment
+  ids, 0 on padding) holds at most `bound` examples, each one contiguous, in
+  order, padding last (as packers make rows; the grouped form needs it)."""
+  segment_ids = np.asarray(segment_ids)
+  for row, ids in enumerate(segment_ids.reshape(-1, segment_ids.shape[-1])):
+    if ids.max(initial=0) > bound:
+      raise ValueError(
+          f'Feature {name!r}: packed row {row} holds segment ids up to '
+          f'{ids.max()}, over MAX_SEGMENTS={bound} (HyperGridConfig.'
+          'max_segments): each example of a row needs its own gated weights. '
+          "Pack with the run's row format (batches.RowFormat.of: the packer "
+          'closes a row at the bound) or raise MAX_SEGMENTS.')
+    real = ids > 0
+    ends = np.flatnonzero(~real)
+    if (np.diff(ids[real]) < 0).any() or (
+        ends.size and real[ends[0]:].any()):
+      raise ValueError(
+          f'Feature {name!r}: packed row {row} has segment ids '
+          f'{ids.tolist()}; HyperGrid needs each example contiguous, in '
+          'order, and padding (0) last, as the feature converter packs.')
+
+
+def resolve_packed_form(form: str, length: int, num_segments: int,
+                        d_in: int, d_out: int, k_in: int, k_out: int) -> str:
+  """'auto' -> the form that moves fewer bytes (module docstring, "Packed
+  rows"): 'grouped' folds `S d_in d_out` values a row, 'token_blocks'
+  writes `length * min(k_out d_in, k_in d_out)`; XLA:CPU has no grouped
+  matmul (its `ragged_dot` computes every group densely), so 'token_blocks'
+  there."""
+  if form != 'auto':
+    return form
+  if jax.default_backend() == 'cpu':
+    return 'token_blocks'
+  token_values = length * min(k_out * d_in, k_in * d_out)
+  return 'grouped' if num_segments * d_in * d_out < token_values else (
+      'token_blocks')
+
+
+def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
+                        segment_ids: Array, form: str = 'auto') -> Array:
+  """`x ((1 + psi(grid[s])) ⊙ kernel)` for each token of segment s + 1.
+
+  Args:
+    x: `[batch, length, d_in]`, packed rows.
+    kernel: `[d_in, d_out]`.
+    grid: `[batch, S, k_in, k_out]`, each segment's gates, oriented to the
+      kernel.
+    segment_ids: `[batch, length]`, 1..S, 0 on padding; for 'grouped' each
+      segment's tokens contiguous, in order, padding last (as packers make
+      them; `check_segments`).
+    form: 'token_blocks', 'grouped' or 'auto' (`resolve_packed_form`).
+
+  Returns:
+    `[batch, length, d_out]` (padding tokens: the ungated `x kernel`).
+  """
+  d_in, d_out = kernel.shape
+  k_in, k_out = grid.shape[2:]
+  grid = grid.astype(x.dtype)
+  if k_in == 1:  # gate varies along the output only
+    gate = per_token(grid[:, :, 0, :], segment_ids)
+    return (x @ kernel) * (1 + jnp.repeat(gate, d_out // k_out, axis=-1))
+  if k_out == 1:  # gate varies along the input only
+    gate = per_token(grid[:, :, :, 0], segment_ids)
+    return (x * (1 + jnp.repeat(gate, d_in // k_in, axis=-1))) @ kernel
+  if resolve_packed_form(form, x.shape[1], grid.shape[1], d_in, d_out, k_in,
+                         k_out) == 'grouped':
+    return _grouped_gated_matmul(x, kernel, grid, segment_ids)
+  return _token_blocks_gated_matmul(x, kernel, grid, segment_ids)
+
+
+# Recomputed in the backward pass (its inputs are the only residuals): the
+# per-token gated blocks are the largest activation of the layer.
+@jax.checkpoint
+def _token_blocks_gated_matmul(x: Array, kernel: Array, grid: Array,
+                               segment_ids: Array) -> Array:
+  """'token_blocks': each token's own gates on the blockwise route of
+  `gated_matmul`, on the side with the smaller intermediate (`[batch,
+  length, k_out, d_in]` gated input copies or `[batch, length, k_in, d_out]`
+  partial sums). The FLOPs of one plain matmul, plus elementwise work of
+  that intermediate's size: XLA:CPU's cheapest exact form."""
+  batch, length, d_in = x.shape
+  d_out = kernel.shape[1]
+  k_in, k_out = grid.shape[2:]
+  token_grid = per_token(grid, segment_ids)  # [batch, length, k_in, k_out]
+  if k_out * d_in < k_in * d_out:
+    in_gate = jnp.repeat(jnp.swapaxes(token_grid, -1, -2), d_in // k_in,
+                         axis=-1)  # [batch, length, k_out, d_in]
+    out = jnp.einsum('blri,rio->blro', x[:, :, None, :] * (1 + in_gate),
+                     jnp.swapaxes(kernel.reshape(d_in, k_out, d_out // k_out),
+                                  0, 1))
+    return out.reshape(batch, length, d_out)
+  partial = jnp.einsum('blci,cio->blco',
+                       x.reshape(batch, length, k_in, d_in // k_in),
+                       kernel.reshape(k_in, d_in // k_in, d_out))
+  return jnp.einsum('blco,blco->blo', partial,
+                    1 + jnp.repeat(token_grid, d_out // k_out, axis=-1))
+
+
+@jax.checkpoint  # the folded weights are recomputed, not kept
+def _grouped_gated_matmul(x: Array, kernel: Array, grid: Array,
+                          segment_ids: Array) -> Array:
+  """'grouped': one folded weight per segment, `(1 + psi(grid[s])) ⊙
+  kernel` (`[batch * (S + 1), d_in, d_out]`, the last of each row's S + 1
+  the plain kernel for its padding), and one grouped matmul over the rows'
+  contiguous segments (`jax.lax.ragged_dot`): the FLOPs of one plain matmul
+  where a grouped-matmul kernel runs it (GPU, TPU); XLA:CPU computes every
+  group densely."""
+  batch, length, d_in = x.shape
+  d_out = kernel.shape[1]
+  num_segments, k_in, k_out = grid.shape[1:]
+  member = segment_one_hot(segment_ids, num_segments, jnp.int32)
+  sizes = member.sum(axis=1)  # [batch, S]
+  sizes = jnp.concatenate([sizes, length - sizes.sum(-1, keepdims=True)],
+                          axis=-1)
+  gate = jnp.repeat(jnp.repeat(grid, d_in // k_in, axis=2), d_out // k_out,
+                    axis=3)  # [batch, S, d_in, d_out]
+  weights = jnp.concatenate(
+      [(1 + gate) * kernel,
+       jnp.broadcast_to(kernel, (batch, 1, d_in, d_out))], axis=1)
+  out = jax.lax.ragged_dot(
+      x.reshape(batch * length, d_in),
+      weights.reshape(batch * (num_segments + 1), d_in, d_out),
+      sizes.reshape(-1).astype(jnp.int32))
+  return out.reshape(batch, length, d_out)
+
+
 class OutputGate(nn.Module):
   """Output Gating's `sigma(U c)`, repeated to `[batch, d_ff]`."""
 
@@ -354,7 +523,9 @@ class GatedDenseGeneral(layers.DenseGeneral):
   """`layers.DenseGeneral` with the per-example gated kernel of Eq. 7,
   `x ((1 + psi(grid)) ⊙ W)`; the same `kernel` parameter."""
 
-  grid: Optional[Array] = None  # [batch, k_in, k_out], oriented to the kernel
+  grid: Optional[Array] = None  # [batch, (S,) k_in, k_out], kernel-oriented
+  segment_ids: Optional[Array] = None  # packed rows: [batch, length]
+  packed_form: str = 'auto'
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
@@ -364,24 +535,35 @@ class GatedDenseGeneral(layers.DenseGeneral):
       raise ValueError('A HyperGrid gate needs a 2-D kernel applied to '
                        '[batch, length, features] inputs.')
     kernel = self.kernel(inputs)
-    return gated_matmul(jnp.asarray(inputs, self.dtype),
-                        jnp.asarray(kernel, self.dtype), self.grid)  # NEW
+    x = jnp.asarray(inputs, self.dtype)
+    kernel = jnp.asarray(kernel, self.dtype)
+    if self.segment_ids is not None:  # NEW: packed rows
+      return packed_gated_matmul(x, kernel, self.grid, self.segment_ids,
+                                 self.packed_form)
+    return gated_matmul(x, kernel, self.grid)  # NEW
 
 
 @struct.dataclass
 class FfnGates:
   """One layer's FFN gates, made by its `StackGating` from the layer's
-  conditioning vector: HyperGrid's grids oriented to the kernels they gate
-  (Eq. 7), or Output Gating's gate on the activations (§6.4).
+  conditioning vectors: HyperGrid's grids oriented to the kernels they gate
+  (Eq. 7), or Output Gating's gate on the activations (§6.4). Packed rows
+  hold one per segment, and the tokens' segment ids.
 
   Attributes:
-    wi_grid: `[batch, d_r, d_c]`, every `wi*` kernel's grid (or None).
-    wo_grid: `[batch, d_c, d_r]`, `wo`'s grid (or None).
-    output_gate: `[batch, d_ff]`, applied after the activations' product.
+    wi_grid: `[batch, (S,) d_r, d_c]`, every `wi*` kernel's grid (or None).
+    wo_grid: `[batch, (S,) d_c, d_r]`, `wo`'s grid (or None).
+    output_gate: `[batch, (S,) d_ff]`, applied after the activations'
+      product.
+    segment_ids: packed rows: `[batch, length]`, the FFN's tokens' segments
+      (1..S, 0 on padding); None unpacked.
+    packed_form: `HyperGridConfig.packed_form`.
   """
   wi_grid: Optional[Array] = None
   wo_grid: Optional[Array] = None
   output_gate: Optional[Array] = None
+  segment_ids: Optional[Array] = None
+  packed_form: str = struct.field(pytree_node=False, default='auto')
 
 
 class GatedMlpBlock(layers.MlpBlock):
@@ -392,9 +574,12 @@ class GatedMlpBlock(layers.MlpBlock):
 
   def intermediate(self, inputs: Array) -> Array:
     x = super().intermediate(inputs)
-    if self.gates.output_gate is None:
+    gate = self.gates.output_gate
+    if gate is None:
       return x
-    return x * self.gates.output_gate.astype(x.dtype)[:, None, :]  # NEW
+    if self.gates.segment_ids is None:  # NEW
+      return x * gate.astype(x.dtype)[:, None, :]
+    return x * per_token(gate.astype(x.dtype), self.gates.segment_ids)
 
   def dense(self, name: str, features: int,
             kernel_axes: tuple[str, str]) -> nn.Module:
@@ -403,14 +588,18 @@ class GatedMlpBlock(layers.MlpBlock):
       return super().dense(name, features, kernel_axes)
     return GatedDenseGeneral(features, dtype=self.dtype,
                              kernel_init=self.kernel_init,
-                             kernel_axes=kernel_axes, grid=grid, name=name)
+                             kernel_axes=kernel_axes, grid=grid,
+                             segment_ids=self.gates.segment_ids,
+                             packed_form=self.gates.packed_form, name=name)
 
 
 class TaskQueryAttention(layers.MultiHeadDotProductAttention):
   """t5x's attention plus Eq. 6: the task vector is one extra query that
   attends over `[itself; inputs_kv]` with the same kernels. The sequence's
   own attention does not see it; its row has no position bias and no
-  dropout. No decode cache: a decoder's gates are cached instead."""
+  dropout. No decode cache: a decoder's gates are cached instead. Packed
+  rows ask one task query per segment, each over itself and its own
+  segment's tokens."""
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array,
@@ -420,28 +609,38 @@ class TaskQueryAttention(layers.MultiHeadDotProductAttention):
     """As `layers.MultiHeadDotProductAttention`, plus:
 
     Args:
-      task_query: `[batch, embed]`, the (layer-normed) task vector.
-      task_key_valid: `[batch, kv_length]` bool, the token columns it sees.
+      task_query: `[batch, embed]`, the (layer-normed) task vector; packed
+        rows: `[batch, S, embed]`, one per segment.
+      task_key_valid: `[batch, kv_length]` bool, the token columns it sees;
+        packed rows: `[batch, S, kv_length]`, each segment's.
       **prefix: the key/value prefix arguments of the base attention.
 
     Returns:
-      `([batch, q_length, embed], [batch, embed])`: the sequence's output and
-      the task query's, T' = MHSA([T; X])_0.
+      `([batch, q_length, embed], [batch, (S,) embed])`: the sequence's
+      output and the task queries', T' = MHSA([T; X])_0.
     """
     proj = self.projections(inputs_q.shape[-1])
     out, token_key, token_value = self.attend(
         proj, inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
         **prefix)
-    tq = task_query[:, None, :]  # NEW: Eq. 6
+    per_segment = task_query.ndim == 3  # NEW: Eq. 6
+    tq = task_query if per_segment else task_query[:, None, :]
+    token_visible = (task_key_valid if per_segment
+                     else task_key_valid[:, None, :])
+    queries = tq.shape[1]
     keys = jnp.concatenate([proj.key(tq), token_key], axis=1)
     values = jnp.concatenate([proj.value(tq), token_value], axis=1)
-    visible = jnp.concatenate(
-        [jnp.ones_like(task_key_valid[:, :1]), task_key_valid], axis=1)
+    # Each task query sees its own key (not the other segments') and its
+    # tokens: [batch, Q, Q + kv_length].
+    own = jnp.broadcast_to(jnp.eye(queries, dtype=bool),
+                           (tq.shape[0], queries, queries))
+    visible = jnp.concatenate([own, token_visible.astype(bool)], axis=-1)
     task_out = layers.dot_product_attention(
         proj.query(tq), keys, values,
-        bias=layers.mask_to_bias(visible[:, None, None, :], self.dtype),
+        bias=layers.mask_to_bias(visible[:, None, :, :], self.dtype),
         dtype=self.dtype, float32_logits=self.float32_logits)
-    return out, proj.out(task_out)[:, 0]
+    task_out = proj.out(task_out)
+    return out, task_out if per_segment else task_out[:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,11 +657,17 @@ class StackGating:
     config: the HyperGrid configuration.
     emb_dim: d_model.
     mlp_dim: d_ff.
-    task_vectors: `[batch, embed]` task embeddings (task_attention), None for
+    task_vectors: `[batch, embed]` task embeddings (task_attention), packed
+      rows `[batch, S, embed]` (each segment's task's); None for
       first_token or at cached decode steps.
     token_valid: `[batch, kv_length]`, the columns the task query may see.
     decode: the decoder runs against its cache: gates are computed when the
       cache is created and read from it afterwards.
+    segment_ids: packed rows: `[batch, length]`, the segments of the stack's
+      tokens (whose FFN the gates reach); None unpacked.
+    kv_segment_ids: packed rows: `[batch, kv_length]`, the segments of the
+      columns the task queries see and the first tokens come from (the
+      encoder's tokens in both stacks).
   """
 
   config: HyperGridConfig
@@ -471,6 +676,8 @@ class StackGating:
   task_vectors: Optional[Array]
   token_valid: Optional[Array]
   decode: bool = False
+  segment_ids: Optional[Array] = None
+  kv_segment_ids: Optional[Array] = None
 
   @property
   def attention_class(self) -> type[layers.MultiHeadDotProductAttention]:
@@ -491,9 +698,10 @@ class StackGating:
       norm: the layer norm in front of the attention (Eq. 6 norms the task
         vector like the tokens).
       inputs_q, inputs_kv, mask, bias, deterministic, prefix: the attention's.
-      first_token: `() -> [batch, embed]`, c for the first_token option
-        (called after the attention, as the gradient's summation order
-        depends on the order of use).
+      first_token: `() -> [batch, kv_length, embed]`, the sequence whose
+        first token (packed rows: each segment's first token) is c for the
+        first_token option (called after the attention, as the gradient's
+        summation order depends on the order of use).
 
     Returns:
       The attention output and the layer's `FfnGates`.
@@ -501,32 +709,45 @@ class StackGating:
     if self.task_vectors is None:
       out = attention(inputs_q, inputs_kv, mask, bias,
                       deterministic=deterministic, **prefix)
-      c = first_token()
+      sequence = first_token()
+      if self.segment_ids is None:
+        c = sequence[:, 0]
+      else:
+        c = segment_first_tokens(sequence, self.kv_segment_ids,
+                                 self.config.max_segments)
     else:
+      visible = self.token_valid
+      if self.segment_ids is not None:  # [batch, S, kv_length]
+        visible = (segment_one_hot(self.kv_segment_ids,
+                                   self.config.max_segments, bool)
+                   .swapaxes(1, 2) & visible[:, None, :].astype(bool))
       out, c = attention(inputs_q, inputs_kv, mask, bias,
                          deterministic=deterministic,
                          task_query=norm(self.task_vectors),
-                         task_key_valid=self.token_valid, **prefix)
+                         task_key_valid=visible, **prefix)
     return out, self.gates(c)
 
   def gates(self, c: Optional[Array]) -> FfnGates:
-    """A layer's gates from its conditioning vector `c [batch, embed]`
+    """A layer's gates from its conditioning vectors `c [batch, (S,) embed]`
     (call inside the layer)."""
     cfg = self.config
+    packed = dict(segment_ids=self.segment_ids, packed_form=cfg.packed_form)
     if cfg.variant == 'output_gating':
       return FfnGates(output_gate=OutputGate(
           cfg, self.emb_dim, self.mlp_dim, name='output_gating')(
-              c, self.decode))
+              c, self.decode), **packed)
     grid = GridGate(cfg, self.emb_dim, name='hypergrid')(c, self.decode)
     return FfnGates(
         wi_grid=(orient_grid(grid, kernel_rows_are_model=True)
                  if cfg.target in ('wi', 'both') else None),
         wo_grid=(orient_grid(grid, kernel_rows_are_model=False)
-                 if cfg.target in ('wo', 'both') else None))
+                 if cfg.target in ('wo', 'both') else None), **packed)
 
 
 # A pytree (its arrays the leaves): layers under `nn.remat` take it inside
 # their `conditioning.LayerConditioning`.
 jax.tree_util.register_dataclass(
-    StackGating, data_fields=['task_vectors', 'token_valid'],
+    StackGating,
+    data_fields=['task_vectors', 'token_valid', 'segment_ids',
+                 'kv_segment_ids'],
     meta_fields=['config', 'emb_dim', 'mlp_dim', 'decode'])

@@ -60,7 +60,6 @@ AXIS_NAMES = ('tasks', 'prompt_length', 'hyper_layers', 'hyper_bottleneck',
 VARIANT_FILES = ('variants/hyperprompt_share.gin',
                  'variants/hyperprompt_sep.gin',
                  'variants/hyperprompt_global.gin')
-PACKING_REFUSAL = None  # packed rows: each token its own task's prompts
 
 
 @struct.dataclass

@@ -33,7 +33,6 @@ CONFIG_FIELD = 'prompt_tuning'
 SCOPES = ('prompt_tuning',)
 AXIS_NAMES = ('tasks', 'prompt_length')
 VARIANT_FILES = ('variants/prompt_tuning.gin',)
-PACKING_REFUSAL = None  # packed rows: each token its own task
 
 
 @struct.dataclass

@@ -19,9 +19,10 @@ Packed rows (several examples per row, `segment_ids` given): per token,
 `[batch, length]` like the tokens, one id per segment; each token is then
 conditioned by its own example's task: its task's prompt columns only (the
 queries laid out in blocks of one task, `hyperprompt.prompt_blocks`), its
-task's adapter, its task's soft prompt in the slots the packer reserved.
-Methods that cannot condition per token refuse packed rows
-(`methods.check_packing`).
+task's adapter, its task's soft prompt in the slots the packer reserved, its
+example's HyperGrid / Output Gating gates (one conditioning vector per
+segment, from that segment's tokens only; at most
+`HyperGridConfig.max_segments` segments a row).
 """
 
 import dataclasses
@@ -33,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import methods
 from hyperprompt_jax.methods import adapters as adapters_lib
 from hyperprompt_jax.methods import hyperformer as hyperformer_lib
 from hyperprompt_jax.methods import hypergrid as hypergrid_lib
@@ -185,7 +185,6 @@ def check_task_ids(cfg, task_ids, tokens: Array,
   """
   packed = segment_ids is not None
   if packed:
-    methods.check_packing(cfg)
     if tuple(segment_ids.shape) != tuple(tokens.shape):
       raise ValueError(f'segment ids {tuple(segment_ids.shape)} must have the '
                        f'shape of the tokens {tuple(tokens.shape)}.')
@@ -225,6 +224,38 @@ def check_task_ids(cfg, task_ids, tokens: Array,
     batches.check_one_task_per_segment('task_ids', ids,
                                        np.asarray(segment_ids))
   return task_ids
+
+
+def check_segments(cfg, segment_ids: Optional[Array]) -> None:
+  """Packed rows of a model that gates per example (HyperGrid, Output
+  Gating): at most `max_segments` examples a row, each contiguous
+  (`hypergrid.check_segments`). Concrete ids are checked on the host;
+  traced ones by the compiled program (the bound only), as task ids are
+  (`check_task_ids`), unless `check_traced_task_ids` is off."""
+  bound = hypergrid_lib.max_segments(cfg.hypergrid)
+  if segment_ids is None or bound is None or segment_ids.size == 0:
+    return
+  if not isinstance(segment_ids, jax.core.Tracer):
+    hypergrid_lib.check_segments('segment_ids', np.asarray(segment_ids),
+                                 bound)
+  elif cfg.check_traced_task_ids:
+    high = jnp.max(segment_ids)
+    jax.lax.cond(
+        high > bound,
+        lambda: jax.debug.callback(
+            functools.partial(_check_segment_bound, bound), high,
+            partitioned=True),
+        lambda: None)
+
+
+def _check_segment_bound(bound: int, high) -> None:
+  """The compiled side of `check_segments`."""
+  high = int(np.max(high))
+  if high > bound:
+    raise ValueError(
+        f'A packed row holds {high} segments, over MAX_SEGMENTS={bound} '
+        '(HyperGridConfig.max_segments). Pack with the run\'s row format (the '
+        'packer closes a row at the bound) or raise MAX_SEGMENTS.')
 
 
 def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
@@ -291,12 +322,18 @@ class StackConditioning:
     decode: the decoder runs against its autoregressive cache.
     positions: packed encoder rows: `[batch, length]` position of each token
       in its example (Prompt-Tuning's slots are positions `0..n-1`).
+    segment_ids: packed rows: `[batch, length]`, the stack's tokens'
+      segments (HyperGrid gates each segment by its own example).
+    kv_segment_ids: packed rows: `[batch, kv_length]`, the segments of the
+      columns of `token_valid` (the encoder's tokens).
   """
 
   def __init__(self, module: nn.Module, stack: str, num_layers: int,
                task_ids: Optional[Array], token_valid: Optional[Array],
                packed: bool = False, decode: bool = False,
-               positions: Optional[Array] = None):
+               positions: Optional[Array] = None,
+               segment_ids: Optional[Array] = None,
+               kv_segment_ids: Optional[Array] = None):
     cfg = module.config
     self.config = cfg
     self.stack = stack
@@ -316,7 +353,8 @@ class StackConditioning:
           hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack))
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
-                           cache_ready)
+                           cache_ready, segment_ids if packed else None,
+                           kv_segment_ids if packed else None)
 
   def inputs(self, embedded: Array) -> Array:
     """The stack's embedded inputs with Prompt-Tuning's soft prompts (encoder):
@@ -405,15 +443,25 @@ def _adapter_weights(cfg, stack: str, num_layers: int):
 
 
 def _gating(cfg, stack: str, task_ids, token_valid, decode: bool,
-            cache_ready: bool) -> Optional[hypergrid_lib.StackGating]:
-  """HyperGrid's per-stack gating, or None when inactive."""
+            cache_ready: bool, segment_ids: Optional[Array] = None,
+            kv_segment_ids: Optional[Array] = None
+            ) -> Optional[hypergrid_lib.StackGating]:
+  """HyperGrid's per-stack gating, or None when inactive. Packed rows
+  (`segment_ids` given) get one task vector per segment, its example's."""
   hg = cfg.hypergrid
   if not hypergrid_lib.is_active(hg, stack):
     return None
+  if segment_ids is not None and (kv_segment_ids is None or decode):
+    raise ValueError('Packed HyperGrid gates need the encoder\'s segment ids '
+                     'and cannot decode.')
   task_vectors = None
   if hg.conditioning == 'task_attention' and not cache_ready:
+    if segment_ids is not None:
+      task_ids = hypergrid_lib.segment_task_ids(task_ids, segment_ids,
+                                                hg.max_segments)
     task_vectors = hypergrid_lib.TaskEmbedding(
         cfg.num_tasks, cfg.emb_dim, name=hypergrid_lib.scope_name(hg))(
             task_ids)
   return hypergrid_lib.StackGating(hg, cfg.emb_dim, cfg.mlp_dim,
-                                   task_vectors, token_valid, decode)
+                                   task_vectors, token_valid, decode,
+                                   segment_ids, kv_segment_ids)

@@ -179,7 +179,7 @@ class EncoderLayer(nn.Module):
     attention = _attention(cfg, 'attention', conditioning.attention_class)
     x, conditioning = conditioning.attend(
         attention, norm, x, x, encoder_mask, bias,
-        first_token=lambda: norm(inputs)[:, 0], deterministic=deterministic,
+        first_token=lambda: norm(inputs), deterministic=deterministic,
         **conditioning.self_attention_prefix())
     x = conditioning.adapt(x, 'attention')
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -226,7 +226,7 @@ class DecoderLayer(nn.Module):
                                  conditioning.attention_class)
     y, conditioning = conditioning.attend(
         cross_attention, cross_norm, cross_norm(x), encoded,
-        encoder_decoder_mask, None, first_token=lambda: encoded[:, 0],
+        encoder_decoder_mask, None, first_token=lambda: encoded,
         deterministic=deterministic,
         **conditioning.cross_attention_prefix(self))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -252,20 +252,21 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, encoder_input_tokens, encoder_mask=None,
                deterministic=False, task_ids=None, encoder_positions=None,
-               packed=False):
+               packed=False, segment_ids=None):
     """`[batch, length]` tokens -> `[batch, n + length, embed]` (n: the
     Prompt-Tuning prompt length, else 0; `encoder_mask` covers n + length).
 
     Packed rows (`packed`, decided by `Transformer.encode` from the segment
-    ids): `task_ids [batch, length]` per token and `encoder_positions`;
-    Prompt-Tuning's prompts then fill reserved slots (n = 0).
+    ids): `task_ids [batch, length]` per token, `encoder_positions` and
+    `segment_ids`; Prompt-Tuning's prompts then fill reserved slots (n = 0).
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
     conditioning = conditioning_lib.StackConditioning(
         self, 'encoder', cfg.num_encoder_layers, task_ids,
         conditioning_lib.input_valid(cfg, encoder_input_tokens, packed),
-        packed=packed, positions=encoder_positions)
+        packed=packed, positions=encoder_positions, segment_ids=segment_ids,
+        kv_segment_ids=segment_ids)
     x = self.shared_embedding(encoder_input_tokens.astype(jnp.int32))
     x = conditioning.inputs(x)
     x = _dropout(cfg, broadcast_dims=(-2,))(x, deterministic=deterministic)
@@ -290,11 +291,14 @@ class Decoder(nn.Module):
   def __call__(self, encoded, decoder_input_tokens, decoder_positions=None,
                decoder_mask=None, encoder_decoder_mask=None,
                deterministic=False, decode=False, max_decode_length=None,
-               task_ids=None, encoder_valid=None, packed=False):
+               task_ids=None, encoder_valid=None, packed=False,
+               segment_ids=None, encoder_segment_ids=None):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
     `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
-    (for HyperGrid's task query over `encoded`). While decoding, what depends
+    (for HyperGrid's task query over `encoded`); packed rows: `segment_ids`
+    and `encoder_segment_ids`, the decoder's and the encoder's (each
+    segment's gates come from its own part of `encoded`). While decoding, what depends
     only on the task and `encoded` (hyper-prompts, HyperGrid's gates) is
     computed when the cache is created and read from it at every step.
     """
@@ -302,7 +306,8 @@ class Decoder(nn.Module):
     rel_emb = _relative_position_biases(cfg)
     conditioning = conditioning_lib.StackConditioning(
         self, 'decoder', cfg.num_decoder_layers, task_ids, encoder_valid,
-        packed=packed, decode=decode)
+        packed=packed, decode=decode, segment_ids=segment_ids,
+        kv_segment_ids=encoder_segment_ids)
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     y = _dropout(cfg, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = y.astype(cfg.dtype)
@@ -334,7 +339,10 @@ def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
   if tokens.ndim != 2:
     raise ValueError(f'{name} must be [batch, length], got shape '
                      f'{tokens.shape}.')
-  return conditioning_lib.check_task_ids(cfg, task_ids, tokens, segment_ids)
+  task_ids = conditioning_lib.check_task_ids(cfg, task_ids, tokens,
+                                             segment_ids)
+  conditioning_lib.check_segments(cfg, segment_ids)
+  return task_ids
 
 
 class Transformer(nn.Module):
@@ -380,7 +388,8 @@ class Transformer(nn.Module):
               dtype=cfg.dtype), dtype=cfg.dtype)
     return self.encoder(encoder_input_tokens, encoder_mask,
                         deterministic=not enable_dropout, task_ids=task_ids,
-                        encoder_positions=encoder_positions, packed=packed)
+                        encoder_positions=encoder_positions, packed=packed,
+                        segment_ids=encoder_segment_ids)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
              decoder_target_tokens, encoder_segment_ids=None,
@@ -431,7 +440,9 @@ class Transformer(nn.Module):
         decoder_mask=decoder_mask, encoder_decoder_mask=encoder_decoder_mask,
         deterministic=not enable_dropout, decode=decode,
         max_decode_length=max_decode_length, task_ids=task_ids,
-        encoder_valid=encoder_valid, packed=packed)
+        encoder_valid=encoder_valid, packed=packed,
+        segment_ids=decoder_segment_ids,
+        encoder_segment_ids=encoder_segment_ids)
 
   def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int,
                  task_ids=None):

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.tasks import feature_converter
 
@@ -61,15 +62,23 @@ class RowFormat:
     input_prompt_length: encoder positions reserved in front of every packed
       example for Prompt-Tuning's n soft tokens (0 unpacked: the network
       puts the prompt in front of the row itself).
+    max_examples: packed rows hold at most this many examples (HyperGrid's
+      MAX_SEGMENTS: one gated weight per example); None: as many as fit.
   """
   packed: bool = False
   input_prompt_length: int = 0
+  max_examples: Optional[int] = None
 
   @classmethod
   def of(cls, model_config: Any, pack: bool) -> 'RowFormat':
     """The rows of a model (`network.T5Config`) with PACK = `pack`."""
-    n = prompt_tuning.prompt_length(model_config.prompt_tuning)
-    return cls(packed=pack, input_prompt_length=n if pack else 0)
+    if not pack:
+      return cls()
+    return cls(
+        packed=True,
+        input_prompt_length=prompt_tuning.prompt_length(
+            model_config.prompt_tuning),
+        max_examples=hypergrid.max_segments(model_config.hypergrid))
 
   @property
   def features(self) -> tuple[str, ...]:
@@ -79,7 +88,8 @@ class RowFormat:
   def converter(self) -> feature_converter.TaskIdsEncDecFeatureConverter:
     """The seqio feature converter that makes these rows."""
     return feature_converter.TaskIdsEncDecFeatureConverter(
-        pack=self.packed, input_prompt_length=self.input_prompt_length)
+        pack=self.packed, input_prompt_length=self.input_prompt_length,
+        max_examples_per_row=self.max_examples)
 
 
 def check_one_task_per_segment(name: str, task_ids: np.ndarray,
@@ -118,7 +128,8 @@ def validate_batch(
     vocab_size: if given, token ids must lie in `[0, vocab_size)`.
     rows: the run's rows (default: unpacked). Packed rows with
       Prompt-Tuning must hold its n reserved slots in front of every example
-      (else the soft prompt would overwrite real tokens).
+      (else the soft prompt would overwrite real tokens); with a bound on
+      examples, at most that many a row, each contiguous.
     required: features that must be present (default: `rows.features`).
   """
   required = rows.features if required is None else required
@@ -173,6 +184,10 @@ def validate_batch(
     if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
       check_one_task_per_segment(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
+  if rows.max_examples is not None and is_packed(batch):
+    for name in ('encoder_segment_ids', 'decoder_segment_ids'):
+      hypergrid.check_segments(name, np.asarray(batch[name]),
+                               rows.max_examples)
   input_prompt_length = rows.input_prompt_length
   if input_prompt_length and is_packed(batch):
     positions = np.asarray(batch['encoder_positions'])

@@ -57,13 +57,16 @@ def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
 
 def data_settings(mixture_or_task_name: str,
                   task_feature_lengths: Mapping[str, int], batch_size: int,
-                  pack: bool, seed: int) -> dict[str, Any]:
+                  pack: bool, seed: int,
+                  max_examples_per_row: Optional[int] = None
+                  ) -> dict[str, Any]:
   """The settings the saved data position belongs to, by macro name (and
-  PACKER: the packer whose buffer and open row the position holds)."""
+  PACKER: the packer whose buffer and open row the position holds, with
+  its bound on examples per row)."""
   return {'MIXTURE_OR_TASK_NAME': mixture_or_task_name,
           'TASK_FEATURE_LENGTHS': dict(task_feature_lengths),
           'BATCH_SIZE': batch_size, 'PACK': pack, 'SEED': seed,
-          'PACKER': packing.NAME if pack else None}
+          'PACKER': packing.name(max_examples_per_row) if pack else None}
 
 
 def _saved_packer(saved_data: Mapping[str, Any]) -> Optional[str]:

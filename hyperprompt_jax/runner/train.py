@@ -17,7 +17,6 @@ import gin
 import jax
 import numpy as np
 
-from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
@@ -193,8 +192,8 @@ def train(
     z_loss: t5x's z-loss coefficient.
     mesh_data, mesh_model: the device mesh (-1: the remaining devices).
     pack: pack several examples per row (T5's fine-tuning default), each
-      token carrying its example's task id; refused up front for methods
-      that cannot condition per token (HyperGrid, Output Gating).
+      token carrying its example's task id (HyperGrid, Output Gating: at
+      most MAX_SEGMENTS examples a row, each gated by its own weights).
     use_cached_tasks: read seqio's offline cache.
     task_params_path: a `task_params` artifact (export_task_params) placed
       on the backbone of `initial_checkpoint_path`.
@@ -247,8 +246,6 @@ def train(
   if not isinstance(restart_data_on_layout_change, bool):
     raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
                      f'got {restart_data_on_layout_change!r}.')
-  if pack:
-    methods.check_packing(model.config)
   first_new_row = None
   if train_only_new_tasks:
     first_new_row = _first_new_task_row(model, initial_checkpoint_path,
@@ -335,7 +332,7 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
   manager = checkpoint_manager.make_manager(model_dir, save_period,
                                             keep_checkpoints)
   data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
-                                  batch_size, pack, seed)
+                                  batch_size, pack, seed, rows.max_examples)
   # The optimizer state's shape depends on it: a resume must keep it.
   data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = task_start.first_new_row
   # So is MetaBalance's (its moving averages, one per auxiliary).

@@ -114,12 +114,14 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         gradient_balancing, metabalance_settings, module,
         mixture_or_task_name)
     if feature_converter_cls is None:
-      # t5x tells the converter whether to pack; the slots it reserves
-      # when it does are the model's (unpacked, the converter ignores them).
+      # t5x tells the converter whether to pack; the slots it reserves and
+      # the examples a row may hold when it does are the model's (unpacked,
+      # the converter ignores them).
+      packed_rows = batches.RowFormat.of(module.config, pack=True)
       feature_converter_cls = functools.partial(
           feature_converter.TaskIdsEncDecFeatureConverter,
-          input_prompt_length=batches.RowFormat.of(
-              module.config, pack=True).input_prompt_length)
+          input_prompt_length=packed_rows.input_prompt_length,
+          max_examples_per_row=packed_rows.max_examples)
     super().__init__(
         module, input_vocabulary, output_vocabulary, optimizer_def,
         decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
