@@ -25,7 +25,7 @@ def _examples(rng, count, max_inputs, max_targets):
           for i in range(count)]
 
 
-def _reference_pack(examples, lengths, buffer_size):
+def _reference_pack(examples, lengths, buffer_size, max_examples=None):
   """The rule, written out in plain Python: a buffer of `buffer_size` slots
   (an example takes the first free one); once it is full (or the stream has
   ended), each step moves the buffered example that fits the open row and
@@ -34,7 +34,8 @@ def _reference_pack(examples, lengths, buffer_size):
   feature's mean length so far / row length over the largest such, to the
   sixth power; ties: the oldest), or closes the row and opens the next with
   the example the rule picks for an empty row. Returns each row as a list
-  of examples (trimmed)."""
+  of examples (trimmed). With `max_examples`, a row that holds that many
+  fits no more."""
   names = sorted(lengths)
   trimmed = [{k: list(e[k][:lengths[k]]) for k in names} for e in examples]
   slots = [None] * buffer_size  # (arrival, example)
@@ -55,6 +56,8 @@ def _reference_pack(examples, lengths, buffer_size):
     free = {k: lengths[k] - sum(len(x[k]) for x in row) for k in names}
     fitting = [i for i in full
                if all(len(slots[i][1][k]) <= free[k] for k in names)]
+    if max_examples is not None and len(row) >= max_examples:
+      fitting = []
     if not fitting:
       rows.append(row)
       row = []
@@ -128,6 +131,33 @@ def test_rows_are_the_reference_packers(buffer_size):
     for k, n in lengths.items():
       assert r[k].shape == r[f'{k}_segment_ids'].shape == (n,)
       assert r[f'{k}_segment_ids'].dtype == np.int32
+
+
+@pytest.mark.parametrize('max_examples', [1, 3])
+def test_rows_close_at_max_examples(max_examples):
+  rng = np.random.default_rng(5)
+  lengths = {'inputs': 40, 'targets': 12}
+  examples = _examples(rng, 120, 10, 3)  # ~5 fit a row without the bound
+  rows = list(packing.best_fit_pack(_dataset(examples), lengths, 4,
+                                    max_examples).as_numpy_iterator())
+  expected = _reference_pack(examples, lengths, 4, max_examples)
+  assert [_as_examples(r, lengths) for r in rows] == expected
+  assert max(r['inputs_segment_ids'].max() for r in rows) == max_examples
+  assert sum(len(r) for r in expected) == 120
+
+
+@pytest.mark.parametrize('max_examples', [0, 2.0, True])
+def test_bad_max_examples_is_refused(max_examples):
+  with pytest.raises(ValueError, match='max_examples'):
+    packing.best_fit_pack(_dataset([{'inputs': [1], 'targets': [1]}]),
+                          {'inputs': 4, 'targets': 2}, 4, max_examples)
+
+
+def test_packer_name_says_its_bound():
+  assert packing.name() == packing.NAME
+  assert packing.name(8) == (
+      f'best_fit(buffer_size={packing.BUFFER_SIZE}, choice=scarce_pairs, '
+      'max_examples=8)')
 
 
 def test_every_example_is_packed_once_and_whole():

@@ -16,6 +16,7 @@ from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import gin_utils
 
 GIN_DIR = pathlib.Path(paths.gin_dir())
@@ -231,14 +232,14 @@ def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
   builtin_config, builtin_macros = _bound_setup()
   assert set(builtin_macros) == set(PAPER_MACROS)
   assert str(gin.query_parameter('train.train.pack')) == '%PACK'
-  # HyperPrompt's setup trains packed; HyperGrid's cannot (per-example
-  # gates), and its MTL baseline trains on the same unpacked rows.
-  assert builtin_macros['PACK'] is ('glue_super_glue' not in name)
-  if builtin_macros['PACK']:
-    methods.check_packing(builtin_config)
-  elif not name.startswith('mtl'):
-    with pytest.raises(ValueError, match='PACK = False'):
-      methods.check_packing(builtin_config)
+  # Every paper setup trains packed; HyperGrid's rows hold at most
+  # MAX_SEGMENTS examples (one gated weight each), and so do the packer's.
+  assert builtin_macros['PACK'] is True
+  rows = batches.RowFormat.of(builtin_config, pack=True)
+  if builtin_config.hypergrid is not None:
+    assert rows.max_examples == builtin_config.hypergrid.max_segments == 8
+  else:
+    assert rows.max_examples is None
   gin.clear_config()
   try:
     t5x_root = _t5x_root()

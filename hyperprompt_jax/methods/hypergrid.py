@@ -114,7 +114,7 @@ class HyperGridConfig:
   # Packed rows (module docstring, "Packed rows"): at most this many
   # examples per row (the packer closes a row at it; a row over it is an
   # error), and how each token meets its own example's gated weight.
-  max_segments: int = 16        # MAX_SEGMENTS
+  max_segments: int = 8         # MAX_SEGMENTS
   packed_form: str = 'auto'     # 'auto' | 'token_blocks' | 'grouped'
 
 
