@@ -724,13 +724,16 @@ def test_loss_shares_are_t5x_loss_over_each_share_tokens(packed):
                                   'hypergrid_lg'])
 def test_packed_loss_fn_equals_the_unpacked_one(kind):
   """t5x's loss on packed rows (per-token task ids, from the model's own
-  converter for Prompt-Tuning's slots) is the loss of the same examples one
-  per row; HyperGrid refuses packed rows."""
+  converter for Prompt-Tuning's slots and HyperGrid's bound on examples a
+  row) is the loss of the same examples one per row."""
   import test_packing  # pylint: disable=g-import-not-at-top
   model = _t5x_model(kind)
   n_slots = prompt_tuning.prompt_length(model.module.config.prompt_tuning)
   converter = model.FEATURE_CONVERTER_CLS(pack=True)
   assert converter._input_prompt_length == n_slots  # pylint: disable=protected-access
+  hg = model.module.config.hypergrid
+  assert converter._max_examples_per_row == (  # pylint: disable=protected-access
+      hg and hg.max_segments)
   examples = test_packing._examples(0)  # pylint: disable=protected-access
   unpacked = test_packing._unpacked(examples, 8, 5)  # pylint: disable=protected-access
   packed, _ = test_packing._packed(  # pylint: disable=protected-access
@@ -738,10 +741,6 @@ def test_packed_loss_fn_equals_the_unpacked_one(kind):
   params = model.get_initial_variables(
       jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
                               'decoder_input_tokens': (4, 6)})['params']
-  if kind == 'hypergrid_lg':
-    with pytest.raises(ValueError, match='PACK = False'):
-      model.loss_fn(params, packed, None)
-    return
   want, _ = jax.jit(model.loss_fn)(params, unpacked, None)
   loss, _ = jax.jit(model.loss_fn)(params, packed, None)
   np.testing.assert_allclose(loss, want, rtol=1e-5)

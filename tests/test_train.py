@@ -25,8 +25,10 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.tasks import packing
 
 import conftest
 
@@ -288,14 +290,29 @@ def test_unwritable_model_dir_is_a_clear_error(tmp_path):
         tmp_path, model_dir=str(blocker / 'run')))
 
 
-def test_packing_a_hypergrid_run_is_refused_before_any_step(tmp_path):
+def test_packed_hypergrid_run_trains_at_most_max_segments_a_row(
+    tmp_path, monkeypatch):
+  """The runner's packer closes rows at MAX_SEGMENTS (every batch it feeds
+  holds at most that many examples a row) and the run record names it."""
   model = network.Transformer(network.T5Config(**{
       **vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8,
-      'hypergrid': hypergrid.HyperGridConfig(grid_rows=4, grid_cols=8)}))
-  with pytest.raises(ValueError, match='PACK = False'):
-    train_lib.train(model, **_train_kwargs(tmp_path, pack=True))
-  assert not (tmp_path / 'run').exists() or not list(
-      (tmp_path / 'run').glob('checkpoint_*'))
+      'hypergrid': hypergrid.HyperGridConfig(grid_rows=4, grid_cols=8,
+                                             max_segments=2)}))
+  as_numpy, most = input_pipeline.as_numpy, []
+
+  def counted(batch):
+    batch = as_numpy(batch)
+    most.append(int(batch['encoder_segment_ids'].max()))
+    return batch
+
+  monkeypatch.setattr(input_pipeline, 'as_numpy', counted)
+  result = train_lib.train(model, **_train_kwargs(
+      tmp_path, pack=True, train_steps=2, batch_size=2,
+      task_feature_lengths={'inputs': 512, 'targets': 32}))
+  assert result['step'] == 2 and np.isfinite(result['loss'])
+  assert max(most) == 2  # fixture rows of 512 hold 3-5 examples unbounded
+  record = run_record.read(str(tmp_path / 'run' / 'checkpoint_2'))
+  assert record['data']['PACKER'] == packing.name(2)
 
 
 def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
