@@ -53,6 +53,28 @@ CPU, T5.1.1-small's `wo` at batch 4, blockwise wins at lengths 1 and 8 and
 fold from 32 on, so the memory-based threshold is also about where time
 crosses over).
 
+**Packed rows.** A row of S examples needs S conditioning vectors and S
+gated weights. Each segment's vector comes from its own tokens only: its
+task's embedding queries the layer's attention over [itself; that
+segment's tokens] (one query per segment, each seeing its own key), or its
+first token; the decoder's come from the segment's part of `encoded`.
+`MAX_SEGMENTS` (`max_segments`) bounds S statically: the packer closes a
+row at it, and a row over it is an error (`check_segments`, on the host;
+the compiled program checks traced ids). Each token then meets its own
+example's gated weight, by one of two exact forms (`packed_form`):
+- 'token_blocks': the blockwise route with per-token gates, `length *
+  min(k_out d_in, k_in d_out)` values a row (32 x 1024 per token for
+  T5.1.1-small's `wo`), recomputed in the backward pass; the FLOPs of one
+  plain matmul. XLA:CPU's form: it has no grouped matmul.
+- 'grouped': the folded weights `(1 + psi(grid[s])) ⊙ W`, `S d_in d_out`
+  values a row, and one grouped matmul over the rows' contiguous segments
+  (`jax.lax.ragged_dot`), the FLOPs of one plain matmul where a grouped
+  kernel runs it (GPU, TPU); XLA:CPU computes every group densely.
+'auto' takes 'token_blocks' on CPU and elsewhere the form with fewer values
+(`resolve_packed_form`: the encoder's long rows fold, the decoder's 32
+tokens take token blocks). The L variant and Output Gating gate
+elementwise: a per-token gate vector, no weight.
+
 **Where the equations live.** All of HyperGrid is in this file; the T5
 blocks of `layers.py` know nothing of it. Eqs. 3-5 and the L / scalar
 variants: `GridGate`; the block repeat psi and Eq. 7: `gated_matmul`, used by
