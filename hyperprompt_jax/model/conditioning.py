@@ -39,9 +39,9 @@ from hyperprompt_jax.methods import hyperformer as hyperformer_lib
 from hyperprompt_jax.methods import hypergrid as hypergrid_lib
 from hyperprompt_jax.methods import hyperprompt as hyperprompt_lib
 from hyperprompt_jax.methods import prompt_tuning as prompt_tuning_lib
+from hyperprompt_jax.model import inputs as inputs_lib
 from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import task_blocks as task_blocks_lib
-from hyperprompt_jax.runner import batches
 
 Array = jax.Array
 
@@ -221,8 +221,8 @@ def check_task_ids(cfg, task_ids, tokens: Array,
   ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
   _check_task_id_range(cfg.num_tasks, ids.min(), ids.max())
   if packed and not isinstance(segment_ids, jax.core.Tracer):
-    batches.check_one_task_per_segment('task_ids', ids,
-                                       np.asarray(segment_ids))
+    inputs_lib.check_one_task_per_segment('task_ids', ids,
+                                          np.asarray(segment_ids))
   return task_ids
 
 

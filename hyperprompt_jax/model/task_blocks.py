@@ -18,8 +18,12 @@ from flax import struct
 from flax.linen import partitioning as nn_partitioning
 import jax
 from jax import lax
-from jax.interpreters import pxla
 import jax.numpy as jnp
+
+try:  # t5x's `with mesh:` context; deprecated in JAX, absent from later ones
+  from jax.interpreters import pxla  # pylint: disable=g-import-not-at-top
+except ImportError:
+  pxla = None
 
 Array = jax.Array
 
@@ -70,8 +74,9 @@ def batch_shards(rows: int) -> int:
   `jax.set_mesh` or of t5x's partitioner (`with mesh:`); 1 outside a mesh,
   or where they do not divide `rows`."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    mesh = pxla.thread_resources.env.physical_mesh  # t5x's `with mesh:`
+  resources = getattr(pxla, 'thread_resources', None)
+  if mesh.empty and resources is not None:
+    mesh = resources.env.physical_mesh  # t5x's `with mesh:`
   if mesh.empty:
     return 1
   axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
