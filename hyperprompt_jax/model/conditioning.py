@@ -350,7 +350,8 @@ class StackConditioning:
     if packed and self._prompts is not None:
       self._prompt_blocks = hyperprompt_lib.prompt_blocks(
           task_ids, cfg.num_tasks,
-          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack))
+          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
+          cfg.gradient_form)
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
                            cache_ready, segment_ids if packed else None,
@@ -394,7 +395,8 @@ class StackConditioning:
     if self._adapters is not None:
       weights, activation = self._adapters
       adapters = adapters_lib.LayerAdapters(weights[m], self.task_ids,
-                                            activation, self.packed)
+                                            activation, self.packed,
+                                            self.config.gradient_form)
     hp = self.config.hyperprompt
     return LayerConditioning(
         prompts=prompts,
