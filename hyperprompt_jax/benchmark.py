@@ -186,6 +186,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == '__main__':
   if '--mfu' in sys.argv[1:]:
-    sys.exit(main())
+    try:
+      sys.exit(main())
+    except ValueError as e:  # a usage mistake: one line, as gin_utils.run
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(2)
   from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.run(main)
