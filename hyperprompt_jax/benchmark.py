@@ -148,10 +148,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--warmup_steps', type=int, default=3,
                       help='--mfu: untimed steps after compiling (default: '
                            '3); --steps are then timed one by one')
-  parser.add_argument('--gradient_forms', default='both',
-                      help='--mfu: the gradient forms of the models that '
-                           'have two (T5Config.gradient_form): both, auto, '
-                           'written, autodiff (default: both)')
+  parser.add_argument('--forms', default='both',
+                      help='--mfu: both forms of the models that have two '
+                           '(T5Config.gradient_form, HyperGridConfig.'
+                           'packed_form), or each default: both, auto '
+                           '(default: both)')
   parser.add_argument('--peak_tflops', type=float, default=None,
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "
                            "from the device's kind; a CPU has none)")
@@ -163,9 +164,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def _mfu(argv: Sequence[str]) -> int:
   """`--mfu`: its flags parsed and run without gin (an accelerator image may
   lack it, and the MFU benchmark takes no gin file)."""
-  parser = argparse.ArgumentParser(prog='python -m hyperprompt_jax.benchmark',
-                                   description=__doc__,
-                                   formatter_class=argparse.RawTextHelpFormatter)
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.benchmark', description=__doc__,
+      formatter_class=argparse.RawTextHelpFormatter)
   add_flags(parser)
   args = parser.parse_args(argv)
   from hyperprompt_jax.benchmarks import mfu  # pylint: disable=g-import-not-at-top

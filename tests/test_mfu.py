@@ -66,7 +66,8 @@ def test_packed_rows_are_valid_batches(slots):
     assert (batch[f'{side}_task_ids'][seg == 0] == 0).all()
   assert ((batch['encoder_input_tokens'] > 0)
           == (batch['encoder_segment_ids'] > 0)).all()
-  targets, inputs = batch['decoder_target_tokens'], batch['decoder_input_tokens']
+  targets = batch['decoder_target_tokens']
+  inputs = batch['decoder_input_tokens']
   seg = batch['decoder_segment_ids']
   # Teacher forcing within each example: 0 first, then its targets shifted.
   inside = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
@@ -74,6 +75,16 @@ def test_packed_rows_are_valid_batches(slots):
   assert (inputs[batch['decoder_positions'] == 0] == 0).all()
   real = (batch['encoder_input_tokens'] > 0).sum() + (targets > 0).sum()
   assert stats['real_tokens'] == real - slots * stats['examples']
+
+
+def test_packed_rows_honour_a_bound_on_examples():
+  batch, stats = mfu.synthetic_rows(8, 512, 32, 32128, 16, packed=True,
+                                    max_segments=3)
+  assert batch['encoder_segment_ids'].max() == 3
+  assert stats['examples'] <= 24
+  # HyperGrid-LG's bound (MAX_SEGMENTS) is the one its rows are packed to.
+  cfg = mfu.model_config('t5_1_1_base', 'hypergrid_lg')
+  assert cfg.hypergrid.max_segments == 8
 
 
 def test_unpacked_rows_hold_one_example_each():
@@ -131,10 +142,12 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   report = json.loads((out / 'mfu.json').read_text())
-  assert [(r['model'], r['gradient_form'], r['rows'])
+  assert [(r['model'], r['form'], r['rows'])
           for r in report['rows']] == [
               ('mtl', 'auto', 'packed'), ('adapter', 'written', 'packed'),
               ('adapter', 'autodiff', 'packed')]
+  assert [r['label'] for r in report['rows']] == [
+      'mtl', 'adapter [written]', 'adapter [autodiff]']
   for row in report['rows']:
     assert row['xla_flops'] > 0 and row['six_nd_flops'] > 0
     assert row['mfu'] == pytest.approx(

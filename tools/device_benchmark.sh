@@ -29,5 +29,5 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 echo "$(date +%H:%M:%S) device_benchmark: writing $OUT_DIR"
 timeout "${MFU_TIMEOUT_S:-470}" python3 -m hyperprompt_jax.benchmark --mfu \
   --model=t5_1_1_base --dtype=bfloat16 --batch_size=32 --input_length=512 \
-  --target_length=32 --warmup_steps=3 --steps=5 --gradient_forms=both \
+  --target_length=32 --warmup_steps=3 --steps=5 --forms=both \
   --output_json="$OUT_DIR/mfu.json" "$@" 2>&1 | tee "$OUT_DIR/mfu.log"

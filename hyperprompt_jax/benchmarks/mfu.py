@@ -3,7 +3,7 @@
     python -m hyperprompt_jax.benchmark --mfu [--model=t5_1_1_base]
         [--dtype=bfloat16] [--batch_size=32] [--input_length=512]
         [--target_length=32] [--variants=global,hypergrid_lg,...]
-        [--gradient_forms=both] [--steps=5] [--warmup_steps=3]
+        [--forms=both] [--steps=5] [--warmup_steps=3]
         [--peak_tflops=989] [--output_json=mfu.json]
 
 MTL and each model of `MODELS` (HyperPrompt-Global, HyperGrid-LG, the
@@ -12,14 +12,15 @@ train on synthetic rows, side by side in one process: each model's step
 (`trainer.train_step`, the built-in runner's: forward, backward,
 Adafactor) is compiled once, run `warmup_steps` times, then timed
 `steps` times, every step on its own (the median is reported). A model
-that has two gradient forms (`T5Config.gradient_form`: the adapters and
-packed HyperPrompt) is timed in both.
+with two forms (`FORMS`: `T5Config.gradient_form` of the adapters and
+packed HyperPrompt, `HyperGridConfig.packed_form` of HyperGrid) is timed in
+both (`--forms=both`), or in its default (`auto`).
 
 Rows: packed, GLUE + SuperGLUE-like examples (`synthetic_rows`, no
 tf.data) first-fit into `batch_size` rows of `input_length` /
-`target_length` tokens, when the model takes packed rows
-(`methods.check_packing`); otherwise as many rows, one example each, of the
-same stream. Token ids are random (a step's cost does not depend on them).
+`target_length` tokens (at most HyperGrid's MAX_SEGMENTS examples a row),
+as training packs them; the report's `rows` says so. Token ids are random
+(a step's cost does not depend on them).
 
 Figures per model: step time and its ratio to MTL's; real tokens per second
 (the examples' input and target tokens); model FLOPs per step, XLA's cost
@@ -51,7 +52,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax import methods
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
@@ -95,16 +95,24 @@ MODELS = {
         target='wo', conditioning='task_attention')),
     'adapter': dict(num_tasks=8, adapter=adapters.AdapterConfig(
         placement='both', reduction=32)),
-    'hyperformer_pp': dict(num_tasks=8, hyperformer=hyperformer.HyperFormerConfig(
-        placement='both', reduction=16, task_embed_dim=512,
-        task_hidden_dim=128, projected_dim=64)),
+    'hyperformer_pp': dict(
+        num_tasks=8, hyperformer=hyperformer.HyperFormerConfig(
+            placement='both', reduction=16, task_embed_dim=512,
+            task_hidden_dim=128, projected_dim=64)),
     'prompt_tuning': dict(num_tasks=8,
                           prompt_tuning=prompt_tuning.PromptTuningConfig(
                               prompt_length=12)),
 }
-# Models with two gradient forms (`T5Config.gradient_form`).
-TWO_FORMS = ('global', 'adapter', 'hyperformer_pp')
-GRADIENT_FORMS = ('written', 'autodiff')
+# Models with two forms, one shaped for XLA:CPU and the plain one: the
+# config field that picks them, and the forms (CPU's first).
+FORMS = {
+    'global': ('gradient_form', ('written', 'autodiff')),
+    'adapter': ('gradient_form', ('written', 'autodiff')),
+    'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
+    'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped')),
+}
+TWO_FORMS = tuple(name for name, (field, _) in FORMS.items()
+                  if field == 'gradient_form')
 
 # Dense bf16 TFLOP/s per chip, by a lower-case piece of
 # `jax.Device.device_kind` (the first that matches; vendors' datasheets).
@@ -144,15 +152,15 @@ PROMPT_SLOT_TOKEN = 1
 
 
 def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
-                 gradient_form: str = 'auto') -> network.T5Config:
+                 form: str = 'auto') -> network.T5Config:
   """The `network.T5Config` of `model` ('mtl' or a key of `MODELS`) on
-  `backbone` (a key of `BACKBONES`), activations in `dtype`.
+  `backbone` (a key of `BACKBONES`), activations in `dtype`, in `form`
+  for a model of `FORMS` ('auto': the default).
 
   HyperGrid's grid is cut to divide d_model and d_ff where they are
   smaller than the paper's (t5_1_1_tiny). Traced task ids are not checked
-  in the step (`check_traced_task_ids`
-  off: a host callback would sit in every step); `synthetic_rows` makes
-  valid ones.
+  in the step (`check_traced_task_ids` off: a host callback would sit in
+  every step); `synthetic_rows` makes valid ones.
   """
   if backbone not in BACKBONES:
     raise ValueError(f'Unknown model {backbone!r}: choose from '
@@ -167,6 +175,12 @@ def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
         method['hypergrid'],
         grid_rows=math.gcd(method['hypergrid'].grid_rows, size['emb_dim']),
         grid_cols=math.gcd(method['hypergrid'].grid_cols, size['mlp_dim']))
+  gradient_form = 'auto'
+  if model in FORMS and FORMS[model][0] == 'gradient_form':
+    gradient_form = form
+  elif model in FORMS:  # HyperGrid's packed form
+    method['hypergrid'] = dataclasses.replace(method['hypergrid'],
+                                              packed_form=form)
   return network.T5Config(**size, **method, dtype=dtype,
                           gradient_form=gradient_form,
                           check_traced_task_ids=False)
@@ -368,17 +382,13 @@ def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
           'xla_peak_bytes': timing.peak_bytes(compiled), 'loss': loss}
 
 
-def _runs(models: Sequence[str], gradient_forms: str
-          ) -> list[tuple[str, str]]:
-  """`(model, gradient form)` in the order they run: MTL first."""
-  if gradient_forms == 'both':
-    forms = GRADIENT_FORMS
-  else:
-    forms = (gradient_forms,)
+def _runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
+  """`(model, form)` in the order they run, MTL first: both forms of a
+  model of `FORMS` (`forms='both'`) or its default ('auto')."""
   runs = []
   for name in ['mtl', *[m for m in models if m != 'mtl']]:
-    for form in (forms if name in TWO_FORMS else ('auto',)):
-      runs.append((name, form))
+    both = FORMS[name][1] if name in FORMS and forms == 'both' else ('auto',)
+    runs.extend((name, form) for form in both)
   return runs
 
 
@@ -386,7 +396,7 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
                   batch_size: int, input_length: int, target_length: int,
                   warmup_steps: int, steps: int,
                   peak: Optional[float] = None,
-                  gradient_forms: str = 'both',
+                  forms: str = 'both',
                   output_json: Optional[str] = None,
                   log=print) -> dict[str, Any]:
   """Every model's figures (module docstring), the JSON's content."""
@@ -402,26 +412,22 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
   log(f'device: {device.device_kind} ({device.platform}, '
       f'{jax.device_count()} devices; the step runs on one), jax '
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
-  for name, form in _runs(models, gradient_forms):
+  for name, form in _runs(models, forms):
     cfg = model_config(backbone, name, dtype, form)
-    try:
-      methods.check_packing(cfg)
-      packed = True
-    except ValueError:
-      packed = False
-    slots = (prompt_tuning.prompt_length(cfg.prompt_tuning) if packed
-             else 0)
+    packed = True  # every model packs (`synthetic_rows` can do without)
+    slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
     batch, stats = synthetic_rows(batch_size, input_length, target_length,
                                   cfg.vocab_size, cfg.num_tasks, packed,
-                                  slots)
-    label = name if name not in TWO_FORMS else f'{name} [{form}]'
+                                  slots, max_segments=hypergrid.max_segments(
+                                      cfg.hypergrid))
+    label = name if form == 'auto' else f'{name} [{form}]'
     log(f'{time.strftime("%H:%M:%S")} {label}: compiling '
         f'({"packed" if packed else "unpacked"} rows)')
     row = measure(cfg, batch, warmup_steps, steps)
     seconds = row['seconds_per_step']
     flops = row['xla_flops'] or row['six_nd_flops']
     row.update({
-        'model': name, 'gradient_form': form, 'label': label,
+        'model': name, 'form': form, 'label': label,
         'rows': 'packed' if packed else 'unpacked', **stats,
         'real_tokens_per_second': stats['real_tokens'] / seconds,
         'tflops_per_second': flops / seconds / 1e12,
@@ -459,13 +465,13 @@ def format_report(report: dict) -> str:
            f'{report["target_length"]}, {report["steps"]} timed steps after '
            f'{report["warmup_steps"]}; {report["device"]}, jax '
            f'{report["jax"]}',
-           f'{"model":<26}{"rows":<9}{"ms/step":>9}{"x MTL":>7}'
+           f'{"model":<30}{"rows":<9}{"ms/step":>9}{"x MTL":>7}'
            f'{"real tok/s":>12}{"XLA TFLOP":>10}{"6ND TFLOP":>10}'
            f'{"TFLOP/s":>9}{"MFU":>7}{"peak GiB":>9}']
   for r in report['rows']:
     xla = r['xla_flops']
     lines.append(
-        f'{r["label"]:<26}{r["rows"]:<9}{1000 * r["seconds_per_step"]:>9.1f}'
+        f'{r["label"]:<30}{r["rows"]:<9}{1000 * r["seconds_per_step"]:>9.1f}'
         f'{r["ratio_to_mtl"]:>6.3f}x{r["real_tokens_per_second"]:>12,.0f}'
         f'{"n/a" if xla is None else f"{xla / 1e12:.2f}":>10}'
         f'{r["six_nd_flops"] / 1e12:>10.2f}{r["tflops_per_second"]:>9.1f}'
@@ -484,16 +490,15 @@ def run(args: argparse.Namespace) -> int:
   if bad:
     raise ValueError(f'Unknown variants {bad} for --mfu: choose from '
                      f'{list(MODELS)}.')
-  if args.gradient_forms not in ('both', 'auto', *GRADIENT_FORMS):
-    raise ValueError(f'--gradient_forms={args.gradient_forms}: choose from '
-                     f"both, auto, {', '.join(GRADIENT_FORMS)}.")
+  if args.forms not in ('both', 'auto'):
+    raise ValueError(f'--forms={args.forms}: choose from both, auto.')
   if args.batch_size <= 0 or args.steps <= 0 or args.warmup_steps < 0:
     raise ValueError('--batch_size and --steps must be positive, '
                      '--warmup_steps >= 0.')
   report = mfu_benchmark(
       args.model, models, args.dtype, args.batch_size, args.input_length,
       args.target_length, args.warmup_steps, args.steps, args.peak_tflops,
-      args.gradient_forms, args.output_json,
+      args.forms, args.output_json,
       log=lambda line: print(line, flush=True))
   print(format_report(report))
   if args.output_json:
