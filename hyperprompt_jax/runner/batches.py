@@ -133,7 +133,7 @@ def validate_batch(
     if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
       inputs.check_one_task_per_segment(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
-  if rows.max_examples is not None and is_packed(batch):
+  if rows.max_examples is not None and inputs.is_packed(batch):
     for name in ('encoder_segment_ids', 'decoder_segment_ids'):
       hypergrid.check_segments(name, np.asarray(batch[name]),
                                rows.max_examples)
