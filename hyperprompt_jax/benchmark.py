@@ -46,12 +46,23 @@ temporaries' share of the peak (what the two knobs cut).
 `--packing` compares real target tokens per second of packed and unpacked
 rows for MTL and every variant that packs, on two length distributions, at
 the first batch size (`packing_benchmark.py`).
+
+`--mfu` measures the model FLOPs utilisation of the training step of MTL,
+HyperPrompt-Global, HyperGrid-LG, the Vanilla Adapter, HyperFormer++ and
+Prompt-Tuning on synthetic GLUE + SuperGLUE-like rows, on the device JAX
+runs on (`mfu.py`): step time, real tokens/s, FLOPs, TFLOP/s, MFU, peak
+memory, and a JSON of them (`--output_json`). It needs neither gin nor
+TensorFlow (its flags are the ones marked --mfu, and --variants,
+--input_length, --target_length, --steps):
+
+    python -m hyperprompt_jax.benchmark --mfu --model=t5_1_1_base \
+        --batch_size=32 --input_length=512 --target_length=32 --steps=5 \
+        --warmup_steps=3 --output_json=/tmp/mfu.json
 """
 
 import argparse
+import sys
 from typing import Optional, Sequence
-
-from hyperprompt_jax.runner import gin_utils
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -123,9 +134,51 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--flops_batch_size', type=int, default=128,
                       help="batch of the FLOPs count (the papers' 128): "
                            'per-task parts are computed once per batch')
+  parser.add_argument(
+      '--mfu', action='store_true',
+      help='model FLOPs utilisation of each model\'s training step on this '
+           'device (benchmarks/mfu.py); no gin, no TensorFlow')
+  parser.add_argument('--model', default='t5_1_1_base',
+                      help='--mfu: the backbone, t5_1_1_tiny / small / base '
+                           '/ large (default: t5_1_1_base)')
+  parser.add_argument('--dtype', default='bfloat16',
+                      help='--mfu: activation dtype (default: bfloat16)')
+  parser.add_argument('--batch_size', type=int, default=32,
+                      help='--mfu: rows per step (default: 32)')
+  parser.add_argument('--warmup_steps', type=int, default=3,
+                      help='--mfu: untimed steps after compiling (default: '
+                           '3); --steps are then timed one by one')
+  parser.add_argument('--forms', default='both',
+                      help='--mfu: both forms of the models that have two '
+                           '(T5Config.gradient_form, HyperGridConfig.'
+                           'packed_form), or each default: both, auto '
+                           '(default: both)')
+  parser.add_argument('--peak_tflops', type=float, default=None,
+                      help="--mfu: the device's dense bf16 TFLOP/s (default: "
+                           "from the device's kind; a CPU has none)")
+  parser.add_argument('--output_json', default=None,
+                      help='--mfu: the JSON of the figures, rewritten after '
+                           'each model')
+
+
+def _mfu(argv: Sequence[str]) -> int:
+  """`--mfu`: its flags parsed and run without gin (an accelerator image may
+  lack it, and the MFU benchmark takes no gin file)."""
+  parser = argparse.ArgumentParser(
+      prog='python -m hyperprompt_jax.benchmark', description=__doc__,
+      formatter_class=argparse.RawTextHelpFormatter)
+  add_flags(parser)
+  args = parser.parse_args(argv)
+  from hyperprompt_jax.benchmarks import mfu  # pylint: disable=g-import-not-at-top
+  return mfu.run(args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if '--mfu' in argv:
+    return _mfu(argv)
+  # Imported here: gin_utils imports gin, which --mfu does without.
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   return gin_utils.run_command(
       'python -m hyperprompt_jax.benchmark', __doc__,
       'hyperprompt_jax.benchmarks.benchmark', argv,
@@ -133,4 +186,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
+  if '--mfu' in sys.argv[1:]:
+    try:
+      sys.exit(main())
+    except ValueError as e:  # a usage mistake: one line, as gin_utils.run
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(2)
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.run(main)

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
@@ -77,7 +78,7 @@ def test_predictor_pads_the_last_batch_and_keeps_the_order(tmp_path):
   ids = np.array([2, 0, 1, 3, 2], np.int32)
   variables = model.init(jax.random.PRNGKey(1), enc, enc[:, :4], enc[:, :4],
                          enable_dropout=False, task_ids=ids)
-  predictor = decoding.Predictor(model, variables['params_axes'],
+  predictor = predictor_lib.Predictor(model, variables['params_axes'],
                                  partitioning.create_mesh(), batch_size=4,
                                  max_decode_length=5)
   predictor.set_params(variables['params'])

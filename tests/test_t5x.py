@@ -613,7 +613,7 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
       optimizer_def=t5x_optimizers.OptaxWrapper(
           optimizers.make_optimizer(learning_rate=learning_rate)),
       z_loss=1e-4, loss_normalizing_factor='NUM_REAL_TARGET_TOKENS')
-  # The plan as the constructor makes it from gin (metabalance.run_plan),
+  # The plan as the constructor makes it from gin (balancing.run_plan),
   # without registering a mixture.
   model.balancing = balancing
   variables = model.get_initial_variables(

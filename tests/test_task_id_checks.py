@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import conftest
+from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
@@ -114,7 +115,7 @@ def test_greedy_decode_and_predictor(model_and_params):
       enable_dropout=False, decode=True, max_decode_length=3, task_ids=ids,
       mutable=['cache'], method=model.decode)[0]))
   # The predictor refuses the batch on the host, before its compiled call.
-  predictor = decoding.Predictor(
+  predictor = predictor_lib.Predictor(
       model, network.abstract_variables(model)['params_axes'],
       partitioning.create_mesh(1, 1), batch_size=3, max_decode_length=3)
   predictor.set_params(params)

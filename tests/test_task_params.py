@@ -17,6 +17,7 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import train as train_lib
@@ -114,8 +115,9 @@ def test_export_then_import_gives_back_the_parameters(variant, tmp_path):
   assert header['task_list'] == list(TASKS) and header['num_tasks'] == 4
   assert out['bytes'] < out['checkpoint_bytes']
   # Import onto the checkpoint's backbone: the original parameters.
-  params, fresh, rows = _trainer(model).params_from_t5x(
-      str(checkpoint), str(tmp_path / 'task.npz'), task_list=TASKS)
+  params, fresh, rows = initial_checkpoint.params_from_t5x(
+      _trainer(model), str(checkpoint), str(tmp_path / 'task.npz'),
+      task_list=TASKS)
   assert fresh == [] and rows == 4
   for k, v in _flat(params).items():
     np.testing.assert_array_equal(v, trained[k], err_msg=k)
@@ -146,9 +148,9 @@ def test_artifact_on_a_real_t5x_backbone(global_on_t5x):
   artifact: each equals its source."""
   model, trained, artifact = global_on_t5x
   expected = np.load(conftest.T5X_TINY / 'orbax_checkpoint_100.params.npz')
-  params, fresh, _ = _trainer(model).params_from_t5x(
-      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), artifact,
-      task_list=TASKS)
+  params, fresh, _ = initial_checkpoint.params_from_t5x(
+      _trainer(model), str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
+      artifact, task_list=TASKS)
   flat = _flat(params)
   assert not fresh
   for k in expected.files:
@@ -163,30 +165,34 @@ def test_artifact_refuses_another_backbone_or_moved_ids(global_on_t5x):
   # t5x's legacy test checkpoint holds other backbone values.
   with pytest.raises(task_params.TaskParamsError,
                      match='backbone: the artifact was trained with'):
-    trainer.params_from_t5x(str(conftest.T5X_TINY / 'legacy/checkpoint_50'),
-                            artifact, task_list=TASKS)
+    initial_checkpoint.params_from_t5x(
+        trainer, str(conftest.T5X_TINY / 'legacy/checkpoint_50'), artifact,
+        task_list=TASKS)
   orbax = str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100')
   with pytest.raises(task_params.TaskParamsError,
                      match="task 'glue_mnli' has id 1 in the artifact but has "
                      'id 0'):
-    trainer.params_from_t5x(orbax, artifact, task_list=(
+    initial_checkpoint.params_from_t5x(trainer, orbax, artifact, task_list=(
         'glue_mnli', 'glue_rte', 'glue_stsb', 'glue_cola'))
   smaller = network.Transformer(dataclasses.replace(model.config,
                                                     num_tasks=3))
   with pytest.raises(task_params.TaskParamsError,
                      match='NUM_TASKS=3 is smaller than the artifact'):
-    _trainer(smaller).params_from_t5x(orbax, artifact, task_list=TASKS[:3])
+    initial_checkpoint.params_from_t5x(_trainer(smaller), orbax, artifact,
+                                       task_list=TASKS[:3])
   other = network.Transformer(dataclasses.replace(
       model.config, hyperprompt=dataclasses.replace(
           model.config.hyperprompt, encoder_prompt_length=6)))
   with pytest.raises(task_params.TaskParamsError,
                      match=r'encoder_prompt_length: artifact 16, model 6'):
-    _trainer(other).params_from_t5x(orbax, artifact, task_list=TASKS)
+    initial_checkpoint.params_from_t5x(_trainer(other), orbax, artifact,
+                                       task_list=TASKS)
   mtl = network.Transformer(dataclasses.replace(model.config,
                                                 hyperprompt=None))
   with pytest.raises(task_params.TaskParamsError,
                      match=r"method: artifact \['hyperprompt'\], model \[\]"):
-    _trainer(mtl).params_from_t5x(orbax, artifact, task_list=TASKS)
+    initial_checkpoint.params_from_t5x(_trainer(mtl), orbax, artifact,
+                                       task_list=TASKS)
 
 
 def test_an_unreadable_artifact_is_named(tmp_path):
@@ -267,8 +273,8 @@ def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
   task_list = TASKS + ('glue_qqp', 'glue_qnli')
   growth = task_params.Growth(rule, 'glue_mnli' if rule == 'copy' else None)
   trainer = _trainer(new_model)
-  params, _, rows = trainer.params_from_t5x(str(checkpoint), growth=growth,
-                                            task_list=task_list)
+  params, _, rows = initial_checkpoint.params_from_t5x(
+      trainer, str(checkpoint), growth=growth, task_list=task_list)
   assert rows == 4
   grown = _flat(params)
   init = _flat(trainer.fresh_params()) if rule == 'fresh' else None
@@ -312,9 +318,9 @@ def test_rows_of_ids_never_trained_are_new_rows(global_on_t5x):
   arrays, header = task_params.read(artifact)
   three = artifact.replace('.npz', '_3.npz')
   task_params.write(three, arrays, {**header, 'task_list': list(TASKS[:3])})
-  params, _, rows = _trainer(model).params_from_t5x(
-      str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), three,
-      growth=task_params.Growth('copy', 'glue_rte'), task_list=TASKS)
+  params, _, rows = initial_checkpoint.params_from_t5x(
+      _trainer(model), str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
+      three, growth=task_params.Growth('copy', 'glue_rte'), task_list=TASKS)
   assert rows == 3
   flat = _flat(params)
   axes = task_params.task_axes(model)
@@ -353,7 +359,8 @@ def test_training_only_new_rows_leaves_everything_else_bit_identical(
       optimizers.make_optimizer(learning_rate=1e-2),
       {k: (a, 4) for k, a in axes.items()})
   trainer = _trainer(model, optimizer)
-  params, _, _ = trainer.params_from_t5x(str(checkpoint), task_list=TASKS)
+  params, _, _ = initial_checkpoint.params_from_t5x(trainer, str(checkpoint),
+                                                     task_list=TASKS)
   before = _flat(params)
   state = trainer.new_state(params)
   # No optimizer state for what is frozen: Adafactor's moments of the

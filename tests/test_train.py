@@ -22,6 +22,7 @@ from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
@@ -155,7 +156,8 @@ def _trainer(config, mesh=None):
     ('legacy/checkpoint_50', 'legacy_checkpoint_50.params.npz')])
 def test_t5x_checkpoint_restores_into_hyperprompt_global(layout, npz):
   trainer = _trainer(_global_tiny_config())
-  params, fresh, _ = trainer.params_from_t5x(str(conftest.T5X_TINY / layout))
+  params, fresh, _ = initial_checkpoint.params_from_t5x(
+      trainer, str(conftest.T5X_TINY / layout))
   flat = traverse_util.flatten_dict(params, sep='/')
   expected = np.load(conftest.T5X_TINY / npz)
   assert set(expected.files) == {k for k in flat if 'hyperprompt' not in k}

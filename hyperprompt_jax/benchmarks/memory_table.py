@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
@@ -128,7 +128,7 @@ def abstract_batch(batch: int, input_length: int, target_length: int,
   lengths = {'encoder': input_length, 'decoder': target_length}
   return {name: jax.ShapeDtypeStruct(
       (batch,) if name == 'task_ids' else (batch, lengths[name.split('_')[0]]),
-      jnp.int32) for name in batches.required_features(pack)}
+      jnp.int32) for name in inputs.required_features(pack)}
 
 
 def saved_bytes(config: network.T5Config, batch: int, input_length: int,

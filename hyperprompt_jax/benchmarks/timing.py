@@ -11,9 +11,6 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-# `saved_residuals` lists what the backward pass keeps from the forward;
-# JAX's public API only prints that list (`print_saved_residuals`).
-from jax._src import ad_checkpoint as jax_ad_checkpoint
 import numpy as np
 
 from hyperprompt_jax.model import network
@@ -192,6 +189,11 @@ def saved_activation_bytes(model: network.Transformer, params, batch,
   XLA. XLA may still recompute or reorder on its own; its CPU compiler's
   `memory_analysis` does not show remat's saving (docs/performance.md).
   `params` and `batch` may be abstract (`jax.ShapeDtypeStruct`)."""
+  # `saved_residuals` lists what the backward pass keeps from the forward;
+  # JAX's public API only prints that list (`print_saved_residuals`). A
+  # private module, imported here so that a JAX release that moves it breaks
+  # this measurement only, not the module.
+  from jax._src import ad_checkpoint as jax_ad_checkpoint  # pylint: disable=g-import-not-at-top
   loss = functools.partial(trainer.loss_fn, model, z_loss=z_loss)
   saved = jax_ad_checkpoint.saved_residuals(
       lambda p, b: loss(p, b, jax.random.PRNGKey(0))[0], params, batch)

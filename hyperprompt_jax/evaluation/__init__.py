@@ -1,3 +1,4 @@
 """Evaluation of checkpoints by each paper's protocol (`eval`,
-`eval_summary`, `paper_results`), inference (`infer`), test-server files
-(`leaderboard`) and the attention probe (`probe`)."""
+`eval_summary`, `paper_results`), batched greedy prediction on the mesh
+(`predictor`), inference (`infer`), test-server files (`leaderboard`) and
+the attention probe (`probe`)."""

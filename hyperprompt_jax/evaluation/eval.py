@@ -21,7 +21,7 @@ import tensorflow as tf
 from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import paper_results
-from hyperprompt_jax.model import decoding
+from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
@@ -208,7 +208,7 @@ def evaluate(
   tasks = input_pipeline.eval_tasks(mixture_or_task_name, split)
   _check_selection_covered(selection, selection_benchmark, tasks)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
-  predictor, abstract_params = decoding.make_predictor(
+  predictor, abstract_params = predictor_lib.make_predictor(
       model, task_feature_lengths, mesh, batch_size)
   names = run_names(run_paths)
 
@@ -326,7 +326,7 @@ def _majority_scores(tasks: Sequence[seqio.Task],
 
 
 def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
-                          predictor: decoding.Predictor, abstract_params,
+                          predictor: predictor_lib.Predictor, abstract_params,
                           evaluator: seqio.Evaluator):
   """`({step: seqio results}, {step: error})` of one run's checkpoints; a
   checkpoint that cannot be read is skipped and reported."""

@@ -1,4 +1,4 @@
-"""Predictions per task of one checkpoint (greedy decoding, `decoding`),
+"""Predictions per task of one checkpoint (greedy decoding, `predictor`),
 written as JSON lines per task. Its command: `python -m
 hyperprompt_jax.infer`."""
 
@@ -14,7 +14,7 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import paths
-from hyperprompt_jax.model import decoding
+from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
@@ -57,7 +57,7 @@ def task_examples(task: seqio.Task, task_feature_lengths: Mapping[str, int],
   return examples, converter(examples, lengths)
 
 
-def task_predictions(task: seqio.Task, predictor: decoding.Predictor,
+def task_predictions(task: seqio.Task, predictor: predictor_lib.Predictor,
                      task_feature_lengths: Mapping[str, int], split: str,
                      num_examples: Optional[int] = None) -> list[dict]:
   """Decodes `task`'s `split`; one record per example (module docstring)."""
@@ -103,10 +103,10 @@ def example_idx(example: Mapping[str, Any]) -> Any:
 def checkpoint_predictor(model: network.Transformer, checkpoint_path: str,
                          task_feature_lengths: Mapping[str, int],
                          batch_size: int, mesh_data: int, mesh_model: int):
-  """`decoding.make_predictor` on the mesh, holding the parameters of one
+  """`predictor_lib.make_predictor` on the mesh, holding the parameters of one
   checkpoint, after its run record is checked against the model and the
   run's task list."""
-  predictor, abstract_params = decoding.make_predictor(
+  predictor, abstract_params = predictor_lib.make_predictor(
       model, task_feature_lengths,
       partitioning.create_mesh(mesh_data, mesh_model), batch_size)
   run_record.check_checkpoint(checkpoint_path, model.config,

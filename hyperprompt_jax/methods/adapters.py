@@ -198,6 +198,17 @@ def adapt_groups(activation: Callable[[Array], Array], x: Array,
                            norm)[0]
 
 
+def adapt_groups_autodiff(activation: Callable[[Array], Array], x: Array,
+                          down: Array, down_bias: Array, up: Array,
+                          up_bias: Array,
+                          norm: Optional[tuple[Array, Array]]) -> Array:
+  """`adapt_groups` with JAX's own gradient (`T5Config.gradient_form =
+  'autodiff'`): the same forward, differentiated by autodiff, the form for
+  TPUs and GPUs (the written gradient is shaped for XLA's CPU kernels)."""
+  return _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias,
+                           norm)[0]
+
+
 def _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias, norm):
   dtype = x.dtype
   pre = _dot('gld,gbd->glb', x, down.astype(dtype)) + down_bias[:, None]
@@ -345,11 +356,12 @@ def _norm_up_bwd(z, z_t, up, up_bias, scale, inv_std, g):
 class LayerAdapters:
   """One layer's adapters (`{kind: AdapterWeights}` of `[T, ...]` arrays,
   from `per_layer`) bound to the batch's task ids (`[batch]`, or per token
-  `[batch, length]` when `packed`)."""
+  `[batch, length]` when `packed`); their gradients in `gradient_form`
+  (`T5Config.gradient_form`: 'written', 'autodiff' or 'auto')."""
 
   def __init__(self, weights: dict[str, AdapterWeights],
                task_ids: Optional[Array], activation: str,
-               packed: bool = False):
+               packed: bool = False, gradient_form: str = 'auto'):
     if task_ids is None:
       raise ValueError(
           'Adapters need task_ids (int32 [batch]) but none were given: pass '
@@ -359,6 +371,7 @@ class LayerAdapters:
     self.task_ids = task_ids
     self.activation = layers.activation(activation)
     self.packed = packed
+    self.form = task_blocks_lib.resolve_gradient_form(gradient_form)
 
   def __call__(self, h: Array, kind: str) -> Array:
     """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:
@@ -375,15 +388,15 @@ class LayerAdapters:
     adapter of task `group_tasks[g]` (`adapt_groups`)."""
 
     def take(a):  # each group's task: [groups, ...]
-      return task_blocks_lib.take_tasks(a, group_tasks)
+      return task_blocks_lib.take_tasks(a, group_tasks, self.form)
 
     # W_down as [groups, b, d], the layout `adapt_groups` takes it in; the
     # transpose is of the [T, d, b] weights, not of the groups' copies.
     norm = (None if w.norm_scale is None
             else (take(w.norm_scale), take(w.norm_bias)))
-    return adapt_groups(self.activation, x,
-                        take(jnp.swapaxes(w.down, -1, -2)), take(w.down_bias),
-                        take(w.up), take(w.up_bias), norm)
+    adapt = adapt_groups if self.form == 'written' else adapt_groups_autodiff
+    return adapt(self.activation, x, take(jnp.swapaxes(w.down, -1, -2)),
+                 take(w.down_bias), take(w.up), take(w.up_bias), norm)
 
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
@@ -406,7 +419,7 @@ class LayerAdapters:
     num_tasks = w.down.shape[0]
     # A block copies its task's W_down and W_up: 2 b rows of d.
     blocks = task_blocks_lib.batch_task_blocks(task_ids, num_tasks,
-                                               2 * w.up.shape[-2])
+                                               2 * w.up.shape[-2], self.form)
     x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
     out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
@@ -414,7 +427,7 @@ class LayerAdapters:
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
   return ((adapters.weights, adapters.task_ids),
-          (adapters.activation, adapters.packed))
+          (adapters.activation, adapters.packed, adapters.form))
 
 
 def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
@@ -422,7 +435,7 @@ def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
   # activation is already the function.
   adapters = object.__new__(LayerAdapters)
   adapters.weights, adapters.task_ids = children
-  adapters.activation, adapters.packed = aux
+  adapters.activation, adapters.packed, adapters.form = aux
   return adapters
 
 

@@ -328,8 +328,9 @@ def gather_prompts(keys: Array, values: Array, layer: int,
           jnp.take(values[layer], task_ids, axis=0))
 
 
-def prompt_blocks(token_task_ids: Array, num_tasks: int,
-                  prompt_length: int) -> task_blocks_lib.TaskBlocks:
+def prompt_blocks(token_task_ids: Array, num_tasks: int, prompt_length: int,
+                  gradient_form: str = 'auto'
+                  ) -> task_blocks_lib.TaskBlocks:
   """The task blocks of packed rows' queries, shared by a stack's layers.
 
   A packed row holds examples of several tasks and each token must see
@@ -348,7 +349,8 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int,
     token_task_ids: int32 `[batch, length]`, each token's task.
     num_tasks: T.
     prompt_length: l.
+    gradient_form: `T5Config.gradient_form` of the blocks' gathers.
   """
   return task_blocks_lib.batch_task_blocks(token_task_ids, num_tasks,
-                                           2 * prompt_length)
+                                           2 * prompt_length, gradient_form)
 

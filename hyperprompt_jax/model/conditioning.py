@@ -39,9 +39,9 @@ from hyperprompt_jax.methods import hyperformer as hyperformer_lib
 from hyperprompt_jax.methods import hypergrid as hypergrid_lib
 from hyperprompt_jax.methods import hyperprompt as hyperprompt_lib
 from hyperprompt_jax.methods import prompt_tuning as prompt_tuning_lib
+from hyperprompt_jax.model import inputs as inputs_lib
 from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import task_blocks as task_blocks_lib
-from hyperprompt_jax.runner import batches
 
 Array = jax.Array
 
@@ -221,8 +221,8 @@ def check_task_ids(cfg, task_ids, tokens: Array,
   ids = np.asarray(task_ids)  # concrete: check on the host, outside tracing
   _check_task_id_range(cfg.num_tasks, ids.min(), ids.max())
   if packed and not isinstance(segment_ids, jax.core.Tracer):
-    batches.check_one_task_per_segment('task_ids', ids,
-                                       np.asarray(segment_ids))
+    inputs_lib.check_one_task_per_segment('task_ids', ids,
+                                          np.asarray(segment_ids))
   return task_ids
 
 
@@ -350,7 +350,8 @@ class StackConditioning:
     if packed and self._prompts is not None:
       self._prompt_blocks = hyperprompt_lib.prompt_blocks(
           task_ids, cfg.num_tasks,
-          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack))
+          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
+          cfg.gradient_form)
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
                            cache_ready, segment_ids if packed else None,
@@ -394,7 +395,8 @@ class StackConditioning:
     if self._adapters is not None:
       weights, activation = self._adapters
       adapters = adapters_lib.LayerAdapters(weights[m], self.task_ids,
-                                            activation, self.packed)
+                                            activation, self.packed,
+                                            self.config.gradient_form)
     hp = self.config.hyperprompt
     return LayerConditioning(
         prompts=prompts,

@@ -1,4 +1,4 @@
-"""Greedy decoding with the autoregressive cache, and the batched predictor.
+"""Greedy decoding with the autoregressive cache.
 
 The network keeps t5x's cache layout, so a t5x run decodes it with t5x's
 beam search (`t5x.decoding`); the built-in runner, which has no t5x, decodes
@@ -13,17 +13,12 @@ decoder's hyper-prompts and HyperGrid gates are computed and stored; decode
 steps read them back from the cache.
 """
 
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 
 PyTree = Any
 EOS_ID = 1  # T5's (and seqio's ByteVocabulary's) end-of-sequence id.
@@ -76,104 +71,3 @@ def greedy_decode(model: network.Transformer, params: PyTree,
   carry = (jnp.array(0), cache, start, out,
            jnp.zeros((batch,), bool))
   return jax.lax.while_loop(not_finished, step, carry)[3]
-
-
-class Predictor:
-  """Batched, sharded greedy prediction for seqio's `Evaluator`.
-
-  Batches have a fixed size (the last one is padded), so every task of a
-  mixture reuses one compiled program per input length.
-
-  Several processes (one per host) run the same evaluation: each reads the
-  whole evaluation set in the same order (seqio's evaluation datasets are
-  deterministic), places the batch on the global mesh (each device takes
-  its rows), and gets every prediction back (the output is replicated), so
-  each process scores what a single process would.
-
-  Args:
-    model: the network.
-    params_axes: the logical axes of its parameters (from `model.init`);
-      `set_params` places each checkpoint's parameters on the mesh by them.
-    mesh: the ('data', 'model') device mesh.
-    batch_size: examples per decode call; divisible by the data shards.
-    max_decode_length: the most target tokens to produce.
-  """
-
-  def __init__(self, model: network.Transformer, params_axes: PyTree,
-               mesh: jax.sharding.Mesh, batch_size: int,
-               max_decode_length: int):
-    if batch_size % mesh.shape['data']:
-      raise ValueError(f'The eval batch size {batch_size} does not divide '
-                       f"over the mesh's {mesh.shape['data']} data shards.")
-    self.model = model
-    self.mesh = mesh
-    self.batch_size = batch_size
-    self.max_decode_length = max_decode_length
-    self.rules = partitioning.logical_axis_rules()
-    self.param_shardings = partitioning.parameter_shardings(
-        params_axes, mesh, self.rules)
-    self.batch_sharding = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec('data'))
-    self.params = None
-    self._decode = jax.jit(
-        self._decode_fn,
-        in_shardings=(self.param_shardings, self.batch_sharding,
-                      self.batch_sharding),
-        out_shardings=jax.sharding.NamedSharding(
-            mesh, jax.sharding.PartitionSpec()))
-
-  def _decode_fn(self, params, tokens, task_ids):
-    with nn_partitioning.axis_rules(self.rules):
-      return greedy_decode(self.model, params, tokens, task_ids,
-                           self.max_decode_length)
-
-  def set_params(self, params: PyTree) -> None:
-    """Places `params` on the mesh (replacing the previous checkpoint's)."""
-    self.params = jax.device_put(params, self.param_shardings)
-
-  def predict(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """`[n, max_decode_length]` tokens for a batch of n <= batch_size
-    examples (`encoder_input_tokens`, `task_ids`)."""
-    if self.params is None:
-      raise ValueError('Predictor.set_params() was not called.')
-    tokens = np.asarray(batch['encoder_input_tokens'], np.int32)
-    n = len(tokens)
-    ids = np.asarray(batch.get('task_ids', np.zeros(n)), np.int32)
-    if n > self.batch_size:
-      raise ValueError(f'{n} examples exceed the batch size {self.batch_size}.')
-    # Inside jit an out-of-range task or token id would clamp silently.
-    batches.validate_batch(
-        {'encoder_input_tokens': tokens, 'task_ids': ids},
-        self.model.config.num_tasks, self.model.config.vocab_size,
-        required=('encoder_input_tokens', 'task_ids'))
-    pad = self.batch_size - n
-    if pad:
-      tokens = np.pad(tokens, ((0, pad), (0, 0)))
-      ids = np.pad(ids, (0, pad))
-    # Every process holds the same batch: each device takes its rows.
-    tokens, ids = jax.device_put((tokens, ids), self.batch_sharding)
-    with jax.set_mesh(self.mesh):
-      out = self._decode(self.params, tokens, ids)
-    return multihost.host_value(out)[:n]
-
-  def predict_fn(self, dataset) -> list[tuple[int, list[int]]]:
-    """seqio's `PredictFnCallable`: an enumerated dataset of model features
-    -> `[(index, output token ids)]`."""
-    results = []
-    for index, features in dataset.batch(self.batch_size).as_numpy_iterator():
-      tokens = self.predict(features)
-      results.extend((int(i), t.tolist()) for i, t in zip(index, tokens))
-    return results
-
-
-def make_predictor(model: network.Transformer,
-                   task_feature_lengths: Mapping[str, int],
-                   mesh: jax.sharding.Mesh, batch_size: int
-                   ) -> tuple[Predictor, PyTree]:
-  """A `Predictor` decoding up to the targets' length, and the model's
-  abstract parameters (the shapes a checkpoint must match)."""
-  abstract = network.abstract_variables(model, task_feature_lengths['inputs'],
-                                        task_feature_lengths['targets'])
-  predictor = Predictor(model, abstract['params_axes'], mesh, batch_size,
-                        task_feature_lengths['targets'])
-  return predictor, abstract['params']

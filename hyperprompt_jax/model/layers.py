@@ -319,7 +319,7 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
   queries = queries.reshape(num_blocks, block, heads, head_dim)
   logits = jnp.einsum(
       'kchd,klhd->khcl', queries,
-      task_blocks_lib.take_tasks(keys, blocks.tasks).astype(query.dtype))
+      blocks.take(keys).astype(query.dtype))
   if logit_bias is not None:
     logits = logits + logit_bias.astype(logits.dtype)
   weights, lse = softmax_and_logsumexp(logits)  # [K, heads, block, l]
@@ -340,7 +340,7 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
         num_blocks, block, heads, prefix).transpose(0, 2, 1, 3)
   out = jnp.einsum(
       'khcl,klhd->kchd', weights,
-      task_blocks_lib.take_tasks(values, blocks.tasks).astype(dtype))
+      blocks.take(values).astype(dtype))
   out = blocks.from_blocks(out.reshape(num_blocks, block, heads * head_dim))
   lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
   return (out.reshape(batch, length, heads, head_dim),

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from hyperprompt_jax import methods
 from hyperprompt_jax.model import conditioning as conditioning_lib
 from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import task_blocks
 
 Array = jax.Array
 
@@ -65,6 +66,11 @@ class T5Config:
   # rest; 'full' keeps each layer's inputs only and recomputes the layer.
   # Parameters and results are the same either way.
   remat_policy: str = 'none'
+  # The gradients of the per-task gathers and adapters (`task_blocks`):
+  # 'written' (shaped for XLA:CPU's kernels), 'autodiff' (JAX's own: the
+  # form for TPUs and GPUs), 'auto' ('written' on CPU, else 'autodiff').
+  # Values and gradients are the same either way.
+  gradient_form: str = 'auto'
   # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
   # method of `methods.REGISTRY` (its CONFIG_FIELD).
   hyperprompt: Optional[methods.hyperprompt.HyperPromptConfig] = None
@@ -94,6 +100,7 @@ def check_config(cfg: T5Config) -> None:
   if cfg.remat_policy not in REMAT_POLICIES:
     raise ValueError(f'REMAT_POLICY={cfg.remat_policy!r} (T5Config.'
                      f'remat_policy); expected one of {list(REMAT_POLICIES)}.')
+  task_blocks.check_gradient_form(cfg.gradient_form)
   if cfg.adapter is not None and cfg.hyperformer is not None:
     raise ValueError(
         'T5Config.adapter (Vanilla Adapter) and T5Config.hyperformer '

@@ -10,6 +10,14 @@ the outputs go back to their tokens.
 Used by the adapters (`methods/adapters.py`, one adapter a token) and by
 HyperPrompt's packed attention (`layers.dot_product_attention`, each query
 scored against its own task's prompt columns only).
+
+Gradient forms (`T5Config.gradient_form`): 'written' takes the gradients of
+the block layout's gathers as gathers and one-hot products
+(`_permute_rows`, `_take_tasks_written`), which XLA's CPU compiler runs far
+faster than the scatter-adds of autodiff; 'autodiff' is JAX's own
+derivative of plain gathers, the form for TPUs and GPUs, whose compilers
+scatter well; 'auto' picks 'written' on CPU and 'autodiff' elsewhere
+(`resolve_gradient_form`). Both give the same values and gradients.
 """
 
 import math
@@ -18,10 +26,30 @@ from flax import struct
 from flax.linen import partitioning as nn_partitioning
 import jax
 from jax import lax
-from jax.interpreters import pxla
 import jax.numpy as jnp
 
+try:  # t5x's `with mesh:` context; deprecated in JAX, absent from later ones
+  from jax.interpreters import pxla  # pylint: disable=g-import-not-at-top
+except ImportError:
+  pxla = None
+
 Array = jax.Array
+GRADIENT_FORMS = ('auto', 'written', 'autodiff')
+
+
+def check_gradient_form(form: str) -> None:
+  if form not in GRADIENT_FORMS:
+    raise ValueError(f'T5Config.gradient_form={form!r}; expected one of '
+                     f'{list(GRADIENT_FORMS)}.')
+
+
+def resolve_gradient_form(form: str) -> str:
+  """'written' or 'autodiff' for a `T5Config.gradient_form`: 'auto' is
+  'written' where JAX's default backend is the CPU, else 'autodiff'."""
+  check_gradient_form(form)
+  if form == 'auto':
+    return 'written' if jax.default_backend() == 'cpu' else 'autodiff'
+  return form
 
 
 @struct.dataclass
@@ -36,11 +64,14 @@ class TaskBlocks:
     destination: `[S, n]`: each token's block position in its shard.
     block_tasks: `[S, K]`: each block's task (0 for a block of padding
       only).
+    form: the gradient form of its gathers, 'written' or 'autodiff'
+      (module docstring).
   """
 
   source: Array
   destination: Array
   block_tasks: Array
+  form: str = struct.field(pytree_node=False, default='written')
 
   @property
   def tasks(self) -> Array:
@@ -51,16 +82,25 @@ class TaskBlocks:
     """`x [N, d]` -> `[S * K, block, d]`, zeros at the padding; shard s's
     blocks are `[s * K, (s + 1) * K)`."""
     shards, per_shard = self.destination.shape
-    out = jax.vmap(_permute_rows)(x.reshape(shards, per_shard, -1),
+    out = jax.vmap(self._permute)(x.reshape(shards, per_shard, -1),
                                   self.source, self.destination)
     return out.reshape(self.tasks.shape[0], -1, x.shape[-1])
 
   def from_blocks(self, y: Array) -> Array:
     """`y [S * K, block, d]` -> each token's row `[N, d]`."""
     shards = self.source.shape[0]
-    out = jax.vmap(_permute_rows)(y.reshape(shards, -1, y.shape[-1]),
+    out = jax.vmap(self._permute)(y.reshape(shards, -1, y.shape[-1]),
                                   self.destination, self.source)
     return out.reshape(-1, y.shape[-1])
+
+  def take(self, a: Array) -> Array:
+    """`a [T, ...]` -> each block's task's `[S * K, ...]` (`take_tasks`)."""
+    return take_tasks(a, self.tasks, self.form)
+
+  def _permute(self, x: Array, index: Array, back: Array) -> Array:
+    if self.form == 'written':
+      return _permute_rows(x, index, back)
+    return _gather_rows(x, index)
 
 
 def batch_shards(rows: int) -> int:
@@ -70,8 +110,9 @@ def batch_shards(rows: int) -> int:
   `jax.set_mesh` or of t5x's partitioner (`with mesh:`); 1 outside a mesh,
   or where they do not divide `rows`."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    mesh = pxla.thread_resources.env.physical_mesh  # t5x's `with mesh:`
+  resources = getattr(pxla, 'thread_resources', None)
+  if mesh.empty and resources is not None:
+    mesh = resources.env.physical_mesh  # t5x's `with mesh:`
   if mesh.empty:
     return 1
   axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
@@ -125,14 +166,16 @@ def task_blocks(task_ids: Array, num_tasks: int, block: int,
   return jax.vmap(lambda ids: _one_shard(ids, num_tasks, block))(by_shard)
 
 
-def batch_task_blocks(task_ids: Array, num_tasks: int,
-                      copied_rows: int) -> TaskBlocks:
+def batch_task_blocks(task_ids: Array, num_tasks: int, copied_rows: int,
+                      gradient_form: str = 'auto') -> TaskBlocks:
   """`task_blocks` of a batch (`task_ids [rows, length]`) where the model
   runs: per data shard (`batch_shards`), in blocks of `block_size` for a
-  shard's tokens and `copied_rows` rows of weights a block."""
+  shard's tokens and `copied_rows` rows of weights a block; gathers of
+  `gradient_form` (`T5Config.gradient_form`)."""
   shards = batch_shards(task_ids.shape[0])
   block = block_size(task_ids.size // shards, num_tasks, copied_rows)
-  return task_blocks(task_ids, num_tasks, block, shards)
+  blocks = task_blocks(task_ids, num_tasks, block, shards)
+  return blocks.replace(form=resolve_gradient_form(gradient_form))
 
 
 def _one_shard(flat: Array, num_tasks: int, block: int) -> TaskBlocks:
@@ -180,17 +223,27 @@ def _permute_rows_bwd(back, g):
 _permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
+def take_tasks(a: Array, tasks: Array, gradient_form: str = 'written'
+               ) -> Array:
+  """`a[tasks]` (`a [T, ...]`, `tasks [G]`); its gradient in
+  `gradient_form` ('written': `_take_tasks_written`; 'autodiff': the
+  scatter-add of a plain gather; 'auto': per backend)."""
+  if resolve_gradient_form(gradient_form) == 'written':
+    return _take_tasks_written(a, tasks)
+  return jnp.take(a, tasks, axis=0)
+
+
 @jax.custom_vjp
-def take_tasks(a: Array, tasks: Array) -> Array:
-  """`a[tasks]` (`a [T, ...]`, `tasks [G]`), whose gradient is a product
-  with the one-hot tasks: XLA would scatter-add the cotangent of a plain
-  gather, which its CPU compiler runs element by element (fwd + bwd of
-  a packed adapter, 4,096 tokens, b 32: 17.8 ms with it, 10.6 ms this)."""
+def _take_tasks_written(a: Array, tasks: Array) -> Array:
+  """`a[tasks]` whose gradient is a product with the one-hot tasks: XLA
+  would scatter-add the cotangent of a plain gather, which its CPU compiler
+  runs element by element (fwd + bwd of a packed adapter, 4,096 tokens, b
+  32: 17.8 ms with it, 10.6 ms this)."""
   return jnp.take(a, tasks, axis=0)
 
 
 def _take_tasks_fwd(a, tasks):
-  return take_tasks(a, tasks), (tasks, a.shape[0])
+  return _take_tasks_written(a, tasks), (tasks, a.shape[0])
 
 
 def _take_tasks_bwd(residuals, g):
@@ -201,4 +254,4 @@ def _take_tasks_bwd(residuals, g):
                     precision=lax.Precision.HIGHEST), None
 
 
-take_tasks.defvjp(_take_tasks_fwd, _take_tasks_bwd)
+_take_tasks_written.defvjp(_take_tasks_fwd, _take_tasks_bwd)

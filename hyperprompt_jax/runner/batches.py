@@ -12,42 +12,12 @@ import numpy as np
 
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import inputs
 from hyperprompt_jax.tasks import feature_converter
 
-# Feature -> rank of the encoder-decoder model's inputs (t5x's names).
-MODEL_FEATURE_RANKS = {
-    'encoder_input_tokens': 2,
-    'decoder_input_tokens': 2,
-    'decoder_target_tokens': 2,
-    'decoder_loss_weights': 2,
-    'task_ids': 1,
-}
-# What packed rows add (also the network's keyword arguments for them).
-PACKING_FEATURES = (
-    'encoder_segment_ids', 'decoder_segment_ids',
-    'encoder_positions', 'decoder_positions',
-    'encoder_task_ids', 'decoder_task_ids',
-)
-# Packed rows carry per-token task ids instead of `task_ids [batch]`.
-PACKED_MODEL_FEATURES = (
-    'encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
-    'decoder_loss_weights', 'encoder_segment_ids', 'decoder_segment_ids',
-    'encoder_positions', 'decoder_positions', 'encoder_task_ids',
-    'decoder_task_ids',
-)
 # Per-token task ids -> the segment ids they follow.
 _TASK_ID_SEGMENTS = {'encoder_task_ids': 'encoder_segment_ids',
                      'decoder_task_ids': 'decoder_segment_ids'}
-
-
-def is_packed(batch: Mapping[str, Any]) -> bool:
-  """Whether a model batch holds packed rows (the one test of it; the
-  network itself is told by its segment ids)."""
-  return 'encoder_segment_ids' in batch
-
-
-def required_features(packed: bool) -> tuple[str, ...]:
-  return PACKED_MODEL_FEATURES if packed else tuple(MODEL_FEATURE_RANKS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +28,7 @@ class RowFormat:
 
   Attributes:
     packed: several examples per row, with segment ids, positions and
-      per-token task ids (`PACKED_MODEL_FEATURES`).
+      per-token task ids (`inputs.PACKED_MODEL_FEATURES`).
     input_prompt_length: encoder positions reserved in front of every packed
       example for Prompt-Tuning's n soft tokens (0 unpacked: the network
       puts the prompt in front of the row itself).
@@ -83,34 +53,13 @@ class RowFormat:
   @property
   def features(self) -> tuple[str, ...]:
     """The model features a batch of these rows carries."""
-    return required_features(self.packed)
+    return inputs.required_features(self.packed)
 
   def converter(self) -> feature_converter.TaskIdsEncDecFeatureConverter:
     """The seqio feature converter that makes these rows."""
     return feature_converter.TaskIdsEncDecFeatureConverter(
         pack=self.packed, input_prompt_length=self.input_prompt_length,
         max_examples_per_row=self.max_examples)
-
-
-def check_one_task_per_segment(name: str, task_ids: np.ndarray,
-                               segment_ids: np.ndarray) -> None:
-  """Raises ValueError if a packed example's tokens carry two task ids.
-
-  Args:
-    name: the feature, for the message.
-    task_ids, segment_ids: int `[batch, length]`; segment 0 is padding.
-  """
-  for row in range(task_ids.shape[0]):
-    for segment in np.unique(segment_ids[row]):
-      if segment == 0:
-        continue
-      ids = np.unique(task_ids[row][segment_ids[row] == segment])
-      if ids.size > 1:
-        raise ValueError(
-            f'Feature {name!r}: segment {segment} of row {row} carries task '
-            f'ids {ids.tolist()}; a packed example has one task. Pack with '
-            "the project's feature converter (TaskIdsEncDecFeatureConverter, "
-            'pack=True), which gives every token its example\'s id.')
 
 
 def validate_batch(
@@ -141,8 +90,8 @@ def validate_batch(
     )
   batch_size = None
   for name, value in batch.items():
-    rank = MODEL_FEATURE_RANKS.get(name)
-    if rank is None and name in PACKING_FEATURES:
+    rank = inputs.MODEL_FEATURE_RANKS.get(name)
+    if rank is None and name in inputs.PACKING_FEATURES:
       rank = 2
     if rank is None:
       continue
@@ -182,14 +131,14 @@ def validate_batch(
           ' Raise NUM_TASKS or fix the run\'s task list.'
       )
     if name in _TASK_ID_SEGMENTS and _TASK_ID_SEGMENTS[name] in batch:
-      check_one_task_per_segment(
+      inputs.check_one_task_per_segment(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
-  if rows.max_examples is not None and is_packed(batch):
+  if rows.max_examples is not None and inputs.is_packed(batch):
     for name in ('encoder_segment_ids', 'decoder_segment_ids'):
       hypergrid.check_segments(name, np.asarray(batch[name]),
                                rows.max_examples)
   input_prompt_length = rows.input_prompt_length
-  if input_prompt_length and is_packed(batch):
+  if input_prompt_length and inputs.is_packed(batch):
     positions = np.asarray(batch['encoder_positions'])
     slots = (positions < input_prompt_length) & (
         np.asarray(batch['encoder_segment_ids']) > 0)

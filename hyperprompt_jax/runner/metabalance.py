@@ -23,7 +23,9 @@ an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
 `balance` is pure (pytrees in, pytrees out); `balanced_gradient` takes
 the per-share gradients of a loss split by task and applies it to the
 shared parameters, for both runners (`trainer.train_step`, and t5x's
-through `t5x_model.MetaBalanceTrainer`); `run_plan` checks a run's settings.
+through `t5x_model.MetaBalanceTrainer`). This module is the pure core (jax
+and flax only); `balancing.run_plan` makes a run's plan from its gin
+settings, task list and mixture.
 """
 
 import dataclasses
@@ -31,14 +33,8 @@ import functools
 from typing import Any, Callable, Collection, NamedTuple, Optional, Sequence
 
 from flax import traverse_util
-import gin
 import jax
 import jax.numpy as jnp
-
-from hyperprompt_jax import task_params
-from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.tasks import task_ids
 
 GRADIENT_BALANCINGS = (None, 'metabalance')
 STRATEGIES = ('shrink', 'enlarge', 'both')
@@ -55,7 +51,6 @@ class State(NamedTuple):
   auxiliary: Any
 
 
-@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """MetaBalance's settings (gin: `METABALANCE_*` in `runs/train.gin`).
@@ -233,34 +228,6 @@ def make_plan(settings: Settings, task_list: Sequence[str],
   return Plan(settings=settings, groups=groups,
               num_auxiliary=max(index.values()),
               task_rows=frozenset(task_rows))
-
-
-def run_plan(gradient_balancing: Optional[str],
-             settings: Optional[Settings], model: network.Transformer,
-             mixture_or_task_name: str) -> Optional[Plan]:
-  """The plan of a run from its gin settings (None: the plain gradient), or
-  a ValueError naming the setting that does not fit.
-
-  Args:
-    gradient_balancing: GRADIENT_BALANCING, None or 'metabalance'.
-    settings: the METABALANCE_* settings (default: `Settings()`).
-    model: the network (its task-indexed parameters take the plain sum).
-    mixture_or_task_name: what the run trains.
-  """
-  if gradient_balancing not in GRADIENT_BALANCINGS:
-    raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '
-                     f'one of {list(GRADIENT_BALANCINGS)}.')
-  if gradient_balancing is None:
-    return None
-  settings = settings or Settings()
-  if settings.target_task:
-    settings = dataclasses.replace(
-        settings, target_task=task_ids.canonical_task(settings.target_task))
-  return make_plan(
-      settings, task_ids.run_task_list(),
-      [task_ids.canonical_task(t)
-       for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
-      task_params.task_axes(model))
 
 
 def group_masks(plan: Plan, token_task_ids: jax.Array, num_tasks: int

@@ -20,9 +20,11 @@ import numpy as np
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import multihost
@@ -235,8 +237,8 @@ def train(
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
-  balancing = metabalance.run_plan(gradient_balancing, metabalance_settings,
-                                   model, mixture_or_task_name)
+  balancing = balancing_lib.run_plan(
+      gradient_balancing, metabalance_settings, model, mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
@@ -362,8 +364,8 @@ def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
   else:
     iterator = iter(dataset)
     if initial_checkpoint_path:
-      params, fresh, checkpoint_tasks = trainer.params_from_t5x(
-          initial_checkpoint_path, task_start.task_params_path,
+      params, fresh, checkpoint_tasks = initial_checkpoint.params_from_t5x(
+          trainer, initial_checkpoint_path, task_start.task_params_path,
           task_start.growth, task_ids.run_task_list())
       state = trainer.new_state(params)
       log.info('Starting in %s from %s%s; %d new parameters initialised.',

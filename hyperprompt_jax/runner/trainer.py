@@ -8,25 +8,20 @@ too) with those in / out shardings, donating the old state.
 """
 
 import functools
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
-from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hyperprompt_jax import task_params
-from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.model import inputs as inputs_lib
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_record
 
 State = dict[str, Any]
 # The state's key for MetaBalance's moving averages (with balancing only:
@@ -38,8 +33,8 @@ def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
   """The network's keyword arguments besides the three token arrays:
   `task_ids`, or for packed rows the segment ids, positions and per-token
   task ids."""
-  if batches.is_packed(batch):
-    return {k: batch[k] for k in batches.PACKING_FEATURES}
+  if inputs_lib.is_packed(batch):
+    return {k: batch[k] for k in inputs_lib.PACKING_FEATURES}
   return {'task_ids': batch['task_ids']}
 
 
@@ -48,7 +43,7 @@ def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
             rules: Optional[partitioning.AxisRules] = None
             ) -> tuple[jax.Array, dict]:
   """Teacher-forced cross-entropy + z-loss of a batch (unpacked or packed,
-  `batches.required_features`), with dropout from `rng`: `(loss, terms)`
+  `inputs_lib.required_features`), with dropout from `rng`: `(loss, terms)`
   (`losses.cross_entropy_with_z_loss`; normalised over the real target
   tokens either way)."""
   terms = losses.cross_entropy_with_z_loss(
@@ -68,7 +63,7 @@ def _logits(model, params, batch, rng, rules) -> jax.Array:
 def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
   """The task id of each target token, `[batch, target length]` (packed
   rows: per token; unpacked: the row's)."""
-  if batches.is_packed(batch):
+  if inputs_lib.is_packed(batch):
     return batch['decoder_task_ids']
   return jnp.broadcast_to(batch['task_ids'][:, None],
                           batch['decoder_target_tokens'].shape)
@@ -247,89 +242,6 @@ class Trainer:
     with jax.set_mesh(self.mesh), nn_partitioning.axis_rules(self.rules):
       return init(jax.random.PRNGKey(self.seed))
 
-  def params_from_t5x(
-      self, path: str, task_params_path: Optional[str] = None,
-      growth: Optional[task_params.Growth] = None,
-      task_list: Sequence[str] = ()) -> tuple[Any, list[str], int]:
-    """A t5x (or built-in) checkpoint's parameters for this model.
-
-    A pretrained checkpoint gives the backbone; the task-conditioned
-    parameters it lacks are freshly initialised. A trained multi-task
-    checkpoint gives its task parameters too; the rows of task ids it was
-    not trained on (appended ones, and unused ones) are set by `growth`'s
-    rule (`task_params.grow`). With
-    `task_params_path`, an exported artifact's task parameters replace the
-    checkpoint's (`task_params.check` first).
-
-    Args:
-      path: a `checkpoint_<step>` folder (either runner, either layout).
-      task_params_path: a `task_params` artifact to place on its backbone.
-      growth: how new task rows start (default: the mean of the trained).
-      task_list: the run's task list (`task_ids.run_task_list()`).
-
-    Returns:
-      `(params, fresh, rows)`: the placed parameters, the '/'-paths freshly
-      initialised, and the number of task rows the checkpoint (or artifact)
-      was trained for (`task_params.trained_rows`; 0 for a checkpoint
-      without task parameters).
-
-    Raises:
-      ValueError: a shape mismatch (naming the parameter), a missing
-        backbone parameter (the checkpoint is of another architecture), or
-        task parameters that do not fit (`task_params.TaskParamsError`).
-    """
-    loaded = checkpoints.load_t5x_params(path)
-    if task_params_path:
-      arrays, header = task_params.read(task_params_path)
-      task_params.check(header, self.model, task_list, loaded, path)
-      loaded = {k: v for k, v in loaded.items()
-                if not param_groups.is_task_conditioned(k)} | arrays
-    rows = task_params.trained_rows(self.model, path, task_params_path)
-    axes = task_params.task_axes(self.model)
-    record = run_record.read(path)
-    if record and axes and task_list and not task_params_path:
-      moved = run_record.task_list_change(record.get('task_list') or [],
-                                          task_list)
-      if moved:
-        raise task_params.TaskParamsError(
-            f'INITIAL_CHECKPOINT_PATH {path}: {moved}. Its task rows would be '
-            'read as other tasks\' rows: keep the trained tasks\' ids (append '
-            'new tasks after them; tasks.add_task does).')
-    abstract = traverse_util.flatten_dict(self.abstract_params, sep='/')
-    growth = growth or task_params.Growth()
-    # A fresh initialisation only where one is needed (parameters the
-    # checkpoint lacks, 'fresh' rows): loading a whole checkpoint then
-    # allocates the model once, not twice.
-    fresh = None
-    model_rows = max((abstract[k].shape[a] for k, a in axes.items()),
-                     default=0)
-    if growth.rule == 'fresh' and rows < model_rows:
-      fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
-    loaded = task_params.grow(
-        loaded, abstract, axes, growth, rows, list(task_list),
-        fresh=None if fresh is None else multihost.host_value(
-            {k: fresh[k] for k in axes}))
-    loaded, missing = checkpoints.match_params(
-        loaded, self.abstract_params, path, allow_missing=True)
-    backbone_missing = [k for k in missing
-                        if not param_groups.is_task_conditioned(k)]
-    if backbone_missing:
-      raise ValueError(
-          f'INITIAL_CHECKPOINT_PATH {path} lacks backbone parameters '
-          f'{backbone_missing[:5]}{" ..." if len(backbone_missing) > 5 else ""}'
-          ': it is not a checkpoint of this model\'s backbone (check the '
-          'model gin file).')
-    if missing and fresh is None:
-      fresh = traverse_util.flatten_dict(self.fresh_params(), sep='/')
-    flat_loaded = traverse_util.flatten_dict(loaded, sep='/')
-    shardings = traverse_util.flatten_dict(self.param_shardings, sep='/')
-    params = {}
-    for k, v in abstract.items():
-      value = flat_loaded.get(k)
-      params[k] = fresh[k] if value is None else jax.device_put(
-          np.asarray(value, v.dtype), shardings[k])
-    return traverse_util.unflatten_dict(params, sep='/'), missing, rows
-
   def _shardings(self) -> State:
     """Where the state lives: parameters by their logical axes, the optimizer
     state where the compiler puts `optimizer.init`'s outputs, the step
@@ -395,7 +307,7 @@ class Trainer:
     return {k: jax.make_array_from_process_local_data(
                 self.batch_sharding, local[k],
                 (shards * local[k].shape[0],) + local[k].shape[1:])
-            for k in batches.required_features(batches.is_packed(local))}
+            for k in inputs_lib.required_features(inputs_lib.is_packed(local))}
 
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])

@@ -49,7 +49,9 @@ from t5x import models
 from t5x import optimizers
 from t5x import trainer as t5x_trainer
 
+from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers as hp_optimizers
@@ -81,7 +83,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   Raises:
     ValueError: at construction, when the network's `num_tasks` (gin:
       NUM_TASKS) is smaller than the run's task list, or MetaBalance's
-      settings do not fit the run (`metabalance.run_plan`).
+      settings do not fit the run (`balancing.run_plan`).
   """
 
   FEATURE_CONVERTER_CLS = feature_converter.TaskIdsEncDecFeatureConverter
@@ -110,7 +112,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           f'GRADIENT_BALANCING={gradient_balancing!r} needs the mixture the '
           'run trains: bind TaskIdsEncoderDecoderModel.mixture_or_task_name '
           '= %MIXTURE_OR_TASK_NAME (gin/t5x/metabalance.gin does).')
-    self.balancing = metabalance.run_plan(
+    self.balancing = balancing_lib.run_plan(
         gradient_balancing, metabalance_settings, module,
         mixture_or_task_name)
     if feature_converter_cls is None:
@@ -149,7 +151,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
                       ) -> dict[str, Optional[jax.Array]]:
     """The network's task-id arguments: per-token ids of packed rows, else
     `task_ids`."""
-    if batches.is_packed(batch):
+    if inputs.is_packed(batch):
       return {k: batch[k] for k in ('encoder_task_ids', 'decoder_task_ids')}
     return {'task_ids': self._task_ids(batch)}
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import trainer as trainer_lib
@@ -43,8 +44,8 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
   trainer = trainer_lib.Trainer(
       model, optimizers.make_optimizer(), partitioning.create_mesh(),
       {'inputs': 8, 'targets': 4}, seed=seed)
-  params, fresh, rows = trainer.params_from_t5x(
-      checkpoint_path, task_params_path, growth, task_list)
+  params, fresh, rows = initial_checkpoint.params_from_t5x(
+      trainer, checkpoint_path, task_params_path, growth, task_list)
   if fresh:
     raise ValueError(
         f'{checkpoint_path} lacks {len(fresh)} task-conditioned parameters '

@@ -1,0 +1,507 @@
+"""Model FLOPs utilisation of the training step, on whatever device JAX runs.
+
+    python -m hyperprompt_jax.benchmark --mfu [--model=t5_1_1_base]
+        [--dtype=bfloat16] [--batch_size=32] [--input_length=512]
+        [--target_length=32] [--variants=global,hypergrid_lg,...]
+        [--forms=both] [--steps=5] [--warmup_steps=3]
+        [--peak_tflops=989] [--output_json=mfu.json]
+
+MTL and each model of `MODELS` (HyperPrompt-Global, HyperGrid-LG, the
+Vanilla Adapter, HyperFormer++, Prompt-Tuning, at the papers' settings)
+train on synthetic rows, side by side in one process: each model's step
+(`trainer.train_step`, the built-in runner's: forward, backward,
+Adafactor) is compiled once, run `warmup_steps` times, then timed
+`steps` times, every step on its own (the median is reported). A model
+with two forms (`FORMS`: `T5Config.gradient_form` of the adapters and
+packed HyperPrompt, `HyperGridConfig.packed_form` of HyperGrid) is timed in
+both (`--forms=both`), or in its default (`auto`).
+
+Rows: packed, GLUE + SuperGLUE-like examples (`synthetic_rows`, no
+tf.data) first-fit into `batch_size` rows of `input_length` /
+`target_length` tokens (at most HyperGrid's MAX_SEGMENTS examples a row),
+as training packs them; the report's `rows` says so. Token ids are random
+(a step's cost does not depend on them).
+
+Figures per model: step time and its ratio to MTL's; real tokens per second
+(the examples' input and target tokens); model FLOPs per step, XLA's cost
+analysis of the compiled step (the numerator: it counts the attention
+scores, the optimizer and any recomputation), beside the 6 N D estimate
+(`six_nd_flops`); achieved TFLOP/s; MFU against the device's dense bf16
+peak (`PEAK_TFLOPS`, or `--peak_tflops`; on a CPU there is none, so MFU is
+n/a without it); the step's peak memory as XLA plans it, and the device's
+peak so far where it reports one. The JSON (`--output_json`) is rewritten
+after each model, so a run cut short keeps what it measured.
+
+This module imports no TensorFlow, seqio, orbax or gin: a bare accelerator
+image with jax, flax and optax runs it (tools/device_benchmark.sh).
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.methods import adapters
+from hyperprompt_jax.methods import hyperformer
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import trainer
+
+# The T5.1.1 sizes of gin/models/t5_1_1_*.gin (tests/test_mfu.py holds them
+# equal), for machines without gin.
+_T5_1_1 = dict(mlp_activations=('gelu', 'linear'), dropout_rate=0.1,
+               logits_via_embedding=False, float32_attention_logits=True)
+BACKBONES = {
+    't5_1_1_tiny': dict(vocab_size=384, emb_dim=32, num_heads=4,
+                        num_encoder_layers=2, num_decoder_layers=2,
+                        head_dim=8, mlp_dim=64, **_T5_1_1),
+    't5_1_1_small': dict(vocab_size=32128, emb_dim=512, num_heads=6,
+                         num_encoder_layers=8, num_decoder_layers=8,
+                         head_dim=64, mlp_dim=1024, **_T5_1_1),
+    't5_1_1_base': dict(vocab_size=32128, emb_dim=768, num_heads=12,
+                        num_encoder_layers=12, num_decoder_layers=12,
+                        head_dim=64, mlp_dim=2048, **_T5_1_1),
+    't5_1_1_large': dict(vocab_size=32128, emb_dim=1024, num_heads=16,
+                         num_encoder_layers=24, num_decoder_layers=24,
+                         head_dim=64, mlp_dim=2816, **_T5_1_1),
+}
+# Each model's method config at its gin/variants file's settings (the
+# papers'), and the task-id space of its paper setup (benchmark.variant_config
+# builds the same from gin; tests/test_mfu.py compares them).
+MODELS = {
+    'mtl': {},
+    'global': dict(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+        variant='global', placement='both', encoder_prompt_length=16,
+        decoder_prompt_length=6, hypernet_reduction=32, task_embed_dim=64,
+        task_hidden_dim=128, layer_task_embed_dim=64)),
+    'hypergrid_lg': dict(num_tasks=16, hypergrid=hypergrid.HyperGridConfig(
+        variant='lg', placement='both', grid_rows=32, grid_cols=128,
+        target='wo', conditioning='task_attention')),
+    'adapter': dict(num_tasks=8, adapter=adapters.AdapterConfig(
+        placement='both', reduction=32)),
+    'hyperformer_pp': dict(
+        num_tasks=8, hyperformer=hyperformer.HyperFormerConfig(
+            placement='both', reduction=16, task_embed_dim=512,
+            task_hidden_dim=128, projected_dim=64)),
+    'prompt_tuning': dict(num_tasks=8,
+                          prompt_tuning=prompt_tuning.PromptTuningConfig(
+                              prompt_length=12)),
+}
+# Models with two forms, one shaped for XLA:CPU and the plain one: the
+# config field that picks them, and the forms (CPU's first).
+FORMS = {
+    'global': ('gradient_form', ('written', 'autodiff')),
+    'adapter': ('gradient_form', ('written', 'autodiff')),
+    'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
+    'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped')),
+}
+TWO_FORMS = tuple(name for name, (field, _) in FORMS.items()
+                  if field == 'gradient_form')
+
+# Dense bf16 TFLOP/s per chip, by a lower-case piece of
+# `jax.Device.device_kind` (the first that matches; vendors' datasheets).
+PEAK_TFLOPS = (
+    ('h200', 989.0),
+    ('h100 pcie', 756.0),
+    ('h100', 989.0),           # SXM ('NVIDIA H100 80GB HBM3')
+    ('a100', 312.0),
+    ('tpu v6 lite', 918.0),    # v6e
+    ('tpu v6e', 918.0),
+    ('tpu v5 lite', 197.0),    # v5e
+    ('tpu v5e', 197.0),
+    ('tpu v5p', 459.0),
+    ('tpu v5', 459.0),         # v5p reports 'TPU v5'
+    ('tpu v4', 275.0),
+)
+
+# Task -> (training examples, mean input pieces, target pieces): T5's
+# proportional GLUE + SuperGLUE mixture and the packing benchmark's length
+# estimates (packing_benchmark.GLUE_SUPER_GLUE_LENGTHS and its rates; equal
+# by tests/test_mfu.py), kept here so that no task module (TensorFlow) is
+# needed.
+GLUE_SUPER_GLUE = {
+    'glue_cola': (8551, 14, 3), 'glue_sst2': (67349, 18, 2),
+    'glue_mrpc': (3668, 64, 4), 'glue_stsb': (5749, 37, 4),
+    'glue_qqp': (363846, 37, 4), 'glue_mnli': (392702, 48, 4),
+    'glue_qnli': (104743, 60, 5), 'glue_rte': (2490, 84, 5),
+    'super_glue_boolq': (9427, 156, 2), 'super_glue_cb': (250, 84, 4),
+    'super_glue_copa': (400, 35, 2), 'super_glue_multirc': (27243, 397, 2),
+    'super_glue_record': (138854, 300, 5), 'super_glue_rte': (2490, 84, 5),
+    'super_glue_wic': (5428, 30, 2), 'super_glue_wsc': (0, 33, 4),
+}
+LENGTH_SIGMA = 0.5  # the log-normal spread of input lengths (an assumption)
+# The placeholder token of Prompt-Tuning's reserved slots (the feature
+# converter's PROMPT_SLOT_TOKEN).
+PROMPT_SLOT_TOKEN = 1
+
+
+def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
+                 form: str = 'auto') -> network.T5Config:
+  """The `network.T5Config` of `model` ('mtl' or a key of `MODELS`) on
+  `backbone` (a key of `BACKBONES`), activations in `dtype`, in `form`
+  for a model of `FORMS` ('auto': the default).
+
+  HyperGrid's grid is cut to divide d_model and d_ff where they are
+  smaller than the paper's (t5_1_1_tiny). Traced task ids are not checked
+  in the step (`check_traced_task_ids` off: a host callback would sit in
+  every step); `synthetic_rows` makes valid ones.
+  """
+  if backbone not in BACKBONES:
+    raise ValueError(f'Unknown model {backbone!r}: choose from '
+                     f'{sorted(BACKBONES)}.')
+  if model not in MODELS:
+    raise ValueError(f'Unknown variant {model!r} for --mfu: choose from '
+                     f'{list(MODELS)}.')
+  size = BACKBONES[backbone]
+  method = dict(MODELS[model])
+  if 'hypergrid' in method:  # the grid's blocks must divide a tiny model's
+    method['hypergrid'] = dataclasses.replace(
+        method['hypergrid'],
+        grid_rows=math.gcd(method['hypergrid'].grid_rows, size['emb_dim']),
+        grid_cols=math.gcd(method['hypergrid'].grid_cols, size['mlp_dim']))
+  gradient_form = 'auto'
+  if model in FORMS and FORMS[model][0] == 'gradient_form':
+    gradient_form = form
+  elif model in FORMS:  # HyperGrid's packed form
+    method['hypergrid'] = dataclasses.replace(method['hypergrid'],
+                                              packed_form=form)
+  return network.T5Config(**size, **method, dtype=dtype,
+                          gradient_form=gradient_form,
+                          check_traced_task_ids=False)
+
+
+def example_stream(rng: np.random.Generator, count: int
+                   ) -> list[tuple[int, int, int]]:
+  """`count` examples' `(input length, target length, task index)` from
+  the proportional GLUE + SuperGLUE mixture: input lengths log-normal
+  around each task's mean (packing_benchmark's estimates)."""
+  names = list(GLUE_SUPER_GLUE)
+  rates = np.array([GLUE_SUPER_GLUE[n][0] for n in names], np.float64)
+  out = []
+  for task in rng.choice(len(names), size=count, p=rates / rates.sum()):
+    _, mean, target = GLUE_SUPER_GLUE[names[task]]
+    length = rng.lognormal(np.log(mean) - LENGTH_SIGMA**2 / 2, LENGTH_SIGMA)
+    out.append((max(2, int(round(length))), target, int(task)))
+  return out
+
+
+def synthetic_rows(batch_size: int, input_length: int, target_length: int,
+                   vocab_size: int, num_tasks: int, packed: bool,
+                   prompt_slots: int = 0, seed: int = 0,
+                   max_segments: Optional[int] = None
+                   ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+  """A batch of `batch_size` rows and its statistics.
+
+  Packed: examples of `example_stream` placed first-fit (the first row
+  where both the input and the target fit, at most `max_segments` a row),
+  until 64 examples in a row fit nowhere; each example's inputs get
+  `prompt_slots` reserved positions in front (Prompt-Tuning's). Unpacked:
+  the stream's first `batch_size` examples, one a row. Inputs and targets
+  longer than a row are cut. A task id is the task's index modulo
+  `num_tasks`.
+
+  Returns:
+    `(batch, stats)`: the model features (`inputs.required_features`), and
+    `real_tokens` (the examples' input and target tokens, slots left out),
+    `examples`, `fill` (the share of row positions that hold tokens).
+  """
+  rng = np.random.default_rng(seed)
+  stream = example_stream(rng, batch_size * 64 if packed else batch_size)
+  examples = [(min(n_in, input_length - prompt_slots if packed
+                   else input_length), min(n_out, target_length),
+               task % num_tasks) for n_in, n_out, task in stream]
+  rows = [[] for _ in range(batch_size)]
+  if packed:
+    used = np.zeros((batch_size, 2), np.int64)
+    misses = 0
+    for example in examples:
+      need = np.array([example[0] + prompt_slots, example[1]])
+      fits = np.all(used + need <= [input_length, target_length], axis=1)
+      if max_segments is not None:
+        fits &= np.array([len(r) < max_segments for r in rows])
+      if not fits.any():
+        misses += 1
+        if misses >= 64:
+          break
+        continue
+      misses = 0
+      row = int(np.argmax(fits))
+      rows[row].append(example)
+      used[row] += need
+  else:
+    for row, example in zip(rows, examples):
+      row.append(example)
+  return _features(rows, input_length, target_length, vocab_size, packed,
+                   prompt_slots, rng)
+
+
+def _features(rows, input_length, target_length, vocab_size, packed,
+              prompt_slots, rng):
+  """The model features of `rows` (lists of `(inputs, targets, task)`
+  lengths) and their statistics (`synthetic_rows`)."""
+  b = len(rows)
+  enc = np.zeros((b, input_length), np.int32)
+  dec_in = np.zeros((b, target_length), np.int32)
+  dec_out = np.zeros((b, target_length), np.int32)
+  names = ('segment_ids', 'positions', 'task_ids')
+  enc_extra = {n: np.zeros((b, input_length), np.int32) for n in names}
+  dec_extra = {n: np.zeros((b, target_length), np.int32) for n in names}
+  task_ids = np.zeros((b,), np.int32)
+  real = 0
+  for r, row in enumerate(rows):
+    i = j = 0
+    for segment, (n_in, n_out, task) in enumerate(row, start=1):
+      slots = prompt_slots if packed else 0
+      tokens = rng.integers(2, vocab_size, n_in, dtype=np.int32)
+      enc[r, i:i + slots + n_in] = np.concatenate(
+          [np.full(slots, PROMPT_SLOT_TOKEN, np.int32), tokens])
+      targets = rng.integers(2, vocab_size, n_out, dtype=np.int32)
+      dec_out[r, j:j + n_out] = targets
+      dec_in[r, j + 1:j + n_out] = targets[:-1]  # 0 starts each example
+      for extra, start, n in ((enc_extra, i, slots + n_in),
+                              (dec_extra, j, n_out)):
+        extra['segment_ids'][r, start:start + n] = segment
+        extra['positions'][r, start:start + n] = np.arange(n)
+        extra['task_ids'][r, start:start + n] = task
+      task_ids[r] = task
+      i, j = i + slots + n_in, j + n_out
+      real += n_in + n_out
+  batch = {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in,
+           'decoder_target_tokens': dec_out,
+           'decoder_loss_weights': (dec_out > 0).astype(np.int32)}
+  if packed:
+    batch.update({f'encoder_{n}': a for n, a in enc_extra.items()})
+    batch.update({f'decoder_{n}': a for n, a in dec_extra.items()})
+  else:
+    batch['task_ids'] = task_ids
+  filled = (enc > 0).sum() + (dec_out > 0).sum()
+  stats = {'real_tokens': int(real),
+           'examples': int(sum(len(r) for r in rows)),
+           'fill': float(filled / (enc.size + dec_out.size))}
+  return batch, stats
+
+
+def peak_tflops(device: jax.Device, override: Optional[float] = None
+                ) -> Optional[float]:
+  """The device's dense bf16 TFLOP/s (`PEAK_TFLOPS`), `override` if given;
+  None where the table has no entry (a CPU)."""
+  if override is not None:
+    return override
+  kind = device.device_kind.lower()
+  for piece, tflops in PEAK_TFLOPS:
+    if piece in kind:
+      return tflops
+  return None
+
+
+def xla_flops(compiled) -> Optional[float]:
+  """FLOPs of a compiled computation by XLA's cost analysis (None where the
+  backend gives none)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+    cost = cost[0] if cost else None
+  if not cost or 'flops' not in cost:
+    return None
+  return float(cost['flops'])
+
+
+def six_nd_flops(params: Any, batch: dict[str, np.ndarray]) -> float:
+  """The 6 N D estimate of a training step's FLOPs, of the T5 backbone: 6 x
+  (the encoder's backbone parameters x encoder positions + the decoder's,
+  its output layer included, x decoder positions). Every position of the
+  rows counts (the step computes padding too); the token embedding (a
+  gather) and the task-conditioned parameters (`param_groups`: generated
+  or selected per task, not applied to every token as they are) do not.
+  It leaves out the attention scores, which XLA's count has."""
+  rows, input_length = batch['encoder_input_tokens'].shape
+  target_length = batch['decoder_target_tokens'].shape[1]
+  counts = {'encoder': 0, 'decoder': 0}
+  for path, leaf in traverse_util.flatten_dict(params, sep='/').items():
+    stack = path.split('/')[0]
+    if stack in counts and not param_groups.is_task_conditioned(path):
+      counts[stack] += math.prod(leaf.shape)
+  return 6.0 * rows * (counts['encoder'] * input_length
+                       + counts['decoder'] * target_length)
+
+
+def device_peak_bytes(device: jax.Device) -> Optional[int]:
+  """The device's peak bytes in use so far, where it reports them."""
+  try:
+    stats = device.memory_stats()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return (stats or {}).get('peak_bytes_in_use')
+
+
+def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
+            warmup_steps: int, steps: int) -> dict[str, Any]:
+  """One model's training step on `batch`: compiled once, run
+  `warmup_steps` times, then `steps` steps timed one by one."""
+  model = network.Transformer(cfg)
+  optimizer = optimizers.make_optimizer()
+  input_length = batch['encoder_input_tokens'].shape[1]
+  target_length = batch['decoder_target_tokens'].shape[1]
+  state = timing.fresh_state(model, optimizer, input_length, target_length)
+  batch = jax.device_put({k: jnp.asarray(v) for k, v in batch.items()})
+  start = time.perf_counter()
+  step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
+                                   z_loss=timing.Z_LOSS),
+                 donate_argnums=(0,))
+  compiled = step.lower(state, batch, jax.random.PRNGKey(0)).compile()
+  compile_seconds = time.perf_counter() - start
+  flops = xla_flops(compiled)
+  estimate = six_nd_flops(state['params'], batch)
+  times = []
+  for i in range(warmup_steps + steps):
+    start = time.perf_counter()
+    state, terms = compiled(state, batch, jax.random.PRNGKey(i))
+    jax.block_until_ready((state, terms))
+    if i >= warmup_steps:
+      times.append(time.perf_counter() - start)
+  loss = float(terms['loss'])
+  del state
+  return {'seconds_per_step': statistics.median(times),
+          'step_seconds': times, 'compile_seconds': compile_seconds,
+          'xla_flops': flops, 'six_nd_flops': estimate,
+          'xla_peak_bytes': timing.peak_bytes(compiled), 'loss': loss}
+
+
+def _runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
+  """`(model, form)` in the order they run, MTL first: both forms of a
+  model of `FORMS` (`forms='both'`) or its default ('auto')."""
+  runs = []
+  for name in ['mtl', *[m for m in models if m != 'mtl']]:
+    both = FORMS[name][1] if name in FORMS and forms == 'both' else ('auto',)
+    runs.extend((name, form) for form in both)
+  return runs
+
+
+def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
+                  batch_size: int, input_length: int, target_length: int,
+                  warmup_steps: int, steps: int,
+                  peak: Optional[float] = None,
+                  forms: str = 'both',
+                  output_json: Optional[str] = None,
+                  log=print) -> dict[str, Any]:
+  """Every model's figures (module docstring), the JSON's content."""
+  device = jax.devices()[0]
+  tflops_peak = peak_tflops(device, peak)
+  report = {
+      'device': device.device_kind, 'platform': device.platform,
+      'devices': jax.device_count(), 'jax': jax.__version__,
+      'model': backbone, 'dtype': dtype, 'batch_size': batch_size,
+      'input_length': input_length, 'target_length': target_length,
+      'warmup_steps': warmup_steps, 'steps': steps,
+      'peak_tflops': tflops_peak, 'rows': []}
+  log(f'device: {device.device_kind} ({device.platform}, '
+      f'{jax.device_count()} devices; the step runs on one), jax '
+      f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
+  for name, form in _runs(models, forms):
+    cfg = model_config(backbone, name, dtype, form)
+    packed = True  # every model packs (`synthetic_rows` can do without)
+    slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
+    batch, stats = synthetic_rows(batch_size, input_length, target_length,
+                                  cfg.vocab_size, cfg.num_tasks, packed,
+                                  slots, max_segments=hypergrid.max_segments(
+                                      cfg.hypergrid))
+    label = name if form == 'auto' else f'{name} [{form}]'
+    log(f'{time.strftime("%H:%M:%S")} {label}: compiling '
+        f'({"packed" if packed else "unpacked"} rows)')
+    row = measure(cfg, batch, warmup_steps, steps)
+    seconds = row['seconds_per_step']
+    flops = row['xla_flops'] or row['six_nd_flops']
+    row.update({
+        'model': name, 'form': form, 'label': label,
+        'rows': 'packed' if packed else 'unpacked', **stats,
+        'real_tokens_per_second': stats['real_tokens'] / seconds,
+        'tflops_per_second': flops / seconds / 1e12,
+        'mfu': (flops / seconds / (tflops_peak * 1e12)
+                if tflops_peak else None),
+        'device_peak_bytes': device_peak_bytes(device)})
+    mtl = report['rows'][0]['seconds_per_step'] if report['rows'] else seconds
+    row['ratio_to_mtl'] = seconds / mtl
+    report['rows'].append(row)
+    log(f'{time.strftime("%H:%M:%S")} {label}: compiled in '
+        f'{row["compile_seconds"]:.1f} s, {1000 * seconds:.1f} ms/step, '
+        f'MFU {_percent(row["mfu"])}')
+    if output_json:
+      _write_json(output_json, report)
+  return report
+
+
+def _percent(x: Optional[float]) -> str:
+  return 'n/a' if x is None else f'{100 * x:.1f}%'
+
+
+def _write_json(path: str, report: dict) -> None:
+  folder = os.path.dirname(path)
+  if folder:
+    os.makedirs(folder, exist_ok=True)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(report, f, indent=1)
+  os.replace(path + '.tmp', path)
+
+
+def format_report(report: dict) -> str:
+  """The table of `mfu_benchmark`'s rows."""
+  lines = [f'{report["model"]}, {report["dtype"]} activations, batch '
+           f'{report["batch_size"]} rows of {report["input_length"]} / '
+           f'{report["target_length"]}, {report["steps"]} timed steps after '
+           f'{report["warmup_steps"]}; {report["device"]}, jax '
+           f'{report["jax"]}',
+           f'{"model":<30}{"rows":<9}{"ms/step":>9}{"x MTL":>7}'
+           f'{"real tok/s":>12}{"XLA TFLOP":>10}{"6ND TFLOP":>10}'
+           f'{"TFLOP/s":>9}{"MFU":>7}{"peak GiB":>9}']
+  for r in report['rows']:
+    xla = r['xla_flops']
+    lines.append(
+        f'{r["label"]:<30}{r["rows"]:<9}{1000 * r["seconds_per_step"]:>9.1f}'
+        f'{r["ratio_to_mtl"]:>6.3f}x{r["real_tokens_per_second"]:>12,.0f}'
+        f'{"n/a" if xla is None else f"{xla / 1e12:.2f}":>10}'
+        f'{r["six_nd_flops"] / 1e12:>10.2f}{r["tflops_per_second"]:>9.1f}'
+        f'{_percent(r["mfu"]):>7}{r["xla_peak_bytes"] / 2**30:>9.2f}')
+  if report['peak_tflops'] is None:
+    lines.append('MFU: n/a, no peak for this device: pass --peak_tflops '
+                 '(its dense bf16 TFLOP/s).')
+  return '\n'.join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.benchmark --mfu` with its parsed flags."""
+  models = (list(MODELS) if args.variants is None
+            else [v for v in args.variants.split(',') if v])
+  bad = sorted(set(models) - set(MODELS))
+  if bad:
+    raise ValueError(f'Unknown variants {bad} for --mfu: choose from '
+                     f'{list(MODELS)}.')
+  if args.forms not in ('both', 'auto'):
+    raise ValueError(f'--forms={args.forms}: choose from both, auto.')
+  if args.batch_size <= 0 or args.steps <= 0 or args.warmup_steps < 0:
+    raise ValueError('--batch_size and --steps must be positive, '
+                     '--warmup_steps >= 0.')
+  report = mfu_benchmark(
+      args.model, models, args.dtype, args.batch_size, args.input_length,
+      args.target_length, args.warmup_steps, args.steps, args.peak_tflops,
+      args.forms, args.output_json,
+      log=lambda line: print(line, flush=True))
+  print(format_report(report))
+  if args.output_json:
+    print(f'JSON: {args.output_json}')
+  sys.stdout.flush()
+  return 0

@@ -1,0 +1,64 @@
+"""The network's batch features (t5x's names), unpacked and packed.
+
+An unpacked row holds one example and its task (`task_ids [batch]`); a packed
+row holds several, with segment ids, positions and per-token task ids. The
+training step, the batch checks of the runner and the t5x adapter all read
+these names here, so the model layer owns them.
+"""
+
+from typing import Any, Mapping
+
+import numpy as np
+
+# Feature -> rank of the encoder-decoder model's inputs (t5x's names).
+MODEL_FEATURE_RANKS = {
+    'encoder_input_tokens': 2,
+    'decoder_input_tokens': 2,
+    'decoder_target_tokens': 2,
+    'decoder_loss_weights': 2,
+    'task_ids': 1,
+}
+# What packed rows add (also the network's keyword arguments for them).
+PACKING_FEATURES = (
+    'encoder_segment_ids', 'decoder_segment_ids',
+    'encoder_positions', 'decoder_positions',
+    'encoder_task_ids', 'decoder_task_ids',
+)
+# Packed rows carry per-token task ids instead of `task_ids [batch]`.
+PACKED_MODEL_FEATURES = (
+    'encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
+    'decoder_loss_weights', 'encoder_segment_ids', 'decoder_segment_ids',
+    'encoder_positions', 'decoder_positions', 'encoder_task_ids',
+    'decoder_task_ids',
+)
+
+
+def is_packed(batch: Mapping[str, Any]) -> bool:
+  """Whether a model batch holds packed rows (the one test of it; the
+  network itself is told by its segment ids)."""
+  return 'encoder_segment_ids' in batch
+
+
+def required_features(packed: bool) -> tuple[str, ...]:
+  return PACKED_MODEL_FEATURES if packed else tuple(MODEL_FEATURE_RANKS)
+
+
+def check_one_task_per_segment(name: str, task_ids: np.ndarray,
+                               segment_ids: np.ndarray) -> None:
+  """Raises ValueError if a packed example's tokens carry two task ids.
+
+  Args:
+    name: the feature, for the message.
+    task_ids, segment_ids: int `[batch, length]`; segment 0 is padding.
+  """
+  for row in range(task_ids.shape[0]):
+    for segment in np.unique(segment_ids[row]):
+      if segment == 0:
+        continue
+      ids = np.unique(task_ids[row][segment_ids[row] == segment])
+      if ids.size > 1:
+        raise ValueError(
+            f'Feature {name!r}: segment {segment} of row {row} carries task '
+            f'ids {ids.tolist()}; a packed example has one task. Pack with '
+            "the project's feature converter (TaskIdsEncDecFeatureConverter, "
+            'pack=True), which gives every token its example\'s id.')

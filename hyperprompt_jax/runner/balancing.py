@@ -1,0 +1,43 @@
+"""A run's MetaBalance plan (GRADIENT_BALANCING, METABALANCE_*): its gin
+settings checked against the run's task list and the tasks its mixture
+samples. The runner's side of `metabalance`, whose core imports no task or
+data library.
+"""
+
+import dataclasses
+from typing import Optional
+
+from hyperprompt_jax import task_params
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import input_pipeline
+from hyperprompt_jax.runner import metabalance
+from hyperprompt_jax.tasks import task_ids
+
+
+def run_plan(gradient_balancing: Optional[str],
+             settings: Optional[metabalance.Settings],
+             model: network.Transformer,
+             mixture_or_task_name: str) -> Optional[metabalance.Plan]:
+  """The plan of a run from its gin settings (None: the plain gradient), or
+  a ValueError naming the setting that does not fit.
+
+  Args:
+    gradient_balancing: GRADIENT_BALANCING, None or 'metabalance'.
+    settings: the METABALANCE_* settings (default: `metabalance.Settings()`).
+    model: the network (its task-indexed parameters take the plain sum).
+    mixture_or_task_name: what the run trains.
+  """
+  if gradient_balancing not in metabalance.GRADIENT_BALANCINGS:
+    raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '
+                     f'one of {list(metabalance.GRADIENT_BALANCINGS)}.')
+  if gradient_balancing is None:
+    return None
+  settings = settings or metabalance.Settings()
+  if settings.target_task:
+    settings = dataclasses.replace(
+        settings, target_task=task_ids.canonical_task(settings.target_task))
+  return metabalance.make_plan(
+      settings, task_ids.run_task_list(),
+      [task_ids.canonical_task(t)
+       for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
+      task_params.task_axes(model))

@@ -1,0 +1,106 @@
+"""The parameters a run starts from (INITIAL_CHECKPOINT_PATH): a t5x or
+built-in checkpoint's, read with orbax, its task rows grown to the run's
+task list and an exported task-parameter artifact placed on its backbone.
+Kept apart from the train step (`trainer`), which imports no checkpoint
+library."""
+
+from typing import Any, Optional, Sequence
+
+from flax import traverse_util
+import jax
+import numpy as np
+
+from hyperprompt_jax import task_params
+from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import trainer as trainer_lib
+
+
+def params_from_t5x(
+    trainer: trainer_lib.Trainer, path: str,
+    task_params_path: Optional[str] = None,
+    growth: Optional[task_params.Growth] = None,
+    task_list: Sequence[str] = ()) -> tuple[Any, list[str], int]:
+  """A t5x (or built-in) checkpoint's parameters for `trainer`'s model,
+  placed by its shardings.
+
+  A pretrained checkpoint gives the backbone; the task-conditioned
+  parameters it lacks are freshly initialised. A trained multi-task
+  checkpoint gives its task parameters too; the rows of task ids it was
+  not trained on (appended ones, and unused ones) are set by `growth`'s
+  rule (`task_params.grow`). With
+  `task_params_path`, an exported artifact's task parameters replace the
+  checkpoint's (`task_params.check` first).
+
+  Args:
+    trainer: the run's `trainer.Trainer` (its model, abstract parameters
+      and their shardings).
+    path: a `checkpoint_<step>` folder (either runner, either layout).
+    task_params_path: a `task_params` artifact to place on its backbone.
+    growth: how new task rows start (default: the mean of the trained).
+    task_list: the run's task list (`task_ids.run_task_list()`).
+
+  Returns:
+    `(params, fresh, rows)`: the placed parameters, the '/'-paths freshly
+    initialised, and the number of task rows the checkpoint (or artifact)
+    was trained for (`task_params.trained_rows`; 0 for a checkpoint
+    without task parameters).
+
+  Raises:
+    ValueError: a shape mismatch (naming the parameter), a missing
+      backbone parameter (the checkpoint is of another architecture), or
+      task parameters that do not fit (`task_params.TaskParamsError`).
+  """
+  loaded = checkpoints.load_t5x_params(path)
+  if task_params_path:
+    arrays, header = task_params.read(task_params_path)
+    task_params.check(header, trainer.model, task_list, loaded, path)
+    loaded = {k: v for k, v in loaded.items()
+              if not param_groups.is_task_conditioned(k)} | arrays
+  rows = task_params.trained_rows(trainer.model, path, task_params_path)
+  axes = task_params.task_axes(trainer.model)
+  record = run_record.read(path)
+  if record and axes and task_list and not task_params_path:
+    moved = run_record.task_list_change(record.get('task_list') or [],
+                                        task_list)
+    if moved:
+      raise task_params.TaskParamsError(
+          f'INITIAL_CHECKPOINT_PATH {path}: {moved}. Its task rows would be '
+          'read as other tasks\' rows: keep the trained tasks\' ids (append '
+          'new tasks after them; tasks.add_task does).')
+  abstract = traverse_util.flatten_dict(trainer.abstract_params, sep='/')
+  growth = growth or task_params.Growth()
+  # A fresh initialisation only where one is needed (parameters the
+  # checkpoint lacks, 'fresh' rows): loading a whole checkpoint then
+  # allocates the model once, not twice.
+  fresh = None
+  model_rows = max((abstract[k].shape[a] for k, a in axes.items()),
+                   default=0)
+  if growth.rule == 'fresh' and rows < model_rows:
+    fresh = traverse_util.flatten_dict(trainer.fresh_params(), sep='/')
+  loaded = task_params.grow(
+      loaded, abstract, axes, growth, rows, list(task_list),
+      fresh=None if fresh is None else multihost.host_value(
+          {k: fresh[k] for k in axes}))
+  loaded, missing = checkpoints.match_params(
+      loaded, trainer.abstract_params, path, allow_missing=True)
+  backbone_missing = [k for k in missing
+                      if not param_groups.is_task_conditioned(k)]
+  if backbone_missing:
+    raise ValueError(
+        f'INITIAL_CHECKPOINT_PATH {path} lacks backbone parameters '
+        f'{backbone_missing[:5]}{" ..." if len(backbone_missing) > 5 else ""}'
+        ': it is not a checkpoint of this model\'s backbone (check the '
+        'model gin file).')
+  if missing and fresh is None:
+    fresh = traverse_util.flatten_dict(trainer.fresh_params(), sep='/')
+  flat_loaded = traverse_util.flatten_dict(loaded, sep='/')
+  shardings = traverse_util.flatten_dict(trainer.param_shardings, sep='/')
+  params = {}
+  for k, v in abstract.items():
+    value = flat_loaded.get(k)
+    params[k] = fresh[k] if value is None else jax.device_put(
+        np.asarray(value, v.dtype), shardings[k])
+  return traverse_util.unflatten_dict(params, sep='/'), missing, rows

@@ -1,0 +1,52 @@
+"""`T5Config.gradient_form`: the gradients written for XLA:CPU ('written')
+and JAX's own ('autodiff', the accelerators' form) give the same loss and
+gradients, packed and unpacked, for every model that has both (the
+adapters, HyperFormer++, packed HyperPrompt); 'auto' picks per backend."""
+
+import dataclasses
+import functools
+
+from flax import traverse_util
+import jax
+import numpy as np
+import pytest
+
+from hyperprompt_jax.benchmarks import mfu
+from hyperprompt_jax.model import network
+from hyperprompt_jax.model import task_blocks
+from hyperprompt_jax.runner import trainer
+
+
+def _loss_and_grads(name, form, batch):
+  cfg = dataclasses.replace(
+      mfu.model_config('t5_1_1_tiny', name, 'float32', form), dropout_rate=0.0)
+  model = network.Transformer(cfg)
+  params = network.init_variables(model, jax.random.PRNGKey(0), 64,
+                                  8)['params']
+  fn = jax.jit(jax.value_and_grad(
+      functools.partial(trainer.loss_fn, model, z_loss=1e-4), has_aux=True))
+  (loss, _), grads = fn(params, batch, jax.random.PRNGKey(1))
+  return float(loss), traverse_util.flatten_dict(grads, sep='/')
+
+
+@pytest.mark.parametrize('packed', [True, False], ids=['packed', 'unpacked'])
+@pytest.mark.parametrize('name', mfu.TWO_FORMS)
+def test_autodiff_form_equals_the_written_one(name, packed):
+  batch, _ = mfu.synthetic_rows(4, 64, 8, 384, 8, packed=packed)
+  loss, grads = _loss_and_grads(name, 'written', batch)
+  loss_ad, grads_ad = _loss_and_grads(name, 'autodiff', batch)
+  assert loss_ad == pytest.approx(loss, rel=1e-6)
+  assert grads_ad.keys() == grads.keys()
+  for path, g in grads.items():
+    np.testing.assert_allclose(grads_ad[path], g, rtol=2e-5, atol=1e-7,
+                               err_msg=path)
+
+
+def test_auto_is_written_on_cpu_and_bad_forms_are_refused():
+  assert jax.default_backend() == 'cpu'
+  assert task_blocks.resolve_gradient_form('auto') == 'written'
+  assert task_blocks.resolve_gradient_form('autodiff') == 'autodiff'
+  cfg = dataclasses.replace(mfu.model_config('t5_1_1_tiny', 'adapter'),
+                            gradient_form='scatter')
+  with pytest.raises(ValueError, match='gradient_form'):
+    network.check_config(cfg)

@@ -1,0 +1,127 @@
+"""The model, the methods and the training step are a pure layer: they
+import no runner, evaluation or task module, and a machine without
+TensorFlow, seqio, tensorflow-datasets, orbax or gin builds and steps the
+model (the accelerator image's case)."""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / 'hyperprompt_jax'
+
+# What an accelerator image may lack; the pure modules import none of it.
+BLOCKED = ('tensorflow', 'seqio', 'tensorflow_datasets', 'orbax', 'gin',
+           'clu', 't5x')
+# The modules of the pure layer (the model, the methods, the training
+# step, the benchmark's step timing and MFU measurement).
+PURE_MODULES = (
+    'hyperprompt_jax',
+    'hyperprompt_jax.model.network',
+    'hyperprompt_jax.model.decoding',
+    'hyperprompt_jax.model.losses',
+    'hyperprompt_jax.model.inputs',
+    'hyperprompt_jax.methods',
+    'hyperprompt_jax.methods.param_groups',
+    'hyperprompt_jax.runner.trainer',
+    'hyperprompt_jax.runner.optimizers',
+    'hyperprompt_jax.runner.partitioning',
+    'hyperprompt_jax.runner.metabalance',
+    'hyperprompt_jax.benchmarks.timing',
+    'hyperprompt_jax.benchmarks.mfu',
+)
+# Packages the model layer never imports (the layers above it).
+ABOVE_THE_MODEL = ('hyperprompt_jax.runner', 'hyperprompt_jax.evaluation',
+                   'hyperprompt_jax.tasks', 'hyperprompt_jax.task_params',
+                   'hyperprompt_jax.benchmarks', 'hyperprompt_jax.t5x',
+                   'tensorflow', 'seqio', 'tensorflow_datasets', 'orbax',
+                   'gin', 'clu', 't5x')
+
+
+def _imported_names(path: pathlib.Path) -> set[str]:
+  """Every module an `import` / `from ... import` in `path` names,
+  including imports inside functions."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f'{node.module}.{alias.name}' for alias in node.names)
+  return names
+
+
+def test_model_and_methods_import_nothing_above_them():
+  bad = {}
+  for folder in ('model', 'methods'):
+    for path in sorted((PACKAGE / folder).glob('*.py')):
+      hits = sorted(n for n in _imported_names(path)
+                    if any(n == a or n.startswith(a + '.')
+                           for a in ABOVE_THE_MODEL))
+      if hits:
+        bad[str(path.relative_to(ROOT))] = hits
+  assert not bad
+
+
+_SCRIPT = '''
+import importlib.abc
+import sys
+
+BLOCKED = {blocked!r}
+
+
+class Blocker(importlib.abc.MetaPathFinder):
+  """As if these packages were not installed."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name.split('.')[0] in BLOCKED:
+      raise ModuleNotFoundError(f'No module named {{name!r}} (blocked)',
+                                name=name)
+    return None
+
+
+sys.meta_path.insert(0, Blocker())
+import importlib
+for name in {modules!r}:
+  importlib.import_module(name)
+above = sorted(m for m in sys.modules if m.startswith((
+    'hyperprompt_jax.tasks', 'hyperprompt_jax.evaluation',
+    'hyperprompt_jax.task_params', 'hyperprompt_jax.runner.input_pipeline',
+    'hyperprompt_jax.runner.batches', 'hyperprompt_jax.runner.checkpoints')))
+assert not above, above
+
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hyperprompt_jax.benchmarks import mfu
+from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import trainer
+
+cfg = mfu.model_config('t5_1_1_tiny', 'global', 'float32')
+model = network.Transformer(cfg)
+optimizer = optimizers.make_optimizer()
+state = timing.fresh_state(model, optimizer, 16, 4)
+batch = timing.random_batch(np.random.default_rng(0), 2, 16, 4,
+                            cfg.vocab_size)
+step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
+                                 z_loss=timing.Z_LOSS))
+state, terms = step(state, batch, jax.random.PRNGKey(0))
+assert int(state['step']) == 1 and bool(terms['finite'])
+print('stepped', float(terms['loss']))
+'''
+
+
+def test_the_training_step_runs_without_tensorflow_seqio_orbax_or_gin():
+  script = _SCRIPT.format(blocked=BLOCKED, modules=PURE_MODULES)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  result = subprocess.run([sys.executable, '-c', textwrap.dedent(script)],
+                          capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert 'stepped' in result.stdout

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The MFU benchmark on a bare accelerator machine (docs/performance.md, "MFU
+# on an accelerator"): T5.1.1-Base, bfloat16, batch 32 of 512 / 32, MTL and
+# the five conditioned models (both gradient forms where a model has two),
+# 3 untimed and 5 timed steps each, within 8 minutes on one H100.
+#
+#   tools/device_benchmark.sh [FLAG ...]
+#
+# Needs python3 with jax (with its accelerator plugin), flax, optax and
+# numpy; the repository is put on PYTHONPATH (no install). TensorFlow, seqio
+# and gin are not needed. Wheels in .whl/ beside the repository's files, if
+# any, are installed first into /tmp/site (no index, no dependencies).
+# Writes $OUT/mfu.json (rewritten after each model) and $OUT/mfu.log ($OUT:
+# ./mfu_out by default). FLAGs are added to the benchmark's and win (e.g.
+# --peak_tflops=989, --variants=adapter, --model=t5_1_1_tiny).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT_DIR="${OUT:-$PWD/mfu_out}"
+mkdir -p "$OUT_DIR"
+
+if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site \
+    "$ROOT"/.whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "$(date +%H:%M:%S) device_benchmark: writing $OUT_DIR"
+timeout "${MFU_TIMEOUT_S:-470}" python3 -m hyperprompt_jax.benchmark --mfu \
+  --model=t5_1_1_base --dtype=bfloat16 --batch_size=32 --input_length=512 \
+  --target_length=32 --warmup_steps=3 --steps=5 --forms=both \
+  --output_json="$OUT_DIR/mfu.json" "$@" 2>&1 | tee "$OUT_DIR/mfu.log"
