@@ -23,6 +23,7 @@ from flax import traverse_util
 
 from hyperprompt_jax import tasks
 from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
@@ -442,3 +443,30 @@ def test_a_run_packed_by_seqio_does_not_resume_with_best_fit_rows():
                                       0)
   old['data'] = {k: v for k, v in unpacked.items() if k != 'PACKER'}
   run_record.check_resume(old, config, unpacked, 'checkpoint_4', [])
+
+
+def test_forms_and_the_segment_bound_are_not_model_settings():
+  """A HyperGrid checkpoint's record from before `gradient_form`,
+  `packed_form` and `max_segments` existed (or written with other values)
+  still reads and resumes: they change how a step computes, or which
+  examples share a packed row (the data record's PACKER names the bound),
+  not the parameters or what they compute. A packed run's PACKER does
+  refuse another bound."""
+  config = network.T5Config(**{
+      **vars(conftest.T5X_TINY_CONFIG),
+      'hypergrid': hypergrid.HyperGridConfig(grid_rows=4, grid_cols=8)})
+  saved = run_record.model_settings(config)
+  assert not {'T5Config.gradient_form', 'T5Config.hypergrid.packed_form',
+              'T5Config.hypergrid.max_segments'} & set(saved)
+  old = {'model': {**saved, 'T5Config.hypergrid.max_segments': '4',
+                   'T5Config.hypergrid.packed_form': "'grouped'"}}
+  assert run_record.record_changes(old, config, []) == []
+  lengths = {'inputs': 64, 'targets': 8}
+  data = run_record.data_settings('fixture_glue_proportional', lengths, 8,
+                                  True, 0, 8)
+  old['data'] = run_record.data_settings('fixture_glue_proportional',
+                                         lengths, 8, True, 0, 4)
+  run_record.check_resume({**old, 'data': data}, config, data, 'c', [])
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match='max_examples=4.* -> .*max_examples=8'):
+    run_record.check_resume(old, config, data, 'checkpoint_4', [])

@@ -10,6 +10,7 @@ import pytest
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
+from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
 
 CFG = T5X_TINY_CONFIG
@@ -196,3 +197,22 @@ def test_bad_config_raises():
     network.Transformer(dataclasses.replace(CFG, num_heads=0)).init(
         jax.random.PRNGKey(0), np.ones((1, 2), np.int32),
         np.ones((1, 2), np.int32), np.ones((1, 2), np.int32))
+
+
+@pytest.mark.parametrize('bidirectional', [True, False])
+def test_relative_position_forms_agree_value_and_gradient(bidirectional):
+  """t5x's one-hot contraction (the accelerators' form: the gather's
+  gradient is a scatter-add of colliding atomics there) and the gather
+  (XLA:CPU's) give the same bias and the same table gradient, exactly."""
+  out = {}
+  for form in ('gather', 'one_hot'):
+    bias = layers.RelativePositionBiases(32, 128, 4, form=form)
+    variables = bias.init(jax.random.PRNGKey(0), 20, 24, bidirectional)
+    value, vjp = jax.vjp(lambda v: bias.apply(v, 20, 24, bidirectional),
+                         variables)
+    out[form] = (value, vjp(jnp.cos(value))[0])
+  assert out['gather'][0].shape == (1, 4, 20, 24)
+  np.testing.assert_array_equal(out['gather'][0], out['one_hot'][0])
+  for a, b in zip(jax.tree.leaves(out['gather'][1]),
+                  jax.tree.leaves(out['one_hot'][1])):
+    np.testing.assert_array_equal(a, b)

@@ -179,6 +179,12 @@ class RelativePositionBiases(nn.Module):
   embedding_init: Initializer = nn.initializers.variance_scaling(
       1.0, 'fan_avg', 'uniform'
   )
+  # 'one_hot' (t5x's contraction with a [buckets, qlen, klen] one-hot),
+  # 'gather' (a take along the bucket axis), or 'auto': gather on XLA:CPU,
+  # which spends seconds folding the one-hot constant, one-hot elsewhere,
+  # where the gather's gradient is a scatter-add of qlen * klen values into
+  # `buckets` slots per head, serialised by its colliding atomics.
+  form: str = 'auto'
 
   @nn.compact
   def __call__(self, qlen: int, klen: int, bidirectional: bool = True):
@@ -194,11 +200,16 @@ class RelativePositionBiases(nn.Module):
         jnp.float32,
         axes=('heads', 'relpos_buckets'),
     )
-    # A gather along the (unsharded) bucket axis: its only constant is the
-    # int32 [qlen, klen] bucket map (t5x's one-hot contraction embeds a
-    # [buckets, qlen, klen] float constant that XLA spends seconds folding).
-    values = jnp.take(jnp.asarray(table, self.dtype),
-                      jnp.asarray(buckets, jnp.int32), axis=1)
+    form = self.form
+    if form == 'auto':
+      form = 'gather' if jax.default_backend() == 'cpu' else 'one_hot'
+    if form == 'gather':
+      values = jnp.take(jnp.asarray(table, self.dtype),
+                        jnp.asarray(buckets, jnp.int32), axis=1)
+    else:
+      one_hot = (buckets[None] == np.arange(self.num_buckets)[:, None, None])
+      values = jnp.einsum('hb,bqk->hqk', jnp.asarray(table, self.dtype),
+                          jnp.asarray(one_hot, self.dtype))
     return values[None]
 
 

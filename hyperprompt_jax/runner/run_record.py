@@ -33,9 +33,13 @@ log = logging.getLogger('hyperprompt_jax.train')
 
 
 # T5Config fields that change neither the parameters nor the results, only
-# the memory a step takes: not recorded, so a run may resume (or a reader
-# load) with another value.
-_MEMORY_CHOICES = ('T5Config.remat_policy',)
+# the memory or time a step takes (or, for MAX_SEGMENTS, which examples
+# share a packed row: the data record's PACKER names it): not recorded, so
+# a run may resume (or a reader load, such as a checkpoint written before
+# the field existed) with another value.
+_MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
+                   'T5Config.hypergrid.packed_form',
+                   'T5Config.hypergrid.max_segments')
 
 
 def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
@@ -101,7 +105,7 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
   now = model_settings(model_config)
   saved = record.get('model', {})
   for name in sorted(set(now) | set(saved)):
-    if now.get(name) != saved.get(name):
+    if name not in _MEMORY_CHOICES and now.get(name) != saved.get(name):
       changes.append(f'{name}: {saved.get(name, "(unset)")} -> '
                      f'{now.get(name, "(unset)")}')
   moved = task_list_change(record.get('task_list') or [], task_list)
@@ -155,7 +159,8 @@ def record_changes(record: Mapping[str, Any], model_config: Any,
   changes = [f'{name}: {saved.get(name, "(unset)")} -> '
              f'{now.get(name, "(unset)")}'
              for name in sorted(set(now) | set(saved))
-             if name not in ignore and now.get(name) != saved.get(name)]
+             if name not in (*ignore, *_MEMORY_CHOICES)
+             and now.get(name) != saved.get(name)]
   moved = task_list_change(record.get('task_list') or [], task_list)
   if moved:
     changes.append(moved)
