@@ -128,6 +128,25 @@ def test_t5x_train_quickstart(quickstart_dir):
              for k in after)
 
 
+def test_t5x_trains_hypergrid_on_packed_rows(tmp_path):
+  """t5x/quickstart_hypergrid_train.gin: t5x packs (PACK) with the model's
+  feature converter, rows closed at MAX_SEGMENTS, and trains HyperGrid LG
+  on them: the gates' parameters and the backbone move."""
+  model_dir = tmp_path / 'run'
+  _run('t5x.train', GIN_SEARCH_PATHS,
+       '--gin_file=t5x/quickstart_hypergrid_train.gin',
+       f"--gin.MODEL_DIR='{model_dir}'", '--gin.TRAIN_STEPS=2',
+       '--gin.SAVE_PERIOD=2', '--gin.MAX_SEGMENTS=2', *QUICK)
+  assert _steps(model_dir) == [0, 2]
+  before = _read_t5x_state(model_dir / 'checkpoint_0')
+  after = _read_t5x_state(model_dir / 'checkpoint_2')
+  changed = {k for k in before if k.startswith('target/')
+             and not np.array_equal(before[k], after[k])}
+  assert 'target/encoder/layers_0/hypergrid/local_rows' in changed
+  assert 'target/encoder/layers_0/mlp/wo/kernel' in changed
+  assert 'target/encoder/hypergrid/task_embeddings' in changed
+
+
 def test_t5x_eval_and_metrics_summary(quickstart_dir, tmp_path):
   out = tmp_path / 'eval'
   _run('t5x.eval', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_eval.gin',
