@@ -107,9 +107,8 @@ def test_t5x_gin_file_parses(name):
         '%REMAT_POLICY')
   if name.startswith('t5x/hyper'):  # the papers' runs
     assert gin.query_parameter('USE_CACHED_TASKS/macro.value') is False
-    # Packed, except HyperGrid's setup (its gates are per example).
-    assert gin.query_parameter('PACK/macro.value') is (
-        'glue_super_glue' not in name)
+    # Packed, HyperGrid's setups too (at most MAX_SEGMENTS examples a row).
+    assert gin.query_parameter('PACK/macro.value') is True
     for dataset in ('train', 'train_eval'):
       assert str(gin.query_parameter(
           f'{dataset}/utils.DatasetConfig.pack')) == '%PACK'

@@ -305,9 +305,10 @@ class Decoder(nn.Module):
     `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
     (for HyperGrid's task query over `encoded`); packed rows: `segment_ids`
     and `encoder_segment_ids`, the decoder's and the encoder's (each
-    segment's gates come from its own part of `encoded`). While decoding, what depends
-    only on the task and `encoded` (hyper-prompts, HyperGrid's gates) is
-    computed when the cache is created and read from it at every step.
+    segment's gates come from its own part of `encoded`). While decoding,
+    what depends only on the task and `encoded` (hyper-prompts, HyperGrid's
+    gates) is computed when the cache is created and read from it at every
+    step.
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
