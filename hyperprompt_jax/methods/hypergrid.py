@@ -298,7 +298,7 @@ def gated_matmul(x: Array, kernel: Array, grid: Array,
   Returns:
     `[batch, length, d_out]`.
   """
-  batch, length, d_in = x.shape
+  _, length, d_in = x.shape
   d_out = kernel.shape[1]
   k_in, k_out = grid.shape[1:]
   grid = grid.astype(x.dtype)
@@ -309,25 +309,39 @@ def gated_matmul(x: Array, kernel: Array, grid: Array,
   if route == 'input':  # gate varies along the input only
     gate = jnp.repeat(grid[:, :, 0], d_in // k_in, axis=-1)
     return (x * (1 + gate)[:, None, :]) @ kernel
-  if route == 'blockwise' and k_out * d_in < k_in * d_out:
-    # One input copy per output block, each scaled by its gates:
-    # [batch, length, k_out, d_in] (smaller than the partial sums below).
-    in_gate = jnp.repeat(jnp.swapaxes(grid, 1, 2), d_in // k_in, axis=2)
-    gated_inputs = x[:, :, None, :] * (1 + in_gate)[:, None]
-    out = jnp.einsum('blri,rio->blro', gated_inputs,
+  if route == 'blockwise':
+    return _blockwise_gated_matmul(x, kernel, grid[:, None])
+  # Fold (1 + G) into a per-example weight [batch, d_in, d_out].
+  full_gate = jnp.repeat(jnp.repeat(grid, d_out // k_out, axis=2),
+                         d_in // k_in, axis=1)
+  return jnp.einsum('bli,bio->blo', x, (1 + full_gate) * kernel)
+
+
+def _blockwise_gated_matmul(x: Array, kernel: Array, grid: Array) -> Array:
+  """The blockwise route, on the side with the smaller intermediate.
+
+  `grid` is `[batch, 1, k_in, k_out]` (one grid per row) or `[batch,
+  length, k_in, k_out]` (one per token, packed rows). Either one input copy
+  per output block, each scaled by its gates (`[batch, length, k_out,
+  d_in]`), or partial sums over the k_in input blocks (`[batch, length,
+  k_in, d_out]`) combined by the gates.
+  """
+  batch, length, d_in = x.shape
+  d_out = kernel.shape[1]
+  k_in, k_out = grid.shape[2:]
+  if k_out * d_in < k_in * d_out:
+    in_gate = jnp.repeat(jnp.swapaxes(grid, -1, -2), d_in // k_in, axis=-1)
+    out = jnp.einsum('blri,rio->blro', x[:, :, None, :] * (1 + in_gate),
                      jnp.swapaxes(kernel.reshape(d_in, k_out, d_out // k_out),
                                   0, 1))
     return out.reshape(batch, length, d_out)
-  out_gate = jnp.repeat(grid, d_out // k_out, axis=2)  # [batch, k_in, d_out]
-  if route == 'blockwise':
-    # Partial sums over the k_in input blocks: [batch, length, k_in, d_out].
-    partial = jnp.einsum('blci,cio->blco',
-                         x.reshape(batch, length, k_in, d_in // k_in),
-                         kernel.reshape(k_in, d_in // k_in, d_out))
-    return jnp.einsum('blco,bco->blo', partial, 1 + out_gate)
-  # Fold (1 + G) into a per-example weight.
-  full_gate = jnp.repeat(out_gate, d_in // k_in, axis=1)  # [b, d_in, d_out]
-  return jnp.einsum('bli,bio->blo', x, (1 + full_gate) * kernel)
+  partial = jnp.einsum('blci,cio->blco',
+                       x.reshape(batch, length, k_in, d_in // k_in),
+                       kernel.reshape(k_in, d_in // k_in, d_out))
+  out_gate = 1 + jnp.repeat(grid, d_out // k_out, axis=-1)
+  if out_gate.shape[1] == 1:  # one grid per row
+    return jnp.einsum('blco,bco->blo', partial, out_gate[:, 0])
+  return jnp.einsum('blco,blco->blo', partial, out_gate)
 
 
 # -- Packed rows: every example gated by its own grid -------------------------
@@ -459,27 +473,11 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
 @jax.checkpoint
 def _token_blocks_gated_matmul(x: Array, kernel: Array, grid: Array,
                                segment_ids: Array) -> Array:
-  """'token_blocks': each token's own gates on the blockwise route of
-  `gated_matmul`, on the side with the smaller intermediate (`[batch,
-  length, k_out, d_in]` gated input copies or `[batch, length, k_in, d_out]`
-  partial sums). The FLOPs of one plain matmul, plus elementwise work of
-  that intermediate's size: XLA:CPU's cheapest exact form."""
-  batch, length, d_in = x.shape
-  d_out = kernel.shape[1]
-  k_in, k_out = grid.shape[2:]
-  token_grid = per_token(grid, segment_ids)  # [batch, length, k_in, k_out]
-  if k_out * d_in < k_in * d_out:
-    in_gate = jnp.repeat(jnp.swapaxes(token_grid, -1, -2), d_in // k_in,
-                         axis=-1)  # [batch, length, k_out, d_in]
-    out = jnp.einsum('blri,rio->blro', x[:, :, None, :] * (1 + in_gate),
-                     jnp.swapaxes(kernel.reshape(d_in, k_out, d_out // k_out),
-                                  0, 1))
-    return out.reshape(batch, length, d_out)
-  partial = jnp.einsum('blci,cio->blco',
-                       x.reshape(batch, length, k_in, d_in // k_in),
-                       kernel.reshape(k_in, d_in // k_in, d_out))
-  return jnp.einsum('blco,blco->blo', partial,
-                    1 + jnp.repeat(token_grid, d_out // k_out, axis=-1))
+  """'token_blocks': each token's own gates on `gated_matmul`'s blockwise
+  route (`[batch, length, k_in, k_out]` gates, the smaller intermediate's
+  side). The FLOPs of one plain matmul, plus elementwise work of that
+  intermediate's size: XLA:CPU's cheapest exact form."""
+  return _blockwise_gated_matmul(x, kernel, per_token(grid, segment_ids))
 
 
 @jax.checkpoint  # the folded weights are recomputed, not kept

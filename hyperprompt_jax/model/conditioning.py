@@ -240,12 +240,8 @@ def check_segments(cfg, segment_ids: Optional[Array]) -> None:
                                  bound)
   elif cfg.check_traced_task_ids:
     high = jnp.max(segment_ids)
-    jax.lax.cond(
-        high > bound,
-        lambda: jax.debug.callback(
-            functools.partial(_check_segment_bound, bound), high,
-            partitioned=True),
-        lambda: None)
+    _raise_in_graph(high > bound,
+                    functools.partial(_check_segment_bound, bound), high)
 
 
 def _check_segment_bound(bound: int, high) -> None:
@@ -260,22 +256,29 @@ def _check_segment_bound(bound: int, high) -> None:
 
 def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
   """Makes the compiled program call `_check_task_id_range` on the host when
-  traced `task_ids` leave `[0, num_tasks)`; its raise fails the call with a
+  traced `task_ids` leave `[0, num_tasks)`."""
+  low, high = jnp.min(task_ids), jnp.max(task_ids)
+  _raise_in_graph((low < 0) | (high >= num_tasks),
+                  functools.partial(_check_task_id_range, num_tasks), low,
+                  high)
+
+
+def _raise_in_graph(bad: Array, check: Callable[..., None],
+                    *values: Array) -> None:
+  """Makes the compiled program call `check(*values)` on the host when the
+  traced scalar `bad` holds; its raise fails the call with a
   `JaxRuntimeError` carrying the message.
 
   A host callback, not checkify, which would need every caller (t5x's
   steps, a user's own `jit`) to wrap its function. The `cond` keeps Python
-  off the device path for valid ids (decode loops run it every step).
+  off the device path for valid inputs (decode loops run it every step).
   `partitioned`: with the batch sharded, every device gets the reduced
   scalars and fails alike; a single failing device would leave the others
   waiting at their next collective (a hang, then an abort).
   """
-  low, high = jnp.min(task_ids), jnp.max(task_ids)
   jax.lax.cond(
-      (low < 0) | (high >= num_tasks),
-      lambda: jax.debug.callback(
-          functools.partial(_check_task_id_range, num_tasks), low, high,
-          partitioned=True),
+      bad,
+      lambda: jax.debug.callback(check, *values, partitioned=True),
       lambda: None)
 
 
