@@ -159,6 +159,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--output_json', default=None,
                       help='--mfu: the JSON of the figures, rewritten after '
                            'each model')
+  parser.add_argument('--profile', default=None,
+                      help='--mfu: models whose step is traced after timing '
+                           'and broken down by XLA op and kernel (names, or '
+                           'all)')
+  parser.add_argument('--profile_dir', default=None,
+                      help="--mfu: where the traces go (default: "
+                           "'profiles' beside --output_json)")
 
 
 def _mfu(argv: Sequence[str]) -> int:

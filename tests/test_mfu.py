@@ -154,3 +154,21 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
         row['xla_flops'] / row['seconds_per_step'] / 1e12)
   assert report['rows'][0]['ratio_to_mtl'] == 1.0
   assert 'MFU' in (out / 'mfu.log').read_text()
+  # The script traces MTL's step; a CPU trace has no device plane to sum,
+  # and the compiled module's text lies beside it.
+  assert report['rows'][0]['kernel_times'] is None
+  assert 'ENTRY' in (out / 'profiles' / 'mtl_auto' / 'step.hlo.txt'
+                     ).read_text()
+
+
+def test_forms_pick_the_runs():
+  everything = list(mfu.MODELS)
+  assert mfu._runs(['hypergrid_lg', 'adapter'], 'both') == [  # pylint: disable=protected-access
+      ('mtl', 'auto'), ('hypergrid_lg', 'token_blocks'),
+      ('hypergrid_lg', 'grouped'), ('adapter', 'written'),
+      ('adapter', 'autodiff')]
+  assert mfu._runs(everything, 'written,grouped') == [  # pylint: disable=protected-access
+      ('mtl', 'auto'), ('global', 'written'), ('hypergrid_lg', 'grouped'),
+      ('adapter', 'written'), ('hyperformer_pp', 'written'),
+      ('prompt_tuning', 'auto')]
+  assert {form for _, form in mfu._runs(everything, 'auto')} == {'auto'}  # pylint: disable=protected-access

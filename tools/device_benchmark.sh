@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The MFU benchmark on a bare accelerator machine (docs/performance.md, "MFU
 # on an accelerator"): T5.1.1-Base, bfloat16, batch 32 of 512 / 32, MTL and
-# the five conditioned models (both gradient forms where a model has two),
-# 3 untimed and 5 timed steps each, within 8 minutes on one H100.
+# the five conditioned models (both forms where a model has two), 3 untimed
+# and 5 timed steps each; MTL's step is then traced and its device time
+# broken down by XLA op and kernel ($OUT/profiles). Each model is compiled
+# and timed before the next: on one H100 a Base step compiled in 83-118 s,
+# so the ten rows take about 20 minutes; `--variants=...` and
+# `--forms=auto` (or a list of forms) run a part.
 #
 #   tools/device_benchmark.sh [FLAG ...]
 #
@@ -29,5 +33,5 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 echo "$(date +%H:%M:%S) device_benchmark: writing $OUT_DIR"
 timeout "${MFU_TIMEOUT_S:-470}" python3 -m hyperprompt_jax.benchmark --mfu \
   --model=t5_1_1_base --dtype=bfloat16 --batch_size=32 --input_length=512 \
-  --target_length=32 --warmup_steps=3 --steps=5 --forms=both \
+  --target_length=32 --warmup_steps=3 --steps=5 --forms=both --profile=mtl \
   --output_json="$OUT_DIR/mfu.json" "$@" 2>&1 | tee "$OUT_DIR/mfu.log"

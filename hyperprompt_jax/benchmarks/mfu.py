@@ -14,7 +14,8 @@ Adafactor) is compiled once, run `warmup_steps` times, then timed
 `steps` times, every step on its own (the median is reported). A model
 with two forms (`FORMS`: `T5Config.gradient_form` of the adapters and
 packed HyperPrompt, `HyperGridConfig.packed_form` of HyperGrid) is timed in
-both (`--forms=both`), or in its default (`auto`).
+both (`--forms=both`), in its default (`auto`), or in the forms named
+(`--forms=written,grouped`).
 
 Rows: packed, GLUE + SuperGLUE-like examples (`synthetic_rows`, no
 tf.data) first-fit into `batch_size` rows of `input_length` /
@@ -37,8 +38,10 @@ image with jax, flax and optax runs it (tools/device_benchmark.sh).
 """
 
 import argparse
+import collections
 import dataclasses
 import functools
+import glob
 import json
 import math
 import os
@@ -349,10 +352,11 @@ def device_peak_bytes(device: jax.Device) -> Optional[int]:
   return (stats or {}).get('peak_bytes_in_use')
 
 
-def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
-            warmup_steps: int, steps: int) -> dict[str, Any]:
-  """One model's training step on `batch`: compiled once, run
-  `warmup_steps` times, then `steps` steps timed one by one."""
+def compile_step(cfg: network.T5Config, batch: dict[str, np.ndarray]
+                 ) -> dict[str, Any]:
+  """One model's training step on `batch`, lowered and compiled, with its
+  fresh state on the device: `{'compiled', 'state', 'batch',
+  'compile_seconds', 'six_nd_flops'}`."""
   model = network.Transformer(cfg)
   optimizer = optimizers.make_optimizer()
   input_length = batch['encoder_input_tokens'].shape[1]
@@ -363,10 +367,21 @@ def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
   step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
                                    z_loss=timing.Z_LOSS),
                  donate_argnums=(0,))
-  compiled = step.lower(state, batch, jax.random.PRNGKey(0)).compile()
-  compile_seconds = time.perf_counter() - start
-  flops = xla_flops(compiled)
-  estimate = six_nd_flops(state['params'], batch)
+  lowered = step.lower(state, batch, jax.random.PRNGKey(0))
+  compiled = lowered.compile()
+  return {'compiled': compiled, 'state': state, 'batch': batch,
+          'compile_seconds': time.perf_counter() - start,
+          'six_nd_flops': six_nd_flops(state['params'], batch)}
+
+
+def time_steps(prepared: dict[str, Any], warmup_steps: int, steps: int,
+               profile_dir: Optional[str] = None) -> dict[str, Any]:
+  """`prepared`'s step (`compile_step`) run `warmup_steps` times, then
+  `steps` steps timed one by one; with `profile_dir`, two more steps are
+  traced there, their device time summed by XLA op (`kernel_times`), and
+  the compiled module's text written beside the trace (`step.hlo.txt`)."""
+  compiled, state, batch = (prepared.pop('compiled'), prepared.pop('state'),
+                            prepared.pop('batch'))
   times = []
   for i in range(warmup_steps + steps):
     start = time.perf_counter()
@@ -374,21 +389,77 @@ def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
     jax.block_until_ready((state, terms))
     if i >= warmup_steps:
       times.append(time.perf_counter() - start)
-  loss = float(terms['loss'])
+  row = {'seconds_per_step': statistics.median(times),
+         'step_seconds': times,
+         'compile_seconds': prepared['compile_seconds'],
+         'xla_flops': xla_flops(compiled),
+         'six_nd_flops': prepared['six_nd_flops'],
+         'xla_peak_bytes': timing.peak_bytes(compiled),
+         'loss': float(terms['loss'])}
+  if profile_dir:
+    with jax.profiler.trace(profile_dir):
+      for i in range(2):
+        state, terms = compiled(state, batch, jax.random.PRNGKey(100 + i))
+      jax.block_until_ready((state, terms))
+    row['kernel_times'] = kernel_times(profile_dir, steps=2)
+    # The ops' names in the trace are the optimized module's.
+    with open(os.path.join(profile_dir, 'step.hlo.txt'), 'w') as f:
+      f.write(compiled.as_text())
   del state
-  return {'seconds_per_step': statistics.median(times),
-          'step_seconds': times, 'compile_seconds': compile_seconds,
-          'xla_flops': flops, 'six_nd_flops': estimate,
-          'xla_peak_bytes': timing.peak_bytes(compiled), 'loss': loss}
+  return row
+
+
+def kernel_times(profile_dir: str, steps: int, top: int = 25
+                 ) -> Optional[dict[str, Any]]:
+  """The device time of a trace in `profile_dir`, per step: in total, and
+  the `top` XLA ops (the device plane's 'XLA Ops' line) and kernels (its
+  stream lines) by their summed time, `[name, ms, count]` each. None where
+  the trace has no device plane (a CPU's)."""
+  files = sorted(glob.glob(os.path.join(profile_dir, '**', '*.xplane.pb'),
+                           recursive=True))
+  if not files:
+    return None
+  data = jax.profiler.ProfileData.from_file(files[-1])
+  ops, kernels = collections.Counter(), collections.Counter()
+  op_count, kernel_count = collections.Counter(), collections.Counter()
+  for plane in data.planes:
+    if not plane.name.startswith('/device:'):
+      continue
+    for line in plane.lines:
+      if line.name == 'XLA Ops':
+        totals, counts = ops, op_count
+      elif line.name.startswith('Stream'):
+        totals, counts = kernels, kernel_count
+      else:
+        continue
+      for event in line.events:
+        totals[event.name] += event.duration_ns
+        counts[event.name] += 1
+  if not ops and not kernels:
+    return None
+  per_step = lambda ns: ns / 1e6 / steps
+  table = lambda c, n: [[name, per_step(ns), n[name] // steps]
+                        for name, ns in c.most_common(top)]
+  return {'ops_ms': per_step(sum(ops.values())),
+          'kernels_ms': per_step(sum(kernels.values())),
+          'top_ops': table(ops, op_count),
+          'top_kernels': table(kernels, kernel_count)}
 
 
 def _runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
   """`(model, form)` in the order they run, MTL first: both forms of a
-  model of `FORMS` (`forms='both'`) or its default ('auto')."""
+  model of `FORMS` (`forms='both'`), its default ('auto'), or those of its
+  forms that the comma-separated `forms` names (its default where it names
+  none of them)."""
+  named = set(forms.split(','))
   runs = []
   for name in ['mtl', *[m for m in models if m != 'mtl']]:
-    both = FORMS[name][1] if name in FORMS and forms == 'both' else ('auto',)
-    runs.extend((name, form) for form in both)
+    own = FORMS[name][1] if name in FORMS else ()
+    if forms == 'both' and own:
+      chosen = own
+    else:
+      chosen = tuple(f for f in own if f in named) or ('auto',)
+    runs.extend((name, form) for form in chosen)
   return runs
 
 
@@ -398,8 +469,11 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
                   peak: Optional[float] = None,
                   forms: str = 'both',
                   output_json: Optional[str] = None,
-                  log=print) -> dict[str, Any]:
-  """Every model's figures (module docstring), the JSON's content."""
+                  log=print, profile: Sequence[str] = (),
+                  profile_dir: Optional[str] = None) -> dict[str, Any]:
+  """Every model's figures (module docstring), the JSON's content; the
+  models named in `profile` (or 'all') are traced into `profile_dir` after
+  timing and their device time broken down by op."""
   device = jax.devices()[0]
   tflops_peak = peak_tflops(device, peak)
   report = {
@@ -414,35 +488,56 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
   for name, form in _runs(models, forms):
     cfg = model_config(backbone, name, dtype, form)
-    packed = True  # every model packs (`synthetic_rows` can do without)
     slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
+    # Every model packs (`synthetic_rows` can do without).
     batch, stats = synthetic_rows(batch_size, input_length, target_length,
-                                  cfg.vocab_size, cfg.num_tasks, packed,
+                                  cfg.vocab_size, cfg.num_tasks, True,
                                   slots, max_segments=hypergrid.max_segments(
                                       cfg.hypergrid))
     label = name if form == 'auto' else f'{name} [{form}]'
-    log(f'{time.strftime("%H:%M:%S")} {label}: compiling '
-        f'({"packed" if packed else "unpacked"} rows)')
-    row = measure(cfg, batch, warmup_steps, steps)
+    log(f'{time.strftime("%H:%M:%S")} {label}: compiling')
+    trace = (os.path.join(profile_dir, f'{name}_{form}')
+             if profile_dir and ('all' in profile or name in profile)
+             else None)
+    # Compiled and timed before the next model compiles: a run cut short
+    # keeps every model it reached, and compilations running beside each
+    # other (several threads) were slower on a GPU host than one after
+    # another (XLA autotunes its kernels on the device they share).
+    row = time_steps(compile_step(cfg, batch), warmup_steps, steps, trace)
     seconds = row['seconds_per_step']
     flops = row['xla_flops'] or row['six_nd_flops']
     row.update({
-        'model': name, 'form': form, 'label': label,
-        'rows': 'packed' if packed else 'unpacked', **stats,
+        'model': name, 'form': form, 'label': label, 'rows': 'packed',
+        **stats,
         'real_tokens_per_second': stats['real_tokens'] / seconds,
         'tflops_per_second': flops / seconds / 1e12,
         'mfu': (flops / seconds / (tflops_peak * 1e12)
                 if tflops_peak else None),
+        'six_nd_mfu': (row['six_nd_flops'] / seconds / (tflops_peak * 1e12)
+                       if tflops_peak else None),
         'device_peak_bytes': device_peak_bytes(device)})
     mtl = report['rows'][0]['seconds_per_step'] if report['rows'] else seconds
     row['ratio_to_mtl'] = seconds / mtl
     report['rows'].append(row)
     log(f'{time.strftime("%H:%M:%S")} {label}: compiled in '
         f'{row["compile_seconds"]:.1f} s, {1000 * seconds:.1f} ms/step, '
-        f'MFU {_percent(row["mfu"])}')
+        f'MFU {_percent(row["mfu"])} (6ND {_percent(row["six_nd_mfu"])})')
+    if row.get('kernel_times'):
+      log(format_kernel_times(label, row['kernel_times']))
     if output_json:
       _write_json(output_json, report)
   return report
+
+
+def format_kernel_times(label: str, times: dict[str, Any]) -> str:
+  """`kernel_times`' tables, for the log."""
+  lines = [f'{label}: device time per step {times["ops_ms"]:.1f} ms in XLA '
+           f'ops, {times["kernels_ms"]:.1f} ms in kernels']
+  for title, key in (('XLA op', 'top_ops'), ('kernel', 'top_kernels')):
+    lines.append(f'  {"ms":>8} {"calls":>6}  {title}')
+    lines.extend(f'  {ms:>8.2f} {count:>6}  {name[:110]}'
+                 for name, ms, count in times[key])
+  return '\n'.join(lines)
 
 
 def _percent(x: Optional[float]) -> str:
@@ -490,16 +585,27 @@ def run(args: argparse.Namespace) -> int:
   if bad:
     raise ValueError(f'Unknown variants {bad} for --mfu: choose from '
                      f'{list(MODELS)}.')
-  if args.forms not in ('both', 'auto'):
-    raise ValueError(f'--forms={args.forms}: choose from both, auto.')
+  known = {'both', 'auto', *(f for _, fs in FORMS.values() for f in fs)}
+  if not set(args.forms.split(',')) <= known:
+    raise ValueError(f'--forms={args.forms}: choose from both, auto, or '
+                     f'forms among {sorted(known - {"both", "auto"})}.')
   if args.batch_size <= 0 or args.steps <= 0 or args.warmup_steps < 0:
     raise ValueError('--batch_size and --steps must be positive, '
                      '--warmup_steps >= 0.')
+  profile = [v for v in (args.profile or '').split(',') if v]
+  bad = sorted(set(profile) - set(MODELS) - {'all'})
+  if bad:
+    raise ValueError(f'Unknown models {bad} for --profile: choose from '
+                     f'{["all", *MODELS]}.')
+  profile_dir = args.profile_dir or (
+      os.path.join(os.path.dirname(args.output_json) or '.', 'profiles')
+      if args.output_json else os.path.join('.', 'mfu_profiles'))
   report = mfu_benchmark(
       args.model, models, args.dtype, args.batch_size, args.input_length,
       args.target_length, args.warmup_steps, args.steps, args.peak_tflops,
       args.forms, args.output_json,
-      log=lambda line: print(line, flush=True))
+      log=lambda line: print(line, flush=True),
+      profile=profile, profile_dir=profile_dir if profile else None)
   print(format_report(report))
   if args.output_json:
     print(f'JSON: {args.output_json}')
