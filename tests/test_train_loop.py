@@ -1,0 +1,285 @@
+"""The built-in runner's loop as t5x users expect it: learning-rate
+schedules (against optax's own and t5x's formula), evaluation during
+training (against `eval`'s scores of the same checkpoints), KEEP_BEST_BY,
+a stop during an evaluation, and the TensorBoard curves."""
+
+import json
+import math
+import os
+import signal
+
+import gin
+import numpy as np
+import optax
+import pytest
+import seqio
+import tensorflow as tf
+from flax import traverse_util
+
+from hyperprompt_jax import tasks
+from hyperprompt_jax.evaluation import during_training
+from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import schedules
+from hyperprompt_jax.runner import train as train_lib
+
+import conftest
+
+LENGTHS = {'inputs': 128, 'targets': 16}
+MIXTURE = 'test_train_loop_rte_stsb'
+if MIXTURE not in seqio.MixtureRegistry.names():
+  tasks.add_mixture(MIXTURE, [('fixture_glue_rte', 1.0),
+                              ('fixture_glue_stsb', 1.0)])
+
+
+# ------------------------------------------------------------- schedules --
+
+def test_schedules_match_optax_and_t5x():
+  """t5x's factors, each against an independent reference: optax's
+  schedules, and t5x's rsqrt formula written out in numpy."""
+  steps = np.arange(0, 60)
+  make = schedules.create_learning_rate_scheduler
+
+  def check(schedule, reference):
+    np.testing.assert_allclose(
+        [float(schedule(s)) for s in steps],
+        [max(float(reference(s)), 1e-8) for s in steps], rtol=1e-5,
+        atol=1e-9)
+
+  check(make('constant', 0.02), optax.constant_schedule(0.02))
+  check(make('constant * linear_warmup', 0.1, warmup_steps=10),
+        optax.linear_schedule(0.0, 0.1, 10))
+  check(make('constant * linear_warmup * cosine_decay', 0.1, warmup_steps=10,
+             steps_per_cycle=40),
+        optax.warmup_cosine_decay_schedule(0.0, 0.1, 10, 50, 0.0))
+  check(make('linear_decay', 0.1, warmup_steps=10, decay_factor=1 / 30),
+        optax.join_schedules([optax.linear_schedule(0.0, 0.1, 10),
+                              optax.linear_schedule(0.1, 0.0, 30)], [10]))
+  check(make('constant * decay_every', 0.1, decay_factor=0.5,
+             steps_per_decay=7),
+        optax.exponential_decay(0.1, 7, 0.5, staircase=True))
+  # t5x's default ('constant * linear_warmup * rsqrt_decay'), re-derived.
+  check(make('constant * linear_warmup * rsqrt_decay', 1.0, warmup_steps=10),
+        lambda s: min(1.0, s / 10) / math.sqrt(max(s, 10)))
+  check(make('constant * rsqrt_normalized_decay', 1.0, warmup_steps=10,
+             step_offset=5),
+        lambda s: math.sqrt(10) / math.sqrt(max(max(s - 5, 0), 10)))
+  with pytest.raises(ValueError, match=r"Unknown learning-rate factor.*"
+                     r"'cosine'.*joined by"):
+    make('constant * cosine')
+  with pytest.raises(ValueError, match='warmup_steps=0'):
+    make('constant * linear_warmup', warmup_steps=0)
+
+
+def test_run_record_refuses_a_changed_schedule_and_reads_old_records():
+  config = conftest.T5X_TINY_CONFIG
+  warmup = schedules.create_learning_rate_scheduler(
+      'constant * linear_warmup', 0.01, warmup_steps=100).record()
+  constant = schedules.create_learning_rate_scheduler('constant',
+                                                      0.01).record()
+  data = {'BATCH_SIZE': 8}
+  record = run_record.make(config, {**data, run_record.SCHEDULE: warmup}, 0)
+  run_record.check_resume(record, config, {**data, run_record.SCHEDULE:
+                                           warmup}, 'checkpoint_4', [])
+  longer = dict(warmup, warmup_steps=200)
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match='LEARNING_RATE_SCHEDULE.*warmup_steps'):
+    run_record.check_resume(record, config, {**data, run_record.SCHEDULE:
+                                             longer}, 'checkpoint_4', [])
+  # A record written before schedules were recorded: the constant rate.
+  old = run_record.make(config, data, 0)
+  run_record.check_resume(old, config, {**data, run_record.SCHEDULE:
+                                        constant}, 'checkpoint_4', [])
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match="'constant' .*linear_warmup"):
+    run_record.check_resume(old, config, {**data, run_record.SCHEDULE:
+                                          warmup}, 'checkpoint_4', [])
+
+
+def test_bad_eval_settings_are_clear_errors(tmp_path):
+  with pytest.raises(ValueError, match='EVAL_PERIOD must be None .* >= 1'):
+    during_training.check_settings(0, None, None, 64)
+  with pytest.raises(ValueError, match='KEEP_BEST_BY.*needs scores: set '
+                     'EVAL_PERIOD'):
+    during_training.check_settings(None, None, 'glue_average', 64)
+  with pytest.raises(ValueError, match=r"KEEP_BEST_BY='glue' is neither.*"
+                     r"'glue_average'"):
+    train_lib.train(_model(), **_kwargs(tmp_path / 'bad', eval_period=2,
+                                        keep_best_by='glue'))
+
+
+# ------------------------------------------- a run with evaluations --------
+
+def _model():
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
+      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+      layer_task_embed_dim=8))
+  return network.Transformer(network.T5Config(**cfg))
+
+
+SCHEDULE = schedules.create_learning_rate_scheduler(
+    'constant * linear_warmup * cosine_decay', 2e-2, warmup_steps=3,
+    steps_per_cycle=4)
+
+
+def _kwargs(model_dir, **overrides):
+  kwargs = dict(
+      model_dir=str(model_dir), mixture_or_task_name=MIXTURE,
+      task_feature_lengths=LENGTHS, train_steps=6, batch_size=8,
+      save_period=2, keep_checkpoints=1, log_period=1,
+      optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
+      learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='rte')
+  kwargs.update(overrides)
+  return kwargs
+
+
+def _scalars(model_dir) -> dict[str, dict[int, float]]:
+  """`{tag: {step: value}}` of every TensorBoard event file in model_dir
+  (a later file's value for a step replaces an earlier one's)."""
+  out = {}
+  for name in sorted(os.listdir(model_dir)):
+    if not name.startswith('events.out.tfevents'):
+      continue
+    for event in tf.compat.v1.train.summary_iterator(
+        os.path.join(model_dir, name)):
+      for value in event.summary.value:
+        out.setdefault(value.tag, {})[event.step] = float(
+            tf.make_ndarray(value.tensor))
+  return out
+
+
+def _params(result):
+  return traverse_util.flatten_dict(result['params'], sep='/')
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """A 6-step run evaluated every 2 steps, and the same run stopped by
+  SIGTERM during its first evaluation and resumed."""
+  root = tmp_path_factory.mktemp('loop')
+  straight = train_lib.train(_model(), **_kwargs(root / 'straight'))
+
+  evaluate = during_training.TrainingEvaluator.evaluate
+
+  def terminated_during(self, step, params):
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler records it
+    return evaluate(self, step, params)
+
+  patch = pytest.MonkeyPatch()
+  patch.setattr(during_training.TrainingEvaluator, 'evaluate',
+                terminated_during)
+  try:
+    stopped = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+  finally:
+    patch.undo()
+  resumed = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+  return root, straight, stopped, resumed
+
+
+def test_a_stop_during_evaluation_resumes_to_the_uninterrupted_run(runs):
+  """SIGTERM during the step-2 evaluation: the run stops at step 2 with its
+  checkpoint; resumed, it has the uninterrupted run's learning rate at
+  every step (optax's warmup-cosine schedule) and its parameters."""
+  root, straight, stopped, resumed = runs
+  assert stopped['stopped_by'] == 'SIGTERM' and stopped['step'] == 2
+  assert resumed['step'] == 6
+  want, got = _params(straight), _params(resumed)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  reference = optax.warmup_cosine_decay_schedule(0.0, 2e-2, 3, 7, 0.0)
+  for run in ('straight', 'resumed'):
+    rates = _scalars(root / run)['learning_rate']
+    assert sorted(rates) == list(range(1, 7))
+    np.testing.assert_allclose(
+        [rates[s] for s in range(1, 7)],
+        [max(float(reference(s - 1)), 1e-8) for s in range(1, 7)],
+        rtol=1e-5)
+  lines = [json.loads(line) for line in
+           (root / 'resumed' / during_training.SCORES_FILE).open()]
+  assert [line['step'] for line in lines] == [2, 4, 6]
+
+
+def test_scores_during_training_equal_eval_of_the_same_checkpoints(
+    runs, tmp_path):
+  root, *_ = runs
+  model_dir = root / 'straight'
+  lines = {line['step']: line for line in map(
+      json.loads, (model_dir / during_training.SCORES_FILE).open())}
+  assert sorted(lines) == [2, 4, 6]
+  summary = eval_lib.evaluate(
+      _model(), checkpoint_path=str(model_dir),
+      eval_output_dir=str(tmp_path / 'eval'), mixture_or_task_name=MIXTURE,
+      task_feature_lengths=LENGTHS, selection='last')
+  assert summary['steps']  # the checkpoints KEEP_CHECKPOINTS left
+  for step, evaluated in summary['steps'].items():
+    line = lines[int(step)]
+    assert line['metrics'] == evaluated['metrics']
+    assert line['task_scores'] == evaluated['task_scores']
+  # eval's selection reads the same scores from MODEL_DIR/inference_eval.
+  from_training = eval_summary.read_metrics_dir(str(model_dir))
+  assert sorted(from_training) == [2, 4, 6]
+  for step, results in from_training.items():
+    assert eval_summary.step_summary(results)['task_scores'] == (
+        lines[step]['task_scores'])
+
+
+def test_keep_best_by_keeps_the_best_checkpoint_beside_the_last(runs):
+  root, *_ = runs
+  model_dir = root / 'straight'
+  lines = [json.loads(line)
+           for line in (model_dir / during_training.SCORES_FILE).open()]
+  rte = {line['step']: line['task_scores']['rte'] for line in lines}
+  best_before_6 = max((2, 4), key=lambda s: (rte[s], -s))
+  kept = sorted(int(p.name.split('_')[1])
+                for p in model_dir.glob('checkpoint_*'))
+  # KEEP_CHECKPOINTS = 1: the last, and the best when it was saved.
+  assert kept == sorted({best_before_6, 6})
+  record = run_record.read(str(model_dir / 'checkpoint_6'))
+  assert record['best_checkpoint'] == {'by': 'rte', 'step': best_before_6,
+                                       'score': rte[best_before_6]}
+  assert lines[-1]['best']['by'] == 'rte'
+  assert record['data'][run_record.SCHEDULE] == SCHEDULE.record()
+
+
+def test_tensorboard_has_per_task_curves_and_scores(runs):
+  root, *_ = runs
+  scalars = _scalars(root / 'straight')
+  for tag in ('loss', 'accuracy', 'grad_norm', 'learning_rate',
+              'tokens_per_sec', 'examples_per_row', 'packing_efficiency',
+              'loss/rte', 'accuracy/rte', 'loss/stsb', 'accuracy/stsb',
+              'eval/rte', 'eval/stsb', 'eval/average',
+              'eval/fixture_glue_rte/accuracy'):
+    assert tag in scalars, sorted(scalars)
+  assert sorted(scalars['eval/rte']) == [2, 4, 6]
+  assert sorted(scalars['loss/rte']) == list(range(1, 7))
+  assert all(0 < v <= 1 for v in scalars['examples_per_row'].values())
+
+
+def test_quickstart_run_writes_per_task_curves(tmp_path):
+  """The quickstart's own gin (a few steps): every task of the 16 has an
+  evaluation curve and each task trained on has its loss curve."""
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(['runs/quickstart.gin'], [
+        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=8',
+        'EVAL_PERIOD=2', 'EVAL_EXAMPLES_PER_TASK=2', 'EVAL_BATCH_SIZE=16'])
+    train_lib.train()
+    names = task_ids.run_task_list()
+  finally:
+    gin.clear_config()
+  scalars = _scalars(tmp_path)
+  assert len(names) == 16
+  assert {f'eval/{t}' for t in names} <= set(scalars)
+  trained = [t for t in names if f'loss/{t}' in scalars]
+  assert trained and all(f'accuracy/{t}' in scalars for t in trained)
+  assert {'eval/glue_average', 'eval/super_glue_average',
+          'learning_rate'} <= set(scalars)
