@@ -30,10 +30,11 @@ from hyperprompt_jax.runner import run_record
 import multiprocess
 
 TRAIN = 'hyperprompt_jax.train'
-# The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4.
+# The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4, no
+# evaluation.
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
          '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
-         '--gin.KEEP_CHECKPOINTS=None']
+         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None']
 # One small task for evaluation and inference.
 EVAL_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
 
