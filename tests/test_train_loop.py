@@ -23,10 +23,12 @@ from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import schedules
 from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.tasks import task_ids
 
 import conftest
 
@@ -268,13 +270,11 @@ def test_tensorboard_has_per_task_curves_and_scores(runs):
 def test_quickstart_run_writes_per_task_curves(tmp_path):
   """The quickstart's own gin (a few steps): every task of the 16 has an
   evaluation curve and each task trained on has its loss curve."""
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:
     gin_utils.parse_gin(['runs/quickstart.gin'], [
-        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=8',
-        'EVAL_PERIOD=2', 'EVAL_EXAMPLES_PER_TASK=2', 'EVAL_BATCH_SIZE=16'])
+        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=1', 'BATCH_SIZE=8',
+        'EVAL_PERIOD=1', 'EVAL_EXAMPLES_PER_TASK=1', 'EVAL_BATCH_SIZE=8'])
     train_lib.train()
     names = task_ids.run_task_list()
   finally:

@@ -155,7 +155,8 @@ class TrainingEvaluator:
         eval_split=SPLIT, use_cached=use_cached_tasks,
         sequence_length=dict(task_feature_lengths),
         num_examples=examples_per_task,
-        logger_cls=([eval_lib._json_logger_cls(0)] if metrics_dir else []),  # pylint: disable=protected-access
+        # seqio's metric lines only (no predictions), as `eval` writes them.
+        logger_cls=([eval_lib.json_logger_cls(0)] if metrics_dir else []),
         log_dir=metrics_dir, async_compute_metrics=False)
     self.scores: dict[int, dict[str, Any]] = {}  # step -> its line
 
@@ -188,11 +189,11 @@ class TrainingEvaluator:
     later = sorted({line['step'] for line in lines} - set(self.scores))
     if later and multihost.is_writer():
       self._write_all()
-      metrics_dir = os.path.dirname(self.path)
-      metrics_dir = os.path.join(metrics_dir, eval_lib.METRICS_SUBDIR)
+      metrics_dir = os.path.join(os.path.dirname(self.path),
+                                 eval_lib.METRICS_SUBDIR)
       for task in self.evaluator.eval_tasks:
         for step in later:
-          eval_lib._drop_step(  # pylint: disable=protected-access
+          eval_lib.drop_step(
               os.path.join(metrics_dir, f'{task.name}-metrics.jsonl'), step)
 
   def evaluated(self, step: int) -> bool:

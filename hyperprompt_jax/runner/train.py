@@ -497,9 +497,9 @@ class _StepLoop:
   its period logs (`_log`), saves (`_save`) and evaluates (`_evaluate`),
   stopping at a step boundary on SIGTERM / SIGINT / preemption."""
 
-  def __init__(self, run: _Run, lock, trainer, manager, writer, evaluator,
-               data, processes, rows, start: int):
-    self.run_ = run
+  def __init__(self, settings: _Run, lock, trainer, manager, writer,
+               evaluator, data, processes, rows, start: int):
+    self.settings = settings
     self.lock = lock
     self.trainer = trainer
     self.manager = manager
@@ -520,17 +520,18 @@ class _StepLoop:
 
   def _save(self, step: int, state, iterator) -> bool:
     """Saves `step` (whatever SAVE_PERIOD says: the loop decides)."""
-    run = self.run_
+    settings = self.settings
     # A run presumed gone whose lock was taken over must not overwrite the
     # new holder's checkpoints (process 0 holds the lock; all stop).
     multihost.raise_everywhere(
         self.lock.check_held if self.lock else lambda: None,
         run_lock.LockLostError)
     if self.record is None:
-      self.record = run_record.make(run.model.config, self.data, self.start,
-                                    self.task_list, self.processes)
+      self.record = run_record.make(settings.model.config, self.data,
+                                    self.start, self.task_list,
+                                    self.processes)
     record = self.record
-    if self.evaluator and run.keep_best_by:
+    if self.evaluator and settings.keep_best_by:
       # The best evaluated checkpoint so far, kept beside the last
       # KEEP_CHECKPOINTS.
       record = dict(record, best_checkpoint=self.evaluator.best())
@@ -539,9 +540,9 @@ class _StepLoop:
     if saved:
       self.saved_step = step
       if not self.gin_files_written and jax.process_index() == 0:
-        run_record.write_gin_files(run.model_dir, record)
+        run_record.write_gin_files(settings.model_dir, record)
         self.gin_files_written = True
-      log.info('Saving %s/checkpoint_%d.', run.model_dir, step)
+      log.info('Saving %s/checkpoint_%d.', settings.model_dir, step)
     return saved
 
   def _check_finite(self, terms_history, step: int) -> None:
@@ -552,7 +553,7 @@ class _StepLoop:
           f'The loss became NaN or Inf before step {step}; the update was not '
           f'applied and the run stopped. Last good checkpoint: '
           f'{"checkpoint_%d" % last if last is not None else "none"} in '
-          f'{self.run_.model_dir}. Lower the learning rate, or check the '
+          f'{self.settings.model_dir}. Lower the learning rate, or check the '
           'data.')
 
   # -- curves ----------------------------------------------------------------
@@ -560,20 +561,20 @@ class _StepLoop:
   def _log(self, step: int, pending, elapsed: float, steps: int) -> float:
     """Writes the scalars of the steps since the last log (`pending`: their
     terms) and the progress line; returns their mean loss."""
-    run = self.run_
-    metrics = _curves(pending, elapsed, run.batch_size, self.task_list)
-    if run.schedule is not None:
+    settings = self.settings
+    metrics = _curves(pending, elapsed, settings.batch_size, self.task_list)
+    if settings.schedule is not None:
       # The rate of the step's update (the optimizer counts from 0).
-      metrics['learning_rate'] = float(run.schedule(step - 1))
+      metrics['learning_rate'] = float(settings.schedule(step - 1))
     steps_per_s = steps / max(elapsed, 1e-9)
     metrics['steps_per_sec'] = steps_per_s
     self.writer.write_scalars(step, metrics)
     log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
              '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
-             run.train_steps, metrics['loss'], metrics['accuracy'],
+             settings.train_steps, metrics['loss'], metrics['accuracy'],
              steps_per_s, metrics['tokens_per_sec'],
              100 * metrics['packing_efficiency'],
-             _eta((run.train_steps - step) / max(steps_per_s, 1e-9)))
+             _eta((settings.train_steps - step) / max(steps_per_s, 1e-9)))
     return metrics['loss']
 
   # -- evaluation ------------------------------------------------------------
@@ -591,16 +592,16 @@ class _StepLoop:
   def _evaluate_missing(self, step: int, state) -> None:
     """A resumed run first scores its checkpoint if the run that saved it
     stopped before (or while) evaluating it."""
-    if (self.evaluator and self.run_.due_eval(step)
+    if (self.evaluator and self.settings.due_eval(step)
         and not self.evaluator.evaluated(step)):
       self._evaluate(step, state)
 
   # -- the loop ----------------------------------------------------------------
 
   def run(self, state, iterator) -> dict[str, Any]:
-    run, step = self.run_, self.start
+    settings, step = self.settings, self.start
     self._evaluate_missing(step, state)
-    if step == run.train_steps:
+    if step == settings.train_steps:
       log.info('Already at TRAIN_STEPS=%d: nothing to train.', step)
       return {'step': step, 'loss': float('nan'),
               'params': _host_params(state), 'stopped_by': None}
@@ -613,16 +614,17 @@ class _StepLoop:
     # is written is recorded (the run is saving anyway), not fatal.
     with stop:
       try:
-        while step < run.train_steps:
+        while step < settings.train_steps:
           state = self._step(state, iterator)
           step += 1
           pending.append(self._terms)
-          due_eval = run.due_eval(step)
-          due_save = (step % run.save_period == 0 or step == run.train_steps
+          due_eval = settings.due_eval(step)
+          due_save = (step % settings.save_period == 0
+                      or step == settings.train_steps
                       # the best must be a checkpoint
-                      or (due_eval and run.keep_best_by is not None))
+                      or (due_eval and settings.keep_best_by is not None))
           stopping = stop.due(step)
-          if step % run.log_period == 0 or due_save or stopping:
+          if step % settings.log_period == 0 or due_save or stopping:
             self._check_finite(pending, step)
             last_loss = self._log(step, pending, time.time() - tick,
                                   step - tick_step)
@@ -634,13 +636,14 @@ class _StepLoop:
             self._evaluate(step, state)
             tick += time.time() - began  # steps/s counts training only
             # A signal during the evaluation: stop now (the step's
-            # checkpoint saved); a multi-process preemption is agreed on at
-            # the next step.
-            if not stopping and stop.signal is not None:
+            # checkpoint saved). Several processes agree on a stop at the
+            # next step (`stop.due`), as a signal may reach one host only.
+            if (not stopping and jax.process_count() == 1
+                and stop.signal is not None):
               if self.saved_step != step:
                 self._save(step, state, iterator)
               stopping = True
-          if stopping and step < run.train_steps:
+          if stopping and step < settings.train_steps:
             stopped_by = stop.name
             break
       finally:
@@ -655,8 +658,9 @@ class _StepLoop:
     """One optimizer step on the next batch (checked on the host)."""
     local = input_pipeline.as_numpy(next(iterator))
     # Inside jit an out-of-range task or token id would clamp silently.
-    batches.validate_batch(local, self.run_.model.config.num_tasks,
-                           self.run_.model.config.vocab_size, rows=self.rows)
+    config = self.settings.model.config
+    batches.validate_batch(local, config.num_tasks, config.vocab_size,
+                           rows=self.rows)
     state, self._terms = self.trainer.step(state,
                                            self.trainer.global_batch(local))
     return state
