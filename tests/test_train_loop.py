@@ -21,6 +21,7 @@ from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.methods import hyperprompt
+from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import gin_utils
@@ -28,6 +29,7 @@ from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import schedules
 from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
 import conftest
@@ -106,8 +108,12 @@ def test_run_record_refuses_a_changed_schedule_and_reads_old_records():
 
 
 def test_bad_eval_settings_are_clear_errors(tmp_path):
-  with pytest.raises(ValueError, match='EVAL_PERIOD must be None .* >= 1'):
+  with pytest.raises(ValueError, match=r'EVAL_PERIOD must be None \(off\) '
+                     'or an integer >= 1, got 0'):
     during_training.check_settings(0, None, None, 64)
+  with pytest.raises(ValueError, match='EVAL_EXAMPLES_PER_TASK .* >= 2, '
+                     'got 1'):
+    during_training.check_settings(10, 1, None, 64)
   with pytest.raises(ValueError, match='KEEP_BEST_BY.*needs scores: set '
                      'EVAL_PERIOD'):
     during_training.check_settings(None, None, 'glue_average', 64)
@@ -115,6 +121,31 @@ def test_bad_eval_settings_are_clear_errors(tmp_path):
                      r"task .*'glue_rte'.* nor an average .*'average'"):
     train_lib.train(_model(), **_kwargs(tmp_path / 'bad', eval_period=2,
                                         keep_best_by='glue'))
+
+
+def test_per_task_sums_and_examples_match_numpy():
+  """The per-task curves' sums (one segment sum over each target token's
+  task) and the examples a batch holds, packed and unpacked, against numpy
+  loops."""
+  rng = np.random.default_rng(0)
+  token_loss, hits = rng.random((3, 5)), rng.integers(0, 2, (3, 5))
+  weights = rng.integers(0, 2, (3, 5))
+  ids = rng.integers(0, 4, (3, 5))
+  got = losses.per_task(token_loss * weights, hits * weights, weights, ids, 4)
+  for task in range(4):
+    mask = (ids == task) * weights
+    np.testing.assert_allclose(got['task_loss'][task],
+                               (token_loss * mask).sum(), rtol=1e-6)
+    assert got['task_hits'][task] == (hits * mask).sum()
+    assert got['task_tokens'][task] == mask.sum()
+  packed = {'decoder_segment_ids': np.array([[1, 1, 2, 3, 0], [1, 2, 0, 0,
+                                                                0]]),
+            'encoder_segment_ids': np.zeros((2, 5)),
+            'decoder_loss_weights': np.ones((2, 5))}
+  assert int(trainer_lib.examples(packed)) == 5
+  unpacked = {'decoder_loss_weights': np.array([[1, 1, 0], [0, 0, 0]]),
+              'task_ids': np.zeros(2)}
+  assert int(trainer_lib.examples(unpacked)) == 1
 
 
 # ------------------------------------------- a run with evaluations --------
@@ -274,7 +305,7 @@ def test_quickstart_run_writes_per_task_curves(tmp_path):
   try:
     gin_utils.parse_gin(['runs/quickstart.gin'], [
         f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=1', 'BATCH_SIZE=8',
-        'EVAL_PERIOD=1', 'EVAL_EXAMPLES_PER_TASK=1', 'EVAL_BATCH_SIZE=8'])
+        'EVAL_PERIOD=1', 'EVAL_EXAMPLES_PER_TASK=2', 'EVAL_BATCH_SIZE=8'])
     train_lib.train()
     names = task_ids.run_task_list()
   finally:

@@ -65,12 +65,17 @@ def check_settings(eval_period, examples_per_task, keep_best_by,
   """Raises ValueError, naming the macro and a fix, on a setting that
   evaluation during training cannot use (KEEP_BEST_BY's name is checked
   against the run's tasks by `TrainingEvaluator`)."""
-  for macro, value in (('EVAL_PERIOD', eval_period),
-                       ('EVAL_EXAMPLES_PER_TASK', examples_per_task)):
+  # Correlation metrics (STS-B's Pearson, Spearman) need two examples.
+  for macro, value, minimum in (('EVAL_PERIOD', eval_period, 1),
+                                ('EVAL_EXAMPLES_PER_TASK', examples_per_task,
+                                 2)):
     if value is not None and (isinstance(value, bool)
-                              or not isinstance(value, int) or value < 1):
-      raise ValueError(f'{macro} must be None (off / every example) or an '
-                       f'integer >= 1, got {value!r}: e.g. --gin.{macro}=100.')
+                              or not isinstance(value, int)
+                              or value < minimum):
+      raise ValueError(
+          f'{macro} must be None ({"off" if minimum == 1 else "every example"}'
+          f') or an integer >= {minimum}, got {value!r}: e.g. '
+          f'--gin.{macro}=100.')
   if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
       or batch_size < 1):
     raise ValueError(f'EVAL_BATCH_SIZE must be an integer >= 1, got '
