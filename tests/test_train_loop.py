@@ -148,6 +148,29 @@ def test_per_task_sums_and_examples_match_numpy():
   assert int(trainer_lib.examples(unpacked)) == 1
 
 
+@pytest.mark.parametrize('run, period, cap', [
+    ('quickstart', 650, 100), ('quickstart_hypergrid', 650, 100),
+    ('hyperprompt_glue', None, None), ('hypergrid_glue_super_glue', None,
+                                       None)])
+def test_run_files_evaluate_during_training_in_the_quickstarts_only(
+    run, period, cap):
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin([f'runs/{run}.gin'], ["MODEL_DIR='/tmp/x'"], [])
+    assert gin.query_parameter('%EVAL_PERIOD') == period
+    if period:
+      assert period == gin.query_parameter('%SAVE_PERIOD')
+    assert gin.query_parameter('%EVAL_EXAMPLES_PER_TASK') == cap
+    assert gin.query_parameter('%KEEP_BEST_BY') is None
+    schedule = gin.get_configurable(
+        schedules.create_learning_rate_scheduler)()
+    assert schedule.names == ['constant']
+    assert schedule.base_learning_rate == gin.query_parameter(
+        '%LEARNING_RATE')
+  finally:
+    gin.clear_config()
+
+
 # ------------------------------------------- a run with evaluations --------
 
 def _model():

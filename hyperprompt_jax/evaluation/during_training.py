@@ -209,9 +209,9 @@ class TrainingEvaluator:
     of equal scores), or None."""
     if self.keep_best_by is None:
       return None
-    best = None
-    for step in sorted(self.scores):
-      score = _best_score(self.scores[step], self.keep_best_by)
+    best, scores = None, self.scores
+    for step in sorted(scores):
+      score = _best_score(scores[step], self.keep_best_by)
       if score is not None and (best is None or score > best['score']):
         best = {'by': self.keep_best_by, 'step': step, 'score': score}
     return best
@@ -239,7 +239,9 @@ class TrainingEvaluator:
     summary = eval_summary.step_summary(results)
     line = {'step': step, 'examples_per_task': self.examples_per_task,
             **summary, 'seconds': round(time.time() - tick, 3)}
-    self.scores[step] = line
+    # A new dict, not an insertion: orbax reads `best_step` from the thread
+    # that finishes an asynchronous save.
+    self.scores = {**self.scores, step: line}
     line['best'] = self.best()
     if multihost.is_writer():
       self._write_all()
