@@ -104,6 +104,24 @@ def _best_score(summary: Mapping[str, Any], keep_best_by: str
   return value if value is not None and math.isfinite(value) else None
 
 
+def check_tasks(mixture_or_task_name: str,
+                keep_best_by: Optional[str]) -> None:
+  """Raises ValueError if the mixture has nothing to evaluate, or if
+  KEEP_BEST_BY names neither one of its tasks nor an average it has."""
+  tasks = input_pipeline.eval_tasks(mixture_or_task_name, SPLIT)
+  if keep_best_by is None:
+    return
+  covered = {task_ids.canonical_task(t.name) for t in tasks}
+  averages = {name for name, b in average_names().items()
+              if b == 'all' or all(t in covered
+                                   for t in task_ids.BENCHMARKS[b])}
+  if keep_best_by not in covered | averages:
+    raise ValueError(
+        f'KEEP_BEST_BY={keep_best_by!r} is neither a task evaluated in '
+        f'this run {sorted(covered)} nor an average it has '
+        f'{sorted(averages)}: name one of them.')
+
+
 class KeepBest(checkpoint_managers.PreservationPolicy):
   """orbax preservation: keeps the checkpoint of `best_step()` (None: none
   yet), whatever the other policies delete."""
@@ -141,8 +159,7 @@ class TrainingEvaluator:
                examples_per_task: Optional[int] = None,
                keep_best_by: Optional[str] = None,
                use_cached_tasks: bool = False):
-    tasks = input_pipeline.eval_tasks(mixture_or_task_name, SPLIT)
-    self._check_keep_best_by(keep_best_by, tasks)
+    check_tasks(mixture_or_task_name, keep_best_by)
     self.keep_best_by = keep_best_by
     self.examples_per_task = examples_per_task
     self.path = os.path.join(model_dir, SCORES_FILE)
@@ -164,20 +181,6 @@ class TrainingEvaluator:
         logger_cls=([eval_lib.json_logger_cls(0)] if metrics_dir else []),
         log_dir=metrics_dir, async_compute_metrics=False)
     self.scores: dict[int, dict[str, Any]] = {}  # step -> its line
-
-  @staticmethod
-  def _check_keep_best_by(keep_best_by, tasks) -> None:
-    if keep_best_by is None:
-      return
-    covered = {task_ids.canonical_task(t.name) for t in tasks}
-    averages = {name: b for name, b in average_names().items()
-                if b == 'all' or all(t in covered
-                                     for t in task_ids.BENCHMARKS[b])}
-    if keep_best_by not in covered and keep_best_by not in averages:
-      raise ValueError(
-          f'KEEP_BEST_BY={keep_best_by!r} is neither a task evaluated in '
-          f'this run {sorted(covered)} nor an average it has '
-          f'{sorted(averages)}: name one of them.')
 
   # -- the record of earlier evaluations -------------------------------------
 

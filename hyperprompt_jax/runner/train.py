@@ -268,6 +268,8 @@ def train(
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
+  if eval_period:
+    during_training.check_tasks(mixture_or_task_name, keep_best_by)
   balancing = balancing_lib.run_plan(
       gradient_balancing, metabalance_settings, model, mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
