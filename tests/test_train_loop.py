@@ -20,7 +20,6 @@ from hyperprompt_jax import tasks
 from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
@@ -34,7 +33,7 @@ from hyperprompt_jax.tasks import task_ids
 
 import conftest
 
-LENGTHS = {'inputs': 128, 'targets': 16}
+LENGTHS = {'inputs': 64, 'targets': 16}
 MIXTURE = 'test_train_loop_rte_stsb'
 if MIXTURE not in seqio.MixtureRegistry.names():
   tasks.add_mixture(MIXTURE, [('fixture_glue_rte', 1.0),
@@ -174,12 +173,10 @@ def test_run_files_evaluate_during_training_in_the_quickstarts_only(
 # ------------------------------------------- a run with evaluations --------
 
 def _model():
-  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-      layer_task_embed_dim=8))
-  return network.Transformer(network.T5Config(**cfg))
+  """MTL T5 at t5x's tiny test dimensions (the loop is the same for every
+  method; the quickstart test below runs HyperPrompt)."""
+  return network.Transformer(network.T5Config(
+      **{**vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8}))
 
 
 SCHEDULE = schedules.create_learning_rate_scheduler(
@@ -322,21 +319,26 @@ def test_tensorboard_has_per_task_curves_and_scores(runs):
 
 
 def test_quickstart_run_writes_per_task_curves(tmp_path):
-  """The quickstart's own gin (a few steps): every task of the 16 has an
-  evaluation curve and each task trained on has its loss curve."""
+  """The quickstart's own gin (two steps, no evaluation: the run above
+  has the evaluation curves): each task trained on has its loss and
+  accuracy curves, named as the run's task list names it."""
   gin.clear_config()
   try:
     gin_utils.parse_gin(['runs/quickstart.gin'], [
-        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=1', 'BATCH_SIZE=8',
-        'EVAL_PERIOD=1', 'EVAL_EXAMPLES_PER_TASK=2', 'EVAL_BATCH_SIZE=8'])
+        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=16',
+        'LOG_PERIOD=1', 'EVAL_PERIOD=None'])
     train_lib.train()
     names = task_ids.run_task_list()
   finally:
     gin.clear_config()
   scalars = _scalars(tmp_path)
   assert len(names) == 16
-  assert {f'eval/{t}' for t in names} <= set(scalars)
   trained = [t for t in names if f'loss/{t}' in scalars]
-  assert trained and all(f'accuracy/{t}' in scalars for t in trained)
-  assert {'eval/glue_average', 'eval/super_glue_average',
-          'learning_rate'} <= set(scalars)
+  assert len(trained) >= 4, sorted(scalars)
+  assert all(f'accuracy/{t}' in scalars for t in trained)
+  assert not [t for t in scalars if t.startswith('loss/')
+              and t[len('loss/'):] not in names]
+  assert {'learning_rate', 'grad_norm', 'tokens_per_sec',
+          'examples_per_row'} <= set(scalars)
+  np.testing.assert_allclose([scalars['learning_rate'][s] for s in (1, 2)],
+                             [2e-2, 2e-2], rtol=1e-6)
