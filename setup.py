@@ -13,7 +13,9 @@ INSTALL_REQUIRES = [
     'orbax-checkpoint==0.12.8',
     'tensorstore==0.1.86',
     'seqio==0.0.20',
-    'tensorflow-cpu==2.21.0',
+    # tensorflow-text (seqio's) requires `tensorflow` itself; tensorflow-cpu
+    # beside it would unpack a second copy over the same folder.
+    'tensorflow==2.21.0',
     'tensorflow-text==2.21.1',
     'tensorflow-datasets==4.9.10',
     'importlib_resources==7.1.0',

@@ -47,10 +47,6 @@ NEGATIVE = ('awful', 'terrible', 'boring', 'dreadful', 'dull', 'clumsy',
 SUBJECTS = ('film', 'story', 'script', 'cast', 'ending', 'music', 'plot')
 
 
-def _other(rng: random.Random, options, not_this):
-  return rng.choice([o for o in options if o != not_this])
-
-
 def _clause(rng, nouns=NOUNS):
   return {'noun': rng.choice(nouns), 'adj': rng.choice(ADJECTIVES),
           'verb': rng.choice(VERBS), 'place': rng.choice(PLACES)}

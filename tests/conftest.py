@@ -4,6 +4,14 @@ import os
 import pathlib
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# The tests compile hundreds of tiny programs and run each a few times, so
+# LLVM's optimisation of XLA:CPU's generated code costs more than it saves
+# (HLO passes, and so every program's values, are the same; the tests'
+# subprocesses inherit it, multiprocess.env keeps it).
+FAST_COMPILE = '--xla_backend_optimization_level=0'
+if FAST_COMPILE not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (
+      f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip())
 
 from flax import traverse_util  # pylint: disable=g-import-not-at-top
 import jax

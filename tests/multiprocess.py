@@ -45,8 +45,16 @@ def free_port() -> int:
 
 
 def env(devices: int) -> dict[str, str]:
-  return dict(os.environ, JAX_PLATFORMS='cpu',
-              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  return dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(devices))
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for `devices` CPU devices, with the test session's other
+  flags (conftest.FAST_COMPILE)."""
+  others = [f for f in os.environ.get('XLA_FLAGS', '').split()
+            if not f.startswith('--xla_force_host_platform_device_count')]
+  return ' '.join([f'--xla_force_host_platform_device_count={devices}',
+                   *others])
 
 
 @dataclasses.dataclass

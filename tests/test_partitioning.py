@@ -19,6 +19,8 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import partitioning
 
+import multiprocess
+
 SCRIPT = textwrap.dedent('''
     import dataclasses
     import jax, numpy as np
@@ -175,7 +177,7 @@ PACKED_SCRIPT = textwrap.dedent(r'''
 def _run_on_8_devices(script: str, done: str) -> None:
   """Runs `script` in a process of 8 simulated CPU devices; it must print
   `done`."""
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+  env = dict(os.environ, XLA_FLAGS=multiprocess.xla_flags(8),
              JAX_PLATFORMS='cpu')
   result = subprocess.run([sys.executable, '-c', script], env=env,
                           capture_output=True, text=True, timeout=600)

@@ -16,11 +16,18 @@ from hyperprompt_jax.runner import checkpoints
 import test_packing
 
 POLICIES = ('minimal', 'full')
-# Every conditioning path a layer takes: prompts (each HyperPrompt variant
-# and placement), adapters, Prompt-Tuning, and HyperGrid's gates.
-VARIANTS = dict(test_packing.PACKING_VARIANTS,
-                hypergrid_lg=dict(hypergrid=hypergrid.HyperGridConfig(
-                    variant='lg', grid_rows=4, grid_cols=8)))
+# Every conditioning path a layer takes on unpacked rows: prompts (each
+# HyperPrompt variant and placement), adapters, Prompt-Tuning, HyperGrid's
+# grid gates (both targets, task attention) and Output Gating's (first
+# token). HyperGrid's other variants and packed forms take the same path
+# through a layer here (the gates differ before it; test_hypergrid,
+# test_packing).
+VARIANTS = {
+    **{name: config for name, config in test_packing.PACKING_VARIANTS.items()
+       if not name.startswith('hypergrid')},
+    'hypergrid_lg': dict(hypergrid=hypergrid.HyperGridConfig(
+        variant='lg', target='both', grid_rows=4, grid_cols=8)),
+}
 
 
 def _model(variant, policy, dropout_rate=0.0):

@@ -32,6 +32,7 @@ from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import packing
 
 import conftest
+import multiprocess
 
 LENGTHS = {'inputs': 128, 'targets': 16}
 # A quick run of the quickstart: tiny model, small batch, frequent saves,
@@ -256,7 +257,7 @@ SHARDED = textwrap.dedent('''
 
 
 def test_sharded_train_step_matches_a_single_device():
-  env = dict(_env(), XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  env = dict(_env(), XLA_FLAGS=multiprocess.xla_flags(8))
   result = subprocess.run([sys.executable, '-c', SHARDED], env=env,
                           capture_output=True, text=True, timeout=600)
   assert 'LOSS' in result.stdout, result.stderr[-3000:]

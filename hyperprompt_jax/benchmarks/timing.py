@@ -4,12 +4,16 @@ XLA's peak-memory estimate, and several programs timed side by side in one
 process, every call on its own, their ratios relative to each round's level
 (`relative_ratio`; ratios, never absolute targets)."""
 
+import contextlib
 import functools
+import io
 import math
+import re
 import time
 from typing import Callable, Optional
 
 import jax
+import jax.ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 
@@ -189,13 +193,30 @@ def saved_activation_bytes(model: network.Transformer, params, batch,
   XLA. XLA may still recompute or reorder on its own; its CPU compiler's
   `memory_analysis` does not show remat's saving (docs/performance.md).
   `params` and `batch` may be abstract (`jax.ShapeDtypeStruct`)."""
-  # `saved_residuals` lists what the backward pass keeps from the forward;
-  # JAX's public API only prints that list (`print_saved_residuals`). A
-  # private module, imported here so that a JAX release that moves it breaks
-  # this measurement only, not the module.
-  from jax._src import ad_checkpoint as jax_ad_checkpoint  # pylint: disable=g-import-not-at-top
   loss = functools.partial(trainer.loss_fn, model, z_loss=z_loss)
-  saved = jax_ad_checkpoint.saved_residuals(
-      lambda p, b: loss(p, b, jax.random.PRNGKey(0))[0], params, batch)
-  return sum(math.prod(a.shape) * a.dtype.itemsize for a, source in saved
+  listing = io.StringIO()
+  with contextlib.redirect_stdout(listing):
+    jax.ad_checkpoint.print_saved_residuals(
+        lambda p, b: loss(p, b, jax.random.PRNGKey(0))[0], params, batch)
+  return sum(size for size, source in map(_residual, listing.getvalue()
+                                         .splitlines())
              if not source.startswith('from the argument'))
+
+
+# Bytes an element of each dtype in `print_saved_residuals`' short names.
+_ITEM_BYTES = {'bool': 1, 'i8': 1, 'u8': 1, 'i16': 2, 'u16': 2, 'f16': 2,
+               'bf16': 2, 'i32': 4, 'u32': 4, 'f32': 4, 'i64': 8, 'u64': 8,
+               'f64': 8, 'c64': 8, 'c128': 16}
+_RESIDUAL = re.compile(r'^(\w+)\[([\d,]*)\] (.*)$')
+
+
+def _residual(line: str) -> tuple[int, str]:
+  """`(bytes, source)` of one line of `jax.ad_checkpoint.
+  print_saved_residuals` (e.g. "f32[3,5] output of cos from ..."): JAX's
+  public API prints the residuals' list rather than returning it."""
+  match = _RESIDUAL.match(line)
+  if not match or match.group(1) not in _ITEM_BYTES:
+    raise ValueError(f'Unreadable line of print_saved_residuals: {line!r}; '
+                     'extend timing._ITEM_BYTES / _RESIDUAL for it.')
+  dims = [int(d) for d in match.group(2).split(',') if d]
+  return math.prod(dims) * _ITEM_BYTES[match.group(1)], match.group(3)

@@ -408,12 +408,10 @@ class LayerAdapters:
     `[block, d] x [d, b]` matmul, and the outputs go back to their tokens.
     So a token costs one adapter, as unpacked, plus the blocks' padding
     and weight copies (`task_blocks.block_size` balances the two), and a
-    data shard's tokens stay on its devices (blocks per shard). Sending
-    every token through all T tasks' `W_down` and zeroing the other
-    tasks' bottlenecks (the form before) cost T adapters a token and kept
-    `[batch, length, T, b]` for the backward pass: 1.12x MTL's FLOPs and
-    1.17x its peak at HyperFormer++'s b = d / 16 (docs/performance.md,
-    Packing).
+    data shard's tokens stay on its devices (blocks per shard), where
+    sending every token through all T tasks' adapters would cost T
+    adapters a token and keep `[batch, length, T, b]` for the backward
+    pass.
     """
     n, length, d = h.shape
     num_tasks = w.down.shape[0]

@@ -341,9 +341,8 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int, prompt_length: int,
   task's `2 l` prompt rows, and each task pads up to c - 1 positions:
   blocks of c = sqrt(2 l N / T) (`task_blocks.block_size`; 128 at N =
   4,096, l = 16, T = 8), N a data shard's tokens (blocks per data shard,
-  `task_blocks.batch_shards`). Scoring all T tasks' `T * l` columns and
-  masking all but the token's own (the form before) cost packed
-  HyperPrompt 1.05x MTL's step (docs/performance.md, Packing).
+  `task_blocks.batch_shards`), not against all T tasks' `T * l` columns
+  masked to its own (T times the prompts' work).
 
   Args:
     token_task_ids: int32 `[batch, length]`, each token's task.

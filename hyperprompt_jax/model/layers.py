@@ -303,9 +303,8 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
 
   The queries are laid out by task (`blocks`), and a block of one task's
   queries is scored against that task's `l` columns: a query's
-  `[heads, l]` scores, where scoring all T tasks' `T * l` columns and
-  masking all but its own task's `l` (the form before) made packed
-  HyperPrompt's step 1.05x MTL's against 1.00x unpacked.
+  `[heads, l]` scores, not all T tasks' `T * l` columns masked to its own
+  (T times the prefix's work).
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.
@@ -414,73 +413,101 @@ def dot_product_attention(
     key = key.astype(jnp.float32)
     if prefix_key is not None:
       prefix_key = prefix_key.astype(jnp.float32)
-
-  def logits_of(keys, keys_bias):
-    if keys.shape[0] == 1 and query.shape[0] != 1:  # shared by every row
-      logits = jnp.einsum('bqhd,khd->bhqk', query, keys[0])
-    else:
-      logits = jnp.einsum('bqhd,bkhd->bhqk', query, keys)
-    if keys_bias is not None:
-      logits = logits + keys_bias.astype(logits.dtype)
-    return logits
-
-  def attend_values(weights, values):
-    values = values.astype(dtype)
-    if values.shape[0] == 1 and weights.shape[0] != 1:
-      return jnp.einsum('bhqk,khd->bqhd', weights, values[0])
-    return jnp.einsum('bhqk,bkhd->bqhd', weights, values)
-
-  logits = logits_of(key, bias)
+  logits = _attention_logits(query, key, bias)
+  dropout = (dropout_rng, dropout_rate) if (
+      not deterministic and dropout_rate > 0.0) else None
   if prefix_blocks is not None:
     if on_weights is not None:
       raise ValueError('The attention probe reads unpacked rows only.')
-    # softmax([prefix; tokens]) is each block's own softmax scaled by its
-    # share of the joint normaliser, exp(lse_block - lse): a per-query
-    # factor, applied to the block's output.
-    token_weights, token_lse = softmax_and_logsumexp(logits)
-    token_weights = token_weights.astype(dtype)
-    prefix_keep = None
-    if not deterministic and dropout_rate > 0.0:
-      width = prefix_key.shape[0] * prefix_key.shape[1]
-      keep = _dropout_keep(dropout_rng, dropout_rate, dtype,
-                           token_weights.shape[:-2]
-                           + (1, width + token_weights.shape[-1]))
-      prefix_keep, token_keep = keep[..., :width], keep[..., width:]
-      token_weights = token_weights * token_keep
-    prefix_out, prefix_lse = _own_task_prefix(
-        query, prefix_key, prefix_value, prefix_bias, prefix_blocks,
-        prefix_keep, dtype)
-    lse = jnp.logaddexp(prefix_lse, token_lse)
-    share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
-    out = (attend_values(token_weights, value).astype(jnp.float32)
-           * share(token_lse)
-           + prefix_out.astype(jnp.float32) * share(prefix_lse))
-    return out.astype(dtype)
+    return _packed_prefix_attention(
+        query, logits, value, prefix_key, prefix_value, prefix_bias,
+        prefix_blocks, dropout, dtype)
   if prefix_key is None:
     blocks = [jax.nn.softmax(logits).astype(dtype)]
     values = [value]
   else:
-    prefix_logits = logits_of(prefix_key, prefix_bias)
-    top = lax.stop_gradient(jnp.maximum(
-        prefix_logits.max(-1, keepdims=True), logits.max(-1, keepdims=True)))
-    prefix_exp, token_exp = jnp.exp(prefix_logits - top), jnp.exp(logits - top)
-    total = (prefix_exp.sum(-1, keepdims=True)
-             + token_exp.sum(-1, keepdims=True))
-    blocks = [(prefix_exp / total).astype(dtype),
-              (token_exp / total).astype(dtype)]
+    blocks = _joint_softmax(_attention_logits(query, prefix_key, prefix_bias),
+                            logits, dtype)
     values = [prefix_value, value]
   if on_weights is not None:
     on_weights(jnp.concatenate(blocks, axis=-1))
-  if not deterministic and dropout_rate > 0.0:
+  if dropout is not None:
     widths = [w.shape[-1] for w in blocks]
-    keep = _dropout_keep(dropout_rng, dropout_rate, dtype,
+    keep = _dropout_keep(*dropout, dtype,
                          blocks[-1].shape[:-2] + (1, sum(widths)))
     blocks = [w * k for w, k in zip(
         blocks, jnp.split(keep, np.cumsum(widths)[:-1], axis=-1))]
-  out = attend_values(blocks[0], values[0])
+  out = _attend_values(blocks[0], values[0], dtype)
   for weights, block_values in zip(blocks[1:], values[1:]):
-    out = out + attend_values(weights, block_values)
+    out = out + _attend_values(weights, block_values, dtype)
   return out
+
+
+def _attention_logits(query: Array, keys: Array,
+                      keys_bias: Optional[Array]) -> Array:
+  """`[batch, heads, q_length, k_length]` scores of `query` `[batch,
+  q_length, heads, head_dim]` against `keys` `[batch or 1, k_length, heads,
+  head_dim]` (batch 1: the same keys for every row), plus `keys_bias`."""
+  if keys.shape[0] == 1 and query.shape[0] != 1:
+    logits = jnp.einsum('bqhd,khd->bhqk', query, keys[0])
+  else:
+    logits = jnp.einsum('bqhd,bkhd->bhqk', query, keys)
+  if keys_bias is not None:
+    logits = logits + keys_bias.astype(logits.dtype)
+  return logits
+
+
+def _attend_values(weights: Array, values: Array, dtype: DType) -> Array:
+  """`weights` `[batch, heads, q_length, k_length]` over `values` `[batch or
+  1, k_length, heads, head_dim]`: `[batch, q_length, heads, head_dim]`."""
+  values = values.astype(dtype)
+  if values.shape[0] == 1 and weights.shape[0] != 1:
+    return jnp.einsum('bhqk,khd->bqhd', weights, values[0])
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, values)
+
+
+def _joint_softmax(prefix_logits: Array, logits: Array, dtype: DType
+                   ) -> list[Array]:
+  """softmax([prefix_logits; logits]) over the last axis, as its two blocks
+  (one max and one normaliser, no concatenated copy of the logits)."""
+  top = lax.stop_gradient(jnp.maximum(
+      prefix_logits.max(-1, keepdims=True), logits.max(-1, keepdims=True)))
+  prefix_exp, token_exp = jnp.exp(prefix_logits - top), jnp.exp(logits - top)
+  total = (prefix_exp.sum(-1, keepdims=True)
+           + token_exp.sum(-1, keepdims=True))
+  return [(prefix_exp / total).astype(dtype),
+          (token_exp / total).astype(dtype)]
+
+
+def _packed_prefix_attention(
+    query: Array, logits: Array, value: Array, prefix_key: Array,
+    prefix_value: Array, prefix_bias: Optional[Array],
+    prefix_blocks: task_blocks_lib.TaskBlocks,
+    dropout: Optional[tuple[Array, float]], dtype: DType) -> Array:
+  """Packed rows' attention over `[own task's prefix; tokens]`: each block's
+  own softmax (the prefix's by `_own_task_prefix`), scaled by its share of
+  the joint normaliser, exp(lse_block - lse), a per-query factor applied to
+  the block's output. `logits`: the tokens' `[batch, heads, q_length,
+  kv_length]`; `dropout`: `(rng, rate)` or None; the rest as
+  `dot_product_attention`'s."""
+  token_weights, token_lse = softmax_and_logsumexp(logits)
+  token_weights = token_weights.astype(dtype)
+  prefix_keep = None
+  if dropout is not None:
+    width = prefix_key.shape[0] * prefix_key.shape[1]
+    keep = _dropout_keep(*dropout, dtype, token_weights.shape[:-2]
+                         + (1, width + token_weights.shape[-1]))
+    prefix_keep, token_keep = keep[..., :width], keep[..., width:]
+    token_weights = token_weights * token_keep
+  prefix_out, prefix_lse = _own_task_prefix(
+      query, prefix_key, prefix_value, prefix_bias, prefix_blocks,
+      prefix_keep, dtype)
+  lse = jnp.logaddexp(prefix_lse, token_lse)
+  share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
+  out = (_attend_values(token_weights, value, dtype).astype(jnp.float32)
+         * share(token_lse)
+         + prefix_out.astype(jnp.float32) * share(prefix_lse))
+  return out.astype(dtype)
 
 
 def _dropout_keep(rng: Array, rate: float, dtype: DType,

@@ -134,11 +134,7 @@ def block_size(count: int, num_tasks: int, copied_rows: int) -> int:
   so blocks of c cost about (N / c + T) w copied rows and N + T c
   positions, least at c = sqrt(w N / T): 181 at N = 4,096, T = 8 for
   HyperFormer++'s adapters (b = 32), 128 for the Vanilla adapter's (b =
-  16) and for HyperPrompt's prompts (l = 16). (sqrt(2 w N / T), which
-  counted half a block of padding a task, gave the adapters 256 and 181:
-  the packed step of HyperFormer++ 1.051x MTL packed's, now 1.048x; the
-  Vanilla adapter 1.040x, now 1.023x, in one run side by side;
-  docs/performance.md, Packing.)
+  16) and for HyperPrompt's prompts (l = 16).
   """
   return max(1, min(count, round(math.sqrt(copied_rows * count
                                            / num_tasks))))

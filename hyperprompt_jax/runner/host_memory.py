@@ -8,10 +8,9 @@ hands any block over 32 MB straight to the kernel (`mmap`) and returns it
 128 kB of it is free, so every step touches its temporaries as fresh
 pages: about 2 million page faults a step, a third of the step's CPU time
 in the kernel (5.4 s a step; 3.7 s with the memory kept). The cost is the
-allocator's, not the model's: it grows with a step's temporaries and moved
-with what else the process held (two variants' step ratio to MTL's went
-from 1.01-1.03 to 1.10-1.11 with fewer models beside them in the packing
-benchmark), and a TPU or GPU runtime keeps its device memory.
+allocator's, not the model's: it grows with a step's temporaries and with
+what else the process holds, so it skews side-by-side timings, and a TPU or
+GPU runtime keeps its device memory.
 
 `reuse_freed_memory` sets two of glibc's `mallopt` parameters so that freed
 blocks stay with the process and the next step reuses them: no `mmap` for

@@ -25,12 +25,9 @@ on a frozen MTL backbone at the papers' rate 1e-3, the adapter stays at
 chance (0.25) under relative steps. So the default, `PARAMETER_SCALE`, gives
 the 'adapter' scope absolute steps of the learning rate (no parameter
 scaling, as prompt-tuning does for its prompts), keeping Houlsby's start; it
-then separates the tasks. The alternatives measured and rejected: a larger
-floor for the whole task-conditioned group (0.3 lets the adapter learn but
-makes HyperPrompt-Global's small generators fail at rate 1e-2, exact
-match 0.02; 0.1 is too small for the adapter at 1e-3), absolute steps for
-the whole group (Global fails the same way), and a larger adapter
-initialisation (gives up the near-identity start at T5-Base's width). Every
+then separates the tasks. The scope is the adapter's alone: the other
+task-conditioned parameters (HyperPrompt-Global's small generators) fail
+under absolute steps or a larger floor (docs/methods.md, Optimizer). Every
 other variant keeps T5's relative steps, and its training is bit-identical
 to optax's Adafactor.
 

@@ -41,7 +41,6 @@ from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import optax
-from optax._src import factorized
 import seqio
 from t5x import decoding
 from t5x import losses as t5x_losses
@@ -515,8 +514,8 @@ class MetaBalanceTrainer(t5x_trainer.Trainer):
 
 # ------------------------------------------------- optimizer state axes --
 
-def _factored_state_axes(state: factorized.FactoredState,
-                         params_axes: PyTree) -> factorized.FactoredState:
+def _factored_state_axes(state: optax.FactoredState,
+                         params_axes: PyTree) -> optax.FactoredState:
   """Logical axes of optax Adafactor's state, for t5x's partitioner.
 
   An unfactored parameter's second moment `v` has the parameter's shape and
@@ -538,7 +537,7 @@ def _factored_state_axes(state: factorized.FactoredState,
         functools.partial(leaf_axes, keep_axes=keep_axes), params_axes,
         values)
 
-  return factorized.FactoredState(
+  return optax.FactoredState(
       count=None,
       v_row=tree_axes(state.v_row),
       v_col=tree_axes(state.v_col),
@@ -555,7 +554,7 @@ def register_optax_partition_rules() -> None:
   """
   # pylint: disable-next=protected-access
   rules = optimizers.OptaxStatePartitionRules._RULES
-  rules.setdefault(factorized.FactoredState, _factored_state_axes)
+  rules.setdefault(optax.FactoredState, _factored_state_axes)
   # Training only new task rows: the state is over slices of task-indexed
   # parameters, which the project's rules replicate anyway.
   rules.setdefault(hp_optimizers.TaskRowsState,

@@ -35,11 +35,11 @@ import json
 import zipfile
 from typing import Any, Mapping, Optional, Sequence
 
+from etils import epath
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
 import gin
 import numpy as np
-import tensorflow as tf
 
 from hyperprompt_jax import methods
 from hyperprompt_jax.methods import param_groups
@@ -162,21 +162,19 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
       json.dumps(header, sort_keys=True).encode(), np.uint8)},
            **{k: np.asarray(v) for k, v in arrays.items()})
   data = buffer.getvalue()
-  with tf.io.gfile.GFile(path + '.tmp', 'wb') as f:
-    f.write(data)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  epath.Path(path + '.tmp').write_bytes(data)
+  epath.Path(path + '.tmp').replace(path)
   return len(data)
 
 
 def read(path: str) -> tuple[Flat, dict[str, Any]]:
   """`(arrays, header)` of an artifact."""
 
-  if not tf.io.gfile.exists(path):
+  if not epath.Path(path).exists():
     raise FileNotFoundError(
         f'No task-parameter artifact at {path!r} (TASK_PARAMS_PATH): write '
         'one with python -m hyperprompt_jax.export_task_params.')
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    data = f.read()
+  data = epath.Path(path).read_bytes()
   try:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
       arrays = {k: npz[k] for k in npz.files}

@@ -3,13 +3,12 @@
 
 import argparse
 import logging
-import os
 from typing import Any, Optional, Sequence
 
+from etils import epath
 from flax import traverse_util
 import gin
 import jax
-import tensorflow as tf
 
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
@@ -24,8 +23,8 @@ log = logging.getLogger('hyperprompt_jax.export_task_params')
 
 def directory_bytes(path: str) -> int:
   """The bytes of every file under `path`."""
-  return sum(tf.io.gfile.stat(os.path.join(root, name)).length
-             for root, _, files in tf.io.gfile.walk(path) for name in files)
+  return sum((epath.Path(root) / name).stat().length
+             for root, _, files in epath.Path(path).walk() for name in files)
 
 
 def export(model: network.Transformer, checkpoint_path: str, output: str,

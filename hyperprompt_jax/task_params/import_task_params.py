@@ -7,11 +7,11 @@ import logging
 import os
 from typing import Optional
 
+from etils import epath
 import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import tensorflow as tf
 
 from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
@@ -36,7 +36,7 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
     ValueError: an output that exists, a checkpoint of another model.
   """
   target = os.path.join(output_dir, 'checkpoint_0')
-  if tf.io.gfile.exists(target):
+  if epath.Path(target).exists():
     raise ValueError(f'{target} exists: choose a new --output_dir.')
   task_list = task_ids.run_task_list()
   task_ids.check_num_tasks(model.config.num_tasks, task_list)
