@@ -123,9 +123,9 @@ def test_bad_eval_settings_are_clear_errors(tmp_path):
 
 
 def test_per_task_sums_and_examples_match_numpy():
-  """The per-task curves' sums (one segment sum over each target token's
-  task) and the examples a batch holds, packed and unpacked, against numpy
-  loops."""
+  """The per-task curves' sums (each target token's loss, hits and weight
+  by its task) and the examples a batch holds, packed and unpacked,
+  against numpy loops."""
   rng = np.random.default_rng(0)
   token_loss, hits = rng.random((3, 5)), rng.integers(0, 2, (3, 5))
   weights = rng.integers(0, 2, (3, 5))

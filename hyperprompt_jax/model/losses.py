@@ -48,16 +48,16 @@ def per_task(token_loss: jax.Array, hits: jax.Array, weights: jax.Array,
              task_ids: jax.Array, num_tasks: int) -> dict[str, jax.Array]:
   """Weighted per-token loss, hits and weights `[batch, length]` summed by
   each token's task (`task_ids`, `[batch, length]`): {'task_loss',
-  'task_hits', 'task_tokens'}, each `[num_tasks]` float32. One segment sum:
-  packed rows carry each token's task."""
-  ids = task_ids.reshape(-1)
-
-  def by_task(x):
-    return jax.ops.segment_sum(x.reshape(-1).astype(jnp.float32), ids,
-                               num_segments=num_tasks)
-
-  return {'task_loss': by_task(token_loss), 'task_hits': by_task(hits),
-          'task_tokens': by_task(weights)}
+  'task_hits', 'task_tokens'}, each `[num_tasks]` float32. One contraction
+  with the tokens' one-hot tasks (packed rows carry each token's task): a
+  segment sum would scatter-add every token into T bins, which GPUs
+  serialise on colliding atomics."""
+  one_hot = jax.nn.one_hot(task_ids.reshape(-1), num_tasks,
+                           dtype=jnp.float32)  # [tokens, T]
+  sums = jnp.einsum('kn,nt->kt', jnp.stack([
+      x.reshape(-1).astype(jnp.float32) for x in (token_loss, hits, weights)]),
+                    one_hot, precision=jax.lax.Precision.HIGHEST)
+  return {'task_loss': sums[0], 'task_hits': sums[1], 'task_tokens': sums[2]}
 
 
 def terms_from_sums(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
