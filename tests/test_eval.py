@@ -376,7 +376,7 @@ def test_evaluating_a_step_again_replaces_its_metrics_line(tmp_path):
   path = tmp_path / 'glue_rte-metrics.jsonl'
   path.write_text('{"step": 100, "accuracy": 40.0}\n'
                   '{"step": 200, "accuracy": 45.0}\n')
-  logger = eval_lib._json_logger_cls(0)(str(tmp_path))  # pylint: disable=protected-access
+  logger = eval_lib.json_logger_cls(0)(str(tmp_path))
   for accuracy in (50.0, 60.0):
     logger(task_name='glue_rte', step=200,
            metrics={'accuracy': seqio.metrics.Scalar(accuracy)},

@@ -11,6 +11,7 @@ bounded by a timeout.
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -30,10 +31,14 @@ from hyperprompt_jax.runner import run_record
 import multiprocess
 
 TRAIN = 'hyperprompt_jax.train'
-# The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4.
+# The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4, no
+# evaluation.
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
          '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
-         '--gin.KEEP_CHECKPOINTS=None']
+         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None']
+# Evaluation during training at the last step, 2 examples a task.
+EVAL_DURING = ['--gin.EVAL_PERIOD=4', '--gin.EVAL_EXAMPLES_PER_TASK=2',
+               '--gin.EVAL_BATCH_SIZE=8']
 # One small task for evaluation and inference.
 EVAL_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
 
@@ -64,7 +69,7 @@ def two_process_run(tmp_path_factory):
           [sys.executable, str(pathlib.Path(multiprocess.__file__)),
            str(root / 'reference.npz'), '2', '4', *QUICK],
           env=multiprocess.env(4), stdout=log, stderr=subprocess.STDOUT)
-    multiprocess.run(TRAIN, QUICK + [_model_dir(root / 'run')],
+    multiprocess.run(TRAIN, QUICK + [_model_dir(root / 'run')] + EVAL_DURING,
                      root / 'logs', timeout=300)
     assert one.wait(300) == 0, (root / 'reference.log').read_text()[-3000:]
 
@@ -193,6 +198,15 @@ def test_two_processes_take_the_steps_of_one_fed_the_same_batches(
                        ).read_text())
   assert record['processes'] == {'DATA_SHARDS': 2, 'PROCESS_COUNT': 2,
                                  'SHARD_OF_PROCESS': [0, 1]}
+  # Evaluation during training: both processes score the same predictions,
+  # process 0 writes them once.
+  (line,) = (run / 'eval_during_training.jsonl').read_text().splitlines()
+  assert json.loads(line)['step'] == 4
+  assert len(json.loads(line)['task_scores']) == 16
+  said = [re.findall(r'eval at step 4: [^(]*', (run.parent / 'logs' /
+                                              f'run-{i}.log').read_text())
+          for i in (0, 1)]
+  assert said[0] and said[0] == said[1]
 
 
 def test_a_model_axis_across_processes_equals_one_process(model_axis_runs):

@@ -35,10 +35,11 @@ import conftest
 import multiprocess
 
 LENGTHS = {'inputs': 128, 'targets': 16}
-# A quick run of the quickstart: tiny model, small batch, frequent saves.
+# A quick run of the quickstart: tiny model, small batch, frequent saves,
+# no evaluation (tests/test_train_loop.py evaluates).
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.BATCH_SIZE=4',
          '--gin.LOG_PERIOD=4', '--gin.SAVE_PERIOD=4',
-         '--gin.KEEP_CHECKPOINTS=None']
+         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None']
 
 
 def _train_cmd(model_dir, steps, *extra):

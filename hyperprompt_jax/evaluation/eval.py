@@ -225,7 +225,7 @@ def evaluate(
         eval_split=split,
         use_cached=use_cached_tasks,
         sequence_length=dict(task_feature_lengths),
-        logger_cls=([_json_logger_cls(write_n_results)] if metrics_dir
+        logger_cls=([json_logger_cls(write_n_results)] if metrics_dir
                     else []),
         log_dir=metrics_dir,
         async_compute_metrics=False)
@@ -370,7 +370,7 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
   return results, unreadable
 
 
-def _json_logger_cls(write_n_results: Optional[int]):
+def json_logger_cls(write_n_results: Optional[int]):
   """seqio's JSONLogger (the files t5x writes), keeping `write_n_results`
   predictions per task. Evaluating a step again (a re-run into the same
   directory) replaces its line of `<task>-metrics.jsonl`; seqio appends."""
@@ -382,7 +382,7 @@ def _json_logger_cls(write_n_results: Optional[int]):
 
     def __call__(self, task_name, step, metrics, *args, **kwargs):
       if metrics:  # seqio writes a metrics line only then
-        _drop_step(os.path.join(self.output_dir,
+        drop_step(os.path.join(self.output_dir,
                                 f'{task_name}-metrics.jsonl'),
                    -1 if step is None else step)  # seqio's step for None
       super().__call__(task_name, step, metrics, *args, **kwargs)
@@ -390,7 +390,7 @@ def _json_logger_cls(write_n_results: Optional[int]):
   return JSONLogger
 
 
-def _drop_step(metrics_file: str, step: int) -> None:
+def drop_step(metrics_file: str, step: int) -> None:
   """Removes the lines of `step` from a metrics file (JSON lines with a
   "step"), keeping every other line as it is."""
   if not tf.io.gfile.exists(metrics_file):

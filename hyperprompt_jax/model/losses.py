@@ -6,6 +6,8 @@ over real target tokens is divided by their number (t5x's
 `NUM_REAL_TARGET_TOKENS` normalisation).
 """
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
@@ -21,18 +23,41 @@ def token_losses(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4
 
 
 def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
-                  z_loss: float = 1e-4) -> dict[str, jax.Array]:
+                  z_loss: float = 1e-4, task_ids: Optional[jax.Array] = None,
+                  num_tasks: int = 0) -> dict[str, jax.Array]:
   """The sums behind `cross_entropy_with_z_loss`, float32 scalars:
   {'cross_entropy', 'z_loss', 'hits', 'tokens'} over the weighted tokens
-  (sums add up over microbatches; the ratios do not)."""
+  (sums add up over microbatches; the ratios do not). With `task_ids`
+  ([batch, length], each target token's task) also the per-task sums
+  'task_loss', 'task_hits', 'task_tokens', each [num_tasks] (`per_task`)."""
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
   cross_entropy, z_term = token_losses(logits, targets, z_loss)
   hits = (jnp.argmax(logits, -1) == targets) * weights
-  return {'cross_entropy': (cross_entropy * weights).sum(),
+  sums = {'cross_entropy': (cross_entropy * weights).sum(),
           'z_loss': (z_term * weights).sum(),
           'hits': hits.sum(),
           'tokens': weights.sum()}
+  if task_ids is not None:
+    sums.update(per_task((cross_entropy + z_term) * weights, hits, weights,
+                         task_ids, num_tasks))
+  return sums
+
+
+def per_task(token_loss: jax.Array, hits: jax.Array, weights: jax.Array,
+             task_ids: jax.Array, num_tasks: int) -> dict[str, jax.Array]:
+  """Weighted per-token loss, hits and weights `[batch, length]` summed by
+  each token's task (`task_ids`, `[batch, length]`): {'task_loss',
+  'task_hits', 'task_tokens'}, each `[num_tasks]` float32. One contraction
+  with the tokens' one-hot tasks (packed rows carry each token's task): a
+  segment sum would scatter-add every token into T bins, which GPUs
+  serialise on colliding atomics."""
+  one_hot = jax.nn.one_hot(task_ids.reshape(-1), num_tasks,
+                           dtype=jnp.float32)  # [tokens, T]
+  sums = jnp.einsum('kn,nt->kt', jnp.stack([
+      x.reshape(-1).astype(jnp.float32) for x in (token_loss, hits, weights)]),
+                    one_hot, precision=jax.lax.Precision.HIGHEST)
+  return {'task_loss': sums[0], 'task_hits': sums[1], 'task_tokens': sums[2]}
 
 
 def terms_from_sums(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -45,12 +70,14 @@ def terms_from_sums(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
       'z_loss': sums['z_loss'] / tokens,
       'accuracy': sums['hits'] / tokens,
       'tokens': sums['tokens'],
+      **{k: v for k, v in sums.items() if k.startswith('task_')},
   }
 
 
 def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
-                              weights: jax.Array, z_loss: float = 1e-4
-                              ) -> dict[str, jax.Array]:
+                              weights: jax.Array, z_loss: float = 1e-4,
+                              task_ids: Optional[jax.Array] = None,
+                              num_tasks: int = 0) -> dict[str, jax.Array]:
   """Per-batch loss terms.
 
   Args:
@@ -58,10 +85,14 @@ def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array,
     targets: [batch, length] int token ids.
     weights: [batch, length], 1 for real target tokens, 0 for padding.
     z_loss: coefficient of log(Z)^2.
+    task_ids: [batch, length], each target token's task (optional).
+    num_tasks: the number of tasks (with `task_ids`).
 
   Returns:
     {'loss': (cross-entropy + z-loss) / tokens, 'cross_entropy': ... /
     tokens, 'z_loss': ... / tokens, 'accuracy': argmax hits / tokens,
-    'tokens': the number of real target tokens}, all scalars.
+    'tokens': the number of real target tokens}, all scalars; with
+    `task_ids` also the per-task sums of `per_task`, each [num_tasks].
   """
-  return terms_from_sums(weighted_sums(logits, targets, weights, z_loss))
+  return terms_from_sums(weighted_sums(logits, targets, weights, z_loss,
+                                       task_ids, num_tasks))

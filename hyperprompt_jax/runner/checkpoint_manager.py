@@ -94,16 +94,19 @@ class DatasetIteratorRestore(ocp.args.CheckpointArgs):
   source_process: Optional[int] = None  # None: this process's own file
 
 
-def make_manager(model_dir: str, save_period: int,
-                 keep: Optional[int]) -> ocp.CheckpointManager:
+def make_manager(model_dir: str, save_period: int, keep: Optional[int],
+                 keep_also: Optional[Any] = None) -> ocp.CheckpointManager:
   """An orbax manager saving every `save_period` steps, keeping the newest
-  `keep` (None: all), asynchronously."""
+  `keep` (None: all), asynchronously; `keep_also`, an orbax preservation
+  policy, keeps more beside them (KEEP_BEST_BY's best checkpoint)."""
   options = ocp.CheckpointManagerOptions(
       save_interval_steps=save_period,
-      max_to_keep=keep,
       step_prefix=PREFIX,
       create=True,
       enable_async_checkpointing=True,
+      preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
+          [ocp.checkpoint_managers.LatestN(keep)]
+          + ([keep_also] if keep_also is not None else [])),
   )
   return ocp.CheckpointManager(
       epath.Path(model_dir), options=options,

@@ -1,4 +1,5 @@
-"""The optimizer both runners use: optax Adafactor with a constant rate.
+"""The optimizer both runners use: optax Adafactor (the papers: a constant
+rate; the built-in runner takes a schedule, `schedules`).
 
 The papers fine-tune with Adafactor at a constant learning rate of 1e-3 and
 update every parameter ("All" in HyperPrompt's Table 1). `make_optimizer`
@@ -109,7 +110,7 @@ def scale_by_parameter_scale(
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
-def adafactor(learning_rate: float,
+def adafactor(learning_rate: float | optax.Schedule,
               floor: Callable[[tuple[str, ...]], Optional[float]],
               decay_rate: float = 0.8,
               clipping_threshold: Optional[float] = 1.0,
@@ -132,7 +133,7 @@ def adafactor(learning_rate: float,
 
 
 def make_optimizer(
-    learning_rate: float = 1e-3,
+    learning_rate: float | optax.Schedule = 1e-3,
     train_only_task_conditioned: bool = False,
     freeze_embeddings: bool = False,
     learning_rate_multipliers: Optional[Mapping[str, float]] = None,
@@ -144,7 +145,8 @@ def make_optimizer(
     min_parameter_scale: float | Mapping[str, float] = T5_MIN_SCALE,
     min_dim_size_to_factor: int = 128,
 ) -> optax.GradientTransformation:
-  """Adafactor (T5's settings) at a constant rate, with parameter groups.
+  """Adafactor (T5's settings) at a constant or scheduled rate, with
+  parameter groups.
 
   The groups are 'backbone' and 'task_conditioned' (`param_groups`). The
   parameter-scale settings take one value for every parameter or a mapping
@@ -153,7 +155,9 @@ def make_optimizer(
   overrides 'task_conditioned' for the parameters under it.
 
   Args:
-    learning_rate: the constant rate (papers: 1e-3).
+    learning_rate: the constant rate (papers: 1e-3), or a schedule of the
+      update count (`schedules.create_learning_rate_scheduler`; the count
+      is saved in the optimizer state, so a resumed run continues it).
     train_only_task_conditioned: freeze the backbone; only parameters under a
       task-conditioning scope (`param_groups`) are updated.
     freeze_embeddings: keep the token embedding fixed (the HyperGrid paper's
@@ -178,7 +182,8 @@ def make_optimizer(
                       'multiply_by_parameter_scale')
   floors = _per_group(min_parameter_scale, T5_MIN_SCALE,
                       'min_parameter_scale')
-  _check_number('learning_rate', learning_rate, 'LEARNING_RATE')
+  if not callable(learning_rate):
+    _check_number('learning_rate', learning_rate, 'LEARNING_RATE')
   _check_number('decay_rate', decay_rate)
   if clipping_threshold is not None:
     _check_number('clipping_threshold', clipping_threshold)
@@ -192,9 +197,16 @@ def make_optimizer(
     key = BACKBONE if scope is None else scope
     return floors[key] if scaled[key] else None
 
+  def group_rate(group):
+    if not callable(learning_rate):
+      return learning_rate * multipliers[group]
+    if multipliers[group] == 1.0:
+      return learning_rate
+    return lambda count: learning_rate(count) * multipliers[group]
+
   def group_adafactor(group):
     return adafactor(
-        learning_rate=learning_rate * multipliers[group],
+        learning_rate=group_rate(group),
         floor=floor,
         decay_rate=decay_rate,
         clipping_threshold=clipping_threshold,

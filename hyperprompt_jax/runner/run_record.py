@@ -73,6 +73,13 @@ def data_settings(mixture_or_task_name: str,
           'PACKER': packing.name(max_examples_per_row) if pack else None}
 
 
+# The data record's learning-rate schedule (`schedules.Schedule.record`).
+# Records written before it was recorded trained at a constant rate (whose
+# value they did not record): read as that, a resume compares the factors.
+SCHEDULE = 'LEARNING_RATE_SCHEDULE'
+UNRECORDED_SCHEDULE = {'factors': 'constant'}
+
+
 def _saved_packer(saved_data: Mapping[str, Any]) -> Optional[str]:
   """The packer of a record; records from before PACKER packed with
   seqio's."""
@@ -113,8 +120,13 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
     changes.append(moved)
   saved_data = dict(record.get('data', {}))
   saved_data['PACKER'] = _saved_packer(saved_data)
+  saved_data.setdefault(SCHEDULE, UNRECORDED_SCHEDULE)
   for name in data:
-    if name in saved_data and _plain(saved_data[name]) != _plain(data[name]):
+    now_value = data[name]
+    if name == SCHEDULE and isinstance(now_value, Mapping):
+      # Only the settings the saved record holds.
+      now_value = {k: now_value.get(k) for k in saved_data[name]}
+    if name in saved_data and _plain(saved_data[name]) != _plain(now_value):
       changes.append(f'{name}: {saved_data[name]!r} -> {data[name]!r}')
   if changes:
     raise ResumeMismatchError(

@@ -1,7 +1,8 @@
 """The built-in runner's training loop: `train` (gin-configured by
 gin/runs/train.gin) checks the settings, locks MODEL_DIR, restores or
-initialises the state, and steps, checkpoints and logs until TRAIN_STEPS,
-surviving preemption. Its command: `python -m hyperprompt_jax.train`."""
+initialises the state (`_restore_or_start`), and steps, logs the curves,
+checkpoints and evaluates (`_StepLoop`) until TRAIN_STEPS, surviving
+preemption. Its command: `python -m hyperprompt_jax.train`."""
 
 import argparse
 import dataclasses
@@ -19,6 +20,7 @@ import numpy as np
 
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
+from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
@@ -34,6 +36,7 @@ from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import preemption
 from hyperprompt_jax.runner import run_lock
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import schedules
 from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
@@ -170,6 +173,11 @@ def train(
     metabalance_settings: Optional[metabalance.Settings] = None,
     num_microbatches: Optional[int] = None,
     optimizer=gin.REQUIRED,
+    learning_rate_schedule: Optional[schedules.Schedule] = None,
+    eval_period: Optional[int] = None,
+    eval_examples_per_task: Optional[int] = None,
+    eval_batch_size: int = 64,
+    keep_best_by: Optional[str] = None,
 ) -> dict[str, Any]:
   """Trains `model` (default: the gin-configured network) for `train_steps`.
 
@@ -218,6 +226,21 @@ def train(
       into one update (t5x's meaning; None or 1: whole batches): the
       activations of one part in memory, the one-batch update.
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
+    learning_rate_schedule: the schedule the optimizer follows (gin: the
+      same `@schedules.create_learning_rate_scheduler()` as
+      `make_optimizer.learning_rate`): recorded with each checkpoint (a
+      resume with another is refused) and logged as `learning_rate`. None:
+      neither (the optimizer's rate is its own).
+    eval_period: decode the validation sets of the run's tasks every this
+      many steps and at the last step (t5x's `eval_period`;
+      `during_training`); None: never.
+    eval_examples_per_task: score the first this many examples of each
+      task (None: all, `eval`'s scores).
+    eval_batch_size: examples per decode call (as `eval`'s).
+    keep_best_by: a task or average (`during_training`, e.g.
+      'glue_average'): its best-scoring checkpoint is kept beside the last
+      `keep_checkpoints`, and named in the run record; every evaluation
+      then saves a checkpoint.
 
   Returns:
     {'step', 'loss', 'params', 'stopped_by'}: the final step, last logged
@@ -231,12 +254,22 @@ def train(
       batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
       save_period=save_period, keep_checkpoints=keep_checkpoints,
       log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
+  during_training.check_settings(eval_period, eval_examples_per_task,
+                                 keep_best_by, eval_batch_size)
+  if learning_rate_schedule is not None and not isinstance(
+      learning_rate_schedule, schedules.Schedule):
+    raise ValueError(
+        'train.learning_rate_schedule must be a schedules.Schedule '
+        '(gin: @schedules.create_learning_rate_scheduler()) or None, got '
+        f'{learning_rate_schedule!r}.')
   growth = task_params.Growth(new_task_init, new_task_source)
   _check_task_start(initial_checkpoint_path, task_params_path,
                     train_only_new_tasks)
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
+  if eval_period:
+    during_training.check_tasks(mixture_or_task_name, keep_best_by)
   balancing = balancing_lib.run_plan(
       gradient_balancing, metabalance_settings, model, mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
@@ -263,15 +296,22 @@ def train(
   lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
   multihost.raise_everywhere(lock.acquire if lock else lambda: None,
                              run_lock.DirectoryInUseError)
+  run = _Run(
+      model=model, model_dir=model_dir,
+      mixture_or_task_name=mixture_or_task_name,
+      task_feature_lengths=task_feature_lengths, train_steps=train_steps,
+      batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
+      save_period=save_period, keep_checkpoints=keep_checkpoints,
+      log_period=log_period, seed=seed, z_loss=z_loss, mesh=mesh, pack=pack,
+      use_cached_tasks=use_cached_tasks, optimizer=optimizer,
+      task_start=_TaskStart(task_params_path, growth, first_new_row),
+      restart_data_on_layout_change=restart_data_on_layout_change,
+      balancing=balancing, num_microbatches=num_microbatches,
+      schedule=learning_rate_schedule, eval_period=eval_period,
+      eval_examples_per_task=eval_examples_per_task,
+      eval_batch_size=eval_batch_size, keep_best_by=keep_best_by)
   try:
-    return _train(lock, model, model_dir, mixture_or_task_name,
-                  task_feature_lengths, train_steps, batch_size,
-                  initial_checkpoint_path, save_period, keep_checkpoints,
-                  log_period, seed, z_loss, mesh, pack, use_cached_tasks,
-                  optimizer, _TaskStart(task_params_path, growth,
-                                        first_new_row),
-                  restart_data_on_layout_change, balancing,
-                  num_microbatches)
+    return _train(lock, run)
   finally:
     if lock:
       lock.release()
@@ -310,174 +350,350 @@ def check_num_microbatches(num_microbatches: Optional[int],
   return num_microbatches
 
 
-def _train(lock, model, model_dir, mixture_or_task_name, task_feature_lengths,
-           train_steps, batch_size, initial_checkpoint_path, save_period,
-           keep_checkpoints, log_period, seed, z_loss, mesh, pack,
-           use_cached_tasks, optimizer, task_start,
-           restart_data_on_layout_change, balancing,
-           num_microbatches) -> dict[str, Any]:
+@dataclasses.dataclass
+class _Run:
+  """A run's checked settings, as `_train` and its parts take them."""
+  model: network.Transformer
+  model_dir: str
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  train_steps: int
+  batch_size: int
+  initial_checkpoint_path: Optional[str]
+  save_period: int
+  keep_checkpoints: Optional[int]
+  log_period: int
+  seed: int
+  z_loss: float
+  mesh: jax.sharding.Mesh
+  pack: bool
+  use_cached_tasks: bool
+  optimizer: Any
+  task_start: _TaskStart
+  restart_data_on_layout_change: bool
+  balancing: Optional[metabalance.Plan]
+  num_microbatches: int
+  schedule: Optional[schedules.Schedule]
+  eval_period: Optional[int]
+  eval_examples_per_task: Optional[int]
+  eval_batch_size: int
+  keep_best_by: Optional[str]
+
+  def due_eval(self, step: int) -> bool:
+    """t5x's eval_period: every EVAL_PERIOD steps and at the last one."""
+    return bool(self.eval_period) and step > 0 and (
+        step % self.eval_period == 0 or step == self.train_steps)
+
+
+def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
-  rows = batches.RowFormat.of(model.config, pack)
-  trainer = trainer_lib.Trainer(model, optimizer, mesh, task_feature_lengths,
-                                z_loss=z_loss, seed=seed, balancing=balancing,
-                                num_microbatches=num_microbatches)
+  rows = batches.RowFormat.of(run.model.config, run.pack)
+  trainer = trainer_lib.Trainer(
+      run.model, run.optimizer, run.mesh, run.task_feature_lengths,
+      z_loss=run.z_loss, seed=run.seed, balancing=run.balancing,
+      num_microbatches=run.num_microbatches)
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
-      mixture_or_task_name, task_feature_lengths, batch_size, seed=seed,
-      rows=rows, use_cached=use_cached_tasks,
+      run.mixture_or_task_name, run.task_feature_lengths, run.batch_size,
+      seed=run.seed, rows=rows, use_cached=run.use_cached_tasks,
       shard_index=layout.shard_index, num_shards=layout.num_shards)
   if jax.process_count() > 1:
     log.info('Process %d of %d reads data shard %d of %d (%d rows of the '
              'global batch of %d).', jax.process_index(), jax.process_count(),
              layout.shard_index, layout.num_shards,
-             batch_size // layout.num_shards, batch_size)
-  manager = checkpoint_manager.make_manager(model_dir, save_period,
-                                            keep_checkpoints)
-  data = run_record.data_settings(mixture_or_task_name, task_feature_lengths,
-                                  batch_size, pack, seed, rows.max_examples)
+             run.batch_size // layout.num_shards, run.batch_size)
+  evaluator = None
+  if run.eval_period:
+    evaluator = during_training.TrainingEvaluator(
+        run.model, run.mixture_or_task_name, run.task_feature_lengths,
+        run.mesh, run.model_dir, run.eval_batch_size,
+        run.eval_examples_per_task, run.keep_best_by, run.use_cached_tasks)
+  manager = checkpoint_manager.make_manager(
+      run.model_dir, run.save_period, run.keep_checkpoints,
+      during_training.KeepBest(evaluator.best_step)
+      if run.keep_best_by else None)
+  data = _data_record(run, rows)
+  state, iterator = _restore_or_start(run, trainer, manager, dataset, data)
+  start = int(state['step'])
+  if evaluator:
+    evaluator.resume(start)
+  writer = metric_writers.create_default_writer(
+      run.model_dir, just_logging=jax.process_index() > 0)
+  loop = _StepLoop(run, lock, trainer, manager, writer, evaluator, data,
+                   layout.record(), rows, start)
+  try:
+    return loop.run(state, iterator)
+  finally:
+    manager.wait_until_finished()
+    writer.flush()
+    if evaluator:
+      evaluator.close()
+
+
+def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
+  """The run record's data settings: what a resume must keep."""
+  data = run_record.data_settings(
+      run.mixture_or_task_name, run.task_feature_lengths, run.batch_size,
+      run.pack, run.seed, rows.max_examples)
   # The optimizer state's shape depends on it: a resume must keep it.
-  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = task_start.first_new_row
+  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.task_start.first_new_row
   # So is MetaBalance's (its moving averages, one per auxiliary).
-  data['GRADIENT_BALANCING'] = balancing and {
+  data['GRADIENT_BALANCING'] = run.balancing and {
       'METABALANCE_' + k.upper(): v
-      for k, v in dataclasses.asdict(balancing.settings).items()}
+      for k, v in dataclasses.asdict(run.balancing.settings).items()}
+  # The rates a resumed run continues (the optimizer state counts steps).
+  if run.schedule is not None:
+    data[run_record.SCHEDULE] = run.schedule.record()
+  return data
+
+
+def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
+                      dataset, data: Mapping[str, Any]) -> tuple[Any, Any]:
+  """`(state, data iterator)`: the newest checkpoint of MODEL_DIR that
+  restores (checked against the run's settings), else step 0 from
+  INITIAL_CHECKPOINT_PATH or fresh parameters."""
+  model, task_start = run.model, run.task_start
+  layout = trainer.data_layout
 
   def check_resume(step, record):
     if record is not None:
       run_record.check_resume(record, model.config, data,
                               f'checkpoint_{step}', task_ids.run_task_list())
     return run_record.data_source(record, layout,
-                                  restart_data_on_layout_change,
+                                  run.restart_data_on_layout_change,
                                   f'checkpoint_{step}')
 
   restored = checkpoint_manager.restore_newest(
       manager, trainer.abstract_state(), lambda: iter(dataset), check_resume)
   if restored is not None:
     latest, state, iterator = restored
-    if latest > train_steps:
+    if latest > run.train_steps:
       raise ValueError(
-          f'MODEL_DIR {model_dir} is at step {latest}, past TRAIN_STEPS='
-          f'{train_steps}: raise TRAIN_STEPS to train on, or use a new '
+          f'MODEL_DIR {run.model_dir} is at step {latest}, past TRAIN_STEPS='
+          f'{run.train_steps}: raise TRAIN_STEPS to train on, or use a new '
           'MODEL_DIR.')
-    log.info('Resuming from %s/checkpoint_%d (TRAIN_STEPS=%d).', model_dir,
-             latest, train_steps)
-  else:
-    iterator = iter(dataset)
-    if initial_checkpoint_path:
-      params, fresh, checkpoint_tasks = initial_checkpoint.params_from_t5x(
-          trainer, initial_checkpoint_path, task_start.task_params_path,
-          task_start.growth, task_ids.run_task_list())
-      state = trainer.new_state(params)
-      log.info('Starting in %s from %s%s; %d new parameters initialised.',
-               model_dir, initial_checkpoint_path,
-               f' with the task parameters of {task_start.task_params_path}'
-               if task_start.task_params_path else '', len(fresh))
-      if checkpoint_tasks and checkpoint_tasks < model.config.num_tasks:
-        log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
-                 '%s.', checkpoint_tasks,
-                 model.config.num_tasks - 1, task_start.growth.rule,
-                 '; only they train' if task_start.first_new_row is not None
-                 else '')
-    else:
-      state = trainer.new_state(trainer.fresh_params())
-      log.info('Starting in %s from fresh parameters.', model_dir)
-  start = int(state['step'])
-  if start == train_steps:
-    log.info('Already at TRAIN_STEPS=%d: nothing to train.', train_steps)
-    return {'step': start, 'loss': float('nan'),
-            'params': _host_params(state), 'stopped_by': None}
+    log.info('Resuming from %s/checkpoint_%d (TRAIN_STEPS=%d).',
+             run.model_dir, latest, run.train_steps)
+    return state, iterator
+  if not run.initial_checkpoint_path:
+    log.info('Starting in %s from fresh parameters.', run.model_dir)
+    return trainer.new_state(trainer.fresh_params()), iter(dataset)
+  params, fresh, checkpoint_tasks = initial_checkpoint.params_from_t5x(
+      trainer, run.initial_checkpoint_path, task_start.task_params_path,
+      task_start.growth, task_ids.run_task_list())
+  log.info('Starting in %s from %s%s; %d new parameters initialised.',
+           run.model_dir, run.initial_checkpoint_path,
+           f' with the task parameters of {task_start.task_params_path}'
+           if task_start.task_params_path else '', len(fresh))
+  if checkpoint_tasks and checkpoint_tasks < model.config.num_tasks:
+    log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
+             '%s.', checkpoint_tasks,
+             model.config.num_tasks - 1, task_start.growth.rule,
+             '; only they train' if task_start.first_new_row is not None
+             else '')
+  return trainer.new_state(params), iter(dataset)
 
-  writer = metric_writers.create_default_writer(
-      model_dir, just_logging=jax.process_index() > 0)
-  # Made at the first save, once the operative config is known; the gin
-  # files are written with the first checkpoint saved.
-  record, gin_files_written = None, False
 
-  def save(step, force=False):
-    nonlocal record, gin_files_written
+class _StepLoop:
+  """The steps from `start` to TRAIN_STEPS: each steps the state, and at
+  its period logs (`_log`), saves (`_save`) and evaluates (`_evaluate`),
+  stopping at a step boundary on SIGTERM / SIGINT / preemption."""
+
+  def __init__(self, settings: _Run, lock, trainer, manager, writer,
+               evaluator, data, processes, rows, start: int):
+    self.settings = settings
+    self.lock = lock
+    self.trainer = trainer
+    self.manager = manager
+    self.writer = writer
+    self.evaluator = evaluator
+    self.data = data
+    self.processes = processes
+    self.rows = rows
+    self.start = start
+    self.task_list = task_ids.run_task_list()
+    # Made at the first save, once the operative config is known; the gin
+    # files are written with the first checkpoint saved.
+    self.record = None
+    self.gin_files_written = False
+    self.saved_step = None
+
+  # -- checkpointing -----------------------------------------------------------
+
+  def _save(self, step: int, state, iterator) -> bool:
+    """Saves `step` (whatever SAVE_PERIOD says: the loop decides)."""
+    settings = self.settings
     # A run presumed gone whose lock was taken over must not overwrite the
     # new holder's checkpoints (process 0 holds the lock; all stop).
-    multihost.raise_everywhere(lock.check_held if lock else lambda: None,
-                               run_lock.LockLostError)
-    if record is None:
-      record = run_record.make(model.config, data, start,
-                               task_ids.run_task_list(), layout.record())
-    saved = checkpoint_manager.save(manager, step, state, iterator, record,
-                                    force=force)
+    multihost.raise_everywhere(
+        self.lock.check_held if self.lock else lambda: None,
+        run_lock.LockLostError)
+    if self.record is None:
+      self.record = run_record.make(settings.model.config, self.data,
+                                    self.start, self.task_list,
+                                    self.processes)
+    record = self.record
+    if self.evaluator and settings.keep_best_by:
+      # The best evaluated checkpoint so far, kept beside the last
+      # KEEP_CHECKPOINTS.
+      record = dict(record, best_checkpoint=self.evaluator.best())
+    saved = checkpoint_manager.save(self.manager, step, state, iterator,
+                                    record, force=True)
     if saved:
-      if not gin_files_written and jax.process_index() == 0:
-        run_record.write_gin_files(model_dir, record)
-        gin_files_written = True
-      log.info('Saving %s/checkpoint_%d.', model_dir, step)
+      self.saved_step = step
+      if not self.gin_files_written and jax.process_index() == 0:
+        run_record.write_gin_files(settings.model_dir, record)
+        self.gin_files_written = True
+      log.info('Saving %s/checkpoint_%d.', settings.model_dir, step)
     return saved
 
-  def check_finite(terms_history, step):
+  def _check_finite(self, terms_history, step: int) -> None:
     if not all(bool(t['finite']) for t in terms_history):
-      last = manager.latest_step()
-      manager.wait_until_finished()
+      last = self.manager.latest_step()
+      self.manager.wait_until_finished()
       raise NonFiniteLossError(
           f'The loss became NaN or Inf before step {step}; the update was not '
           f'applied and the run stopped. Last good checkpoint: '
           f'{"checkpoint_%d" % last if last is not None else "none"} in '
-          f'{model_dir}. Lower the learning rate, or check the data.')
+          f'{self.settings.model_dir}. Lower the learning rate, or check the '
+          'data.')
 
-  pending, last_loss = [], float('nan')
-  tick, tick_step = time.time(), start
-  step = start
-  stop = preemption.StopRequest(manager.reached_preemption,
-                                catch_sigterm=jax.process_count() == 1)
-  stopped_by = None
-  # The handlers stay until the last save is committed: a SIGTERM while it
-  # is written is recorded (the run is saving anyway), not fatal.
-  with stop:
-    try:
-      while step < train_steps:
-        local = input_pipeline.as_numpy(next(iterator))
-        # Inside jit an out-of-range task or token id would clamp silently.
-        batches.validate_batch(local, model.config.num_tasks,
-                               model.config.vocab_size,
-                               rows=rows)
-        batch = trainer.global_batch(local)
-        state, terms = trainer.step(state, batch)
-        step += 1
-        pending.append(terms)
-        due_save = step % save_period == 0 or step == train_steps
-        stopping = stop.due(step)
-        if step % log_period == 0 or due_save or stopping:
-          check_finite(pending, step)
-          metrics = {k: float(np.mean([float(t[k]) for t in pending]))
-                     for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy')}
-          # Real (non-padding) tokens, inputs and targets.
-          tokens = sum(float(t['tokens']) + float(t['input_tokens'])
-                       for t in pending)
-          capacity = sum(float(t['capacity']) for t in pending)
-          elapsed = time.time() - tick
-          steps_per_s = (step - tick_step) / max(elapsed, 1e-9)
-          metrics.update(steps_per_sec=steps_per_s,
-                         tokens_per_sec=tokens / max(elapsed, 1e-9),
-                         packing_efficiency=tokens / max(capacity, 1.0))
-          writer.write_scalars(step, metrics)
-          last_loss = metrics['loss']
-          log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
-                   '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
-                   train_steps, metrics['loss'], metrics['accuracy'],
-                   steps_per_s, metrics['tokens_per_sec'],
-                   100 * metrics['packing_efficiency'],
-                   _eta((train_steps - step) / max(steps_per_s, 1e-9)))
-          pending, tick, tick_step = [], time.time(), step
-        if due_save or stopping:
-          save(step, force=step == train_steps or stopping)
-        if stopping and step < train_steps:
-          stopped_by = stop.name
-          break
-    finally:
-      manager.wait_until_finished()
-      writer.flush()
-  if stopped_by:
-    log.info('Stopped by %s at step %d with checkpoint_%d saved; run the same '
-             'command again to resume.', stopped_by, step, step)
-  return {'step': step, 'loss': last_loss, 'params': _host_params(state),
-          'stopped_by': stopped_by}
+  # -- curves ----------------------------------------------------------------
+
+  def _log(self, step: int, pending, elapsed: float, steps: int) -> float:
+    """Writes the scalars of the steps since the last log (`pending`: their
+    terms) and the progress line; returns their mean loss."""
+    settings = self.settings
+    metrics = _curves(pending, elapsed, settings.batch_size, self.task_list)
+    if settings.schedule is not None:
+      # The rate of the step's update (the optimizer counts from 0).
+      metrics['learning_rate'] = float(settings.schedule(step - 1))
+    steps_per_s = steps / max(elapsed, 1e-9)
+    metrics['steps_per_sec'] = steps_per_s
+    self.writer.write_scalars(step, metrics)
+    log.info('step %d/%d  loss %.4f  accuracy %.3f  %.2f steps/s  '
+             '%.0f tokens/s  %.0f%% of rows filled  ETA %s', step,
+             settings.train_steps, metrics['loss'], metrics['accuracy'],
+             steps_per_s, metrics['tokens_per_sec'],
+             100 * metrics['packing_efficiency'],
+             _eta((settings.train_steps - step) / max(steps_per_s, 1e-9)))
+    return metrics['loss']
+
+  # -- evaluation ------------------------------------------------------------
+
+  def _evaluate(self, step: int, state) -> None:
+    """Scores the state of `step` (its checkpoint, where one is saved, is
+    committed first: a stop during the evaluation keeps it)."""
+    if self.saved_step == step:
+      self.manager.wait_until_finished()
+    line = self.evaluator.evaluate(step, state['params'])
+    self.writer.write_scalars(step, during_training.scalars(line))
+    self.writer.flush()
+    log.info('%s', during_training.progress(line))
+
+  def _evaluate_missing(self, step: int, state) -> None:
+    """A resumed run first scores its checkpoint if the run that saved it
+    stopped before (or while) evaluating it."""
+    if (self.evaluator and self.settings.due_eval(step)
+        and not self.evaluator.evaluated(step)):
+      self._evaluate(step, state)
+
+  # -- the loop ----------------------------------------------------------------
+
+  def run(self, state, iterator) -> dict[str, Any]:
+    settings, step = self.settings, self.start
+    self._evaluate_missing(step, state)
+    if step == settings.train_steps:
+      log.info('Already at TRAIN_STEPS=%d: nothing to train.', step)
+      return {'step': step, 'loss': float('nan'),
+              'params': _host_params(state), 'stopped_by': None}
+    pending, last_loss = [], float('nan')
+    tick, tick_step = time.time(), step
+    stop = preemption.StopRequest(self.manager.reached_preemption,
+                                  catch_sigterm=jax.process_count() == 1)
+    stopped_by = None
+    # The handlers stay until the last save is committed: a SIGTERM while it
+    # is written is recorded (the run is saving anyway), not fatal.
+    with stop:
+      try:
+        while step < settings.train_steps:
+          state = self._step(state, iterator)
+          step += 1
+          pending.append(self._terms)
+          due_eval = settings.due_eval(step)
+          due_save = (step % settings.save_period == 0
+                      or step == settings.train_steps
+                      # the best must be a checkpoint
+                      or (due_eval and settings.keep_best_by is not None))
+          stopping = stop.due(step)
+          if step % settings.log_period == 0 or due_save or stopping:
+            self._check_finite(pending, step)
+            last_loss = self._log(step, pending, time.time() - tick,
+                                  step - tick_step)
+            pending, tick, tick_step = [], time.time(), step
+          if due_save or stopping:
+            self._save(step, state, iterator)
+          if due_eval:
+            began = time.time()
+            self._evaluate(step, state)
+            tick += time.time() - began  # steps/s counts training only
+            # A signal during the evaluation: stop now (the step's
+            # checkpoint saved). Several processes agree on a stop at the
+            # next step (`stop.due`), as a signal may reach one host only.
+            if (not stopping and jax.process_count() == 1
+                and stop.signal is not None):
+              if self.saved_step != step:
+                self._save(step, state, iterator)
+              stopping = True
+          if stopping and step < settings.train_steps:
+            stopped_by = stop.name
+            break
+      finally:
+        self.manager.wait_until_finished()
+    if stopped_by:
+      log.info('Stopped by %s at step %d with checkpoint_%d saved; run the '
+               'same command again to resume.', stopped_by, step, step)
+    return {'step': step, 'loss': last_loss, 'params': _host_params(state),
+            'stopped_by': stopped_by}
+
+  def _step(self, state, iterator):
+    """One optimizer step on the next batch (checked on the host)."""
+    local = input_pipeline.as_numpy(next(iterator))
+    # Inside jit an out-of-range task or token id would clamp silently.
+    config = self.settings.model.config
+    batches.validate_batch(local, config.num_tasks, config.vocab_size,
+                           rows=self.rows)
+    state, self._terms = self.trainer.step(state,
+                                           self.trainer.global_batch(local))
+    return state
+
+
+def _curves(pending, elapsed: float, batch_size: int,
+            task_list) -> dict[str, float]:
+  """The scalars of the steps since the last log, from their terms: the
+  means of loss, cross_entropy, z_loss, accuracy and grad_norm; the
+  per-task loss and accuracy (`loss/<task>`, `accuracy/<task>`, tasks with
+  target tokens in those steps); tokens_per_sec (real tokens, inputs and
+  targets), packing_efficiency and examples_per_row."""
+  metrics = {k: float(np.mean([float(t[k]) for t in pending]))
+             for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy',
+                       'grad_norm')}
+  task_tokens = sum(np.asarray(t['task_tokens'], np.float64) for t in pending)
+  task_loss = sum(np.asarray(t['task_loss'], np.float64) for t in pending)
+  task_hits = sum(np.asarray(t['task_hits'], np.float64) for t in pending)
+  for i, tokens in enumerate(task_tokens):
+    if tokens > 0:
+      name = task_list[i] if i < len(task_list) else f'task_{i}'
+      metrics[f'loss/{name}'] = float(task_loss[i] / tokens)
+      metrics[f'accuracy/{name}'] = float(task_hits[i] / tokens)
+  tokens = sum(float(t['tokens']) + float(t['input_tokens']) for t in pending)
+  capacity = sum(float(t['capacity']) for t in pending)
+  metrics.update(
+      tokens_per_sec=tokens / max(elapsed, 1e-9),
+      packing_efficiency=tokens / max(capacity, 1.0),
+      examples_per_row=(sum(float(t['examples']) for t in pending)
+                        / (batch_size * len(pending))))
+  return metrics
 
 
 def _host_params(state) -> Optional[Any]:

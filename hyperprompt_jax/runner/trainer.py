@@ -45,10 +45,11 @@ def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
   """Teacher-forced cross-entropy + z-loss of a batch (unpacked or packed,
   `inputs_lib.required_features`), with dropout from `rng`: `(loss, terms)`
   (`losses.cross_entropy_with_z_loss`; normalised over the real target
-  tokens either way)."""
+  tokens either way; with the per-task sums of `losses.per_task`)."""
   terms = losses.cross_entropy_with_z_loss(
       _logits(model, params, batch, rng, rules),
-      batch['decoder_target_tokens'], batch['decoder_loss_weights'], z_loss)
+      batch['decoder_target_tokens'], batch['decoder_loss_weights'], z_loss,
+      target_task_ids(batch), model.config.num_tasks)
   return terms['loss'], terms
 
 
@@ -94,7 +95,8 @@ def microbatched_grads(model: network.Transformer, params: Any,
   def part_loss(params, part, rng):
     sums = losses.weighted_sums(
         _logits(model, params, part, rng, rules),
-        part['decoder_target_tokens'], part['decoder_loss_weights'], z_loss)
+        part['decoder_target_tokens'], part['decoder_loss_weights'], z_loss,
+        target_task_ids(part), model.config.num_tasks)
     return (sums['cross_entropy'] + sums['z_loss']) / tokens, sums
 
   grad_fn = jax.value_and_grad(part_loss, has_aux=True)
@@ -105,8 +107,10 @@ def microbatched_grads(model: network.Transformer, params: Any,
     return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
   zeros = (jax.tree.map(jnp.zeros_like, params),
-           {k: jnp.zeros((), jnp.float32)
-            for k in ('cross_entropy', 'z_loss', 'hits', 'tokens')})
+           {**{k: jnp.zeros((), jnp.float32)
+               for k in ('cross_entropy', 'z_loss', 'hits', 'tokens')},
+            **{k: jnp.zeros((model.config.num_tasks,), jnp.float32)
+               for k in ('task_loss', 'task_hits', 'task_tokens')}})
   (grads, sums), _ = jax.lax.scan(
       add_part, zeros, (jnp.arange(n), jax.tree.map(parts, dict(batch))))
   terms = losses.terms_from_sums(sums)
@@ -131,7 +135,9 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
   def shares(params):
     logits = _logits(model, params, batch, rng, rules)
     targets = batch['decoder_target_tokens']
-    terms = losses.cross_entropy_with_z_loss(logits, targets, weights, z_loss)
+    terms = losses.cross_entropy_with_z_loss(
+        logits, targets, weights, z_loss, target_task_ids(batch),
+        model.config.num_tasks)
     cross_entropy, z_term = losses.token_losses(logits, targets, z_loss)
     per_token = (cross_entropy + z_term) * weights
     return (jnp.einsum('bl,blg->g', per_token, in_group)
@@ -180,12 +186,25 @@ def train_step(model: network.Transformer,
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
   new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
   terms['finite'] = finite
-  # Real tokens only (padding excluded), and the rows' capacity: the
-  # progress line's tokens/s and packing efficiency.
+  # The curves of the run (`train` writes them at LOG_PERIOD): the
+  # gradient's global norm (before the optimizer), real tokens only
+  # (padding excluded) and the rows' capacity (tokens/s, packing
+  # efficiency), and the examples the rows hold.
+  terms['grad_norm'] = optax.tree.norm(grads)
   terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
   terms['capacity'] = (batch['encoder_input_tokens'].size
                        + batch['decoder_target_tokens'].size)
+  terms['examples'] = examples(batch)
   return new, terms
+
+
+def examples(batch: Mapping[str, Any]) -> jax.Array:
+  """The examples a batch holds: a packed row's segments are numbered from
+  1, so its largest segment id counts them; an unpacked row holds one if it
+  has a target token."""
+  if inputs_lib.is_packed(batch):
+    return batch['decoder_segment_ids'].max(axis=1).sum()
+  return (batch['decoder_loss_weights'].sum(axis=1) > 0).sum()
 
 
 class Trainer:

@@ -1,0 +1,344 @@
+"""The built-in runner's loop as t5x users expect it: learning-rate
+schedules (against optax's own and t5x's formula), evaluation during
+training (against `eval`'s scores of the same checkpoints), KEEP_BEST_BY,
+a stop during an evaluation, and the TensorBoard curves."""
+
+import json
+import math
+import os
+import signal
+
+import gin
+import numpy as np
+import optax
+import pytest
+import seqio
+import tensorflow as tf
+from flax import traverse_util
+
+from hyperprompt_jax import tasks
+from hyperprompt_jax.evaluation import during_training
+from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.model import losses
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import checkpoint_manager
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import schedules
+from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.tasks import task_ids
+
+import conftest
+
+LENGTHS = {'inputs': 64, 'targets': 16}
+MIXTURE = 'test_train_loop_rte_stsb'
+if MIXTURE not in seqio.MixtureRegistry.names():
+  tasks.add_mixture(MIXTURE, [('fixture_glue_rte', 1.0),
+                              ('fixture_glue_stsb', 1.0)])
+
+
+# ------------------------------------------------------------- schedules --
+
+def test_schedules_match_optax_and_t5x():
+  """t5x's factors, each against an independent reference: optax's
+  schedules, and t5x's rsqrt formula written out in numpy."""
+  steps = np.arange(0, 60)
+  make = schedules.create_learning_rate_scheduler
+
+  def check(schedule, reference, upto=len(steps)):
+    np.testing.assert_allclose(
+        [float(schedule(s)) for s in steps[:upto]],
+        [max(float(reference(s)), 1e-8) for s in steps[:upto]], rtol=1e-5,
+        atol=1e-9)
+
+  check(make('constant', 0.02), optax.constant_schedule(0.02))
+  check(make('constant * linear_warmup', 0.1, warmup_steps=10),
+        optax.linear_schedule(0.0, 0.1, 10))
+  # One cycle (t5x's cosine restarts after steps_per_cycle; optax's stays
+  # at its end value).
+  check(make('constant * linear_warmup * cosine_decay', 0.1, warmup_steps=10,
+             steps_per_cycle=40),
+        optax.warmup_cosine_decay_schedule(0.0, 0.1, 10, 50, 0.0), upto=50)
+  check(make('linear_decay', 0.1, warmup_steps=10, decay_factor=1 / 30),
+        optax.join_schedules([optax.linear_schedule(0.0, 0.1, 10),
+                              optax.linear_schedule(0.1, 0.0, 30)], [10]))
+  check(make('constant * decay_every', 0.1, decay_factor=0.5,
+             steps_per_decay=7),
+        optax.exponential_decay(0.1, 7, 0.5, staircase=True))
+  # t5x's default ('constant * linear_warmup * rsqrt_decay'), re-derived.
+  check(make('constant * linear_warmup * rsqrt_decay', 1.0, warmup_steps=10),
+        lambda s: min(1.0, s / 10) / math.sqrt(max(s, 10)))
+  check(make('constant * rsqrt_normalized_decay', 1.0, warmup_steps=10,
+             step_offset=5),
+        lambda s: math.sqrt(10) / math.sqrt(max(max(s - 5, 0), 10)))
+  with pytest.raises(ValueError, match=r"Unknown learning-rate factor.*"
+                     r"'cosine'.*joined by"):
+    make('constant * cosine')
+  with pytest.raises(ValueError, match='warmup_steps=0'):
+    make('constant * linear_warmup', warmup_steps=0)
+
+
+def test_run_record_refuses_a_changed_schedule_and_reads_old_records():
+  config = conftest.T5X_TINY_CONFIG
+  warmup = schedules.create_learning_rate_scheduler(
+      'constant * linear_warmup', 0.01, warmup_steps=100).record()
+  constant = schedules.create_learning_rate_scheduler('constant',
+                                                      0.01).record()
+  data = {'BATCH_SIZE': 8}
+  record = run_record.make(config, {**data, run_record.SCHEDULE: warmup}, 0)
+  run_record.check_resume(record, config, {**data, run_record.SCHEDULE:
+                                           warmup}, 'checkpoint_4', [])
+  longer = dict(warmup, warmup_steps=200)
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match='LEARNING_RATE_SCHEDULE.*warmup_steps'):
+    run_record.check_resume(record, config, {**data, run_record.SCHEDULE:
+                                             longer}, 'checkpoint_4', [])
+  # A record written before schedules were recorded: the constant rate.
+  old = run_record.make(config, data, 0)
+  run_record.check_resume(old, config, {**data, run_record.SCHEDULE:
+                                        constant}, 'checkpoint_4', [])
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match="'constant'} -> .*linear_warmup"):
+    run_record.check_resume(old, config, {**data, run_record.SCHEDULE:
+                                          warmup}, 'checkpoint_4', [])
+
+
+def test_bad_eval_settings_are_clear_errors(tmp_path):
+  with pytest.raises(ValueError, match=r'EVAL_PERIOD must be None \(off\) '
+                     'or an integer >= 1, got 0'):
+    during_training.check_settings(0, None, None, 64)
+  with pytest.raises(ValueError, match='EVAL_EXAMPLES_PER_TASK .* >= 2, '
+                     'got 1'):
+    during_training.check_settings(10, 1, None, 64)
+  with pytest.raises(ValueError, match='KEEP_BEST_BY.*needs scores: set '
+                     'EVAL_PERIOD'):
+    during_training.check_settings(None, None, 'glue_average', 64)
+  with pytest.raises(ValueError, match=r"KEEP_BEST_BY='glue' is neither a "
+                     r"task .*'glue_rte'.* nor an average .*'average'"):
+    train_lib.train(_model(), **_kwargs(tmp_path / 'bad', eval_period=2,
+                                        keep_best_by='glue'))
+
+
+def test_per_task_sums_and_examples_match_numpy():
+  """The per-task curves' sums (each target token's loss, hits and weight
+  by its task) and the examples a batch holds, packed and unpacked,
+  against numpy loops."""
+  rng = np.random.default_rng(0)
+  token_loss, hits = rng.random((3, 5)), rng.integers(0, 2, (3, 5))
+  weights = rng.integers(0, 2, (3, 5))
+  ids = rng.integers(0, 4, (3, 5))
+  got = losses.per_task(token_loss * weights, hits * weights, weights, ids, 4)
+  for task in range(4):
+    mask = (ids == task) * weights
+    np.testing.assert_allclose(got['task_loss'][task],
+                               (token_loss * mask).sum(), rtol=1e-6)
+    assert got['task_hits'][task] == (hits * mask).sum()
+    assert got['task_tokens'][task] == mask.sum()
+  packed = {'decoder_segment_ids': np.array([[1, 1, 2, 3, 0], [1, 2, 0, 0,
+                                                                0]]),
+            'encoder_segment_ids': np.zeros((2, 5)),
+            'decoder_loss_weights': np.ones((2, 5))}
+  assert int(trainer_lib.examples(packed)) == 5
+  unpacked = {'decoder_loss_weights': np.array([[1, 1, 0], [0, 0, 0]]),
+              'task_ids': np.zeros(2)}
+  assert int(trainer_lib.examples(unpacked)) == 1
+
+
+@pytest.mark.parametrize('run, period, cap', [
+    ('quickstart', 650, 100), ('quickstart_hypergrid', 650, 100),
+    ('hyperprompt_glue', None, None), ('hypergrid_glue_super_glue', None,
+                                       None)])
+def test_run_files_evaluate_during_training_in_the_quickstarts_only(
+    run, period, cap):
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin([f'runs/{run}.gin'], ["MODEL_DIR='/tmp/x'"], [])
+    assert gin.query_parameter('%EVAL_PERIOD') == period
+    if period:
+      assert period == gin.query_parameter('%SAVE_PERIOD')
+    assert gin.query_parameter('%EVAL_EXAMPLES_PER_TASK') == cap
+    assert gin.query_parameter('%KEEP_BEST_BY') is None
+    schedule = gin.get_configurable(
+        schedules.create_learning_rate_scheduler)()
+    assert schedule.names == ['constant']
+    assert schedule.base_learning_rate == gin.query_parameter(
+        '%LEARNING_RATE')
+  finally:
+    gin.clear_config()
+
+
+# ------------------------------------------- a run with evaluations --------
+
+def _model():
+  """MTL T5 at t5x's tiny test dimensions (the loop is the same for every
+  method; the quickstart test below runs HyperPrompt)."""
+  return network.Transformer(network.T5Config(
+      **{**vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8}))
+
+
+SCHEDULE = schedules.create_learning_rate_scheduler(
+    'constant * linear_warmup * cosine_decay', 2e-2, warmup_steps=3,
+    steps_per_cycle=4)
+
+
+def _kwargs(model_dir, **overrides):
+  kwargs = dict(
+      model_dir=str(model_dir), mixture_or_task_name=MIXTURE,
+      task_feature_lengths=LENGTHS, train_steps=6, batch_size=8,
+      save_period=2, keep_checkpoints=1, log_period=1,
+      optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
+      learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='glue_rte')
+  kwargs.update(overrides)
+  return kwargs
+
+
+def _scalars(model_dir) -> dict[str, dict[int, float]]:
+  """`{tag: {step: value}}` of every TensorBoard event file in model_dir
+  (a later file's value for a step replaces an earlier one's)."""
+  out = {}
+  for name in sorted(os.listdir(model_dir)):
+    if not name.startswith('events.out.tfevents'):
+      continue
+    for event in tf.compat.v1.train.summary_iterator(
+        os.path.join(model_dir, name)):
+      for value in event.summary.value:
+        out.setdefault(value.tag, {})[event.step] = float(
+            tf.make_ndarray(value.tensor))
+  return out
+
+
+def _params(result):
+  return traverse_util.flatten_dict(result['params'], sep='/')
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """A 6-step run evaluated every 2 steps, and the same run stopped by
+  SIGTERM during its first evaluation and resumed."""
+  root = tmp_path_factory.mktemp('loop')
+  straight = train_lib.train(_model(), **_kwargs(root / 'straight'))
+
+  evaluate = during_training.TrainingEvaluator.evaluate
+
+  def terminated_during(self, step, params):
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler records it
+    return evaluate(self, step, params)
+
+  patch = pytest.MonkeyPatch()
+  patch.setattr(during_training.TrainingEvaluator, 'evaluate',
+                terminated_during)
+  try:
+    stopped = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+  finally:
+    patch.undo()
+  resumed = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+  return root, straight, stopped, resumed
+
+
+def test_a_stop_during_evaluation_resumes_to_the_uninterrupted_run(runs):
+  """SIGTERM during the step-2 evaluation: the run stops at step 2 with its
+  checkpoint; resumed, it has the uninterrupted run's learning rate at
+  every step (optax's warmup-cosine schedule) and its parameters."""
+  root, straight, stopped, resumed = runs
+  assert stopped['stopped_by'] == 'SIGTERM' and stopped['step'] == 2
+  assert resumed['step'] == 6
+  want, got = _params(straight), _params(resumed)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  reference = optax.warmup_cosine_decay_schedule(0.0, 2e-2, 3, 7, 0.0)
+  for run in ('straight', 'resumed'):
+    rates = _scalars(root / run)['learning_rate']
+    assert sorted(rates) == list(range(1, 7))
+    np.testing.assert_allclose(
+        [rates[s] for s in range(1, 7)],
+        [max(float(reference(s - 1)), 1e-8) for s in range(1, 7)],
+        rtol=1e-5)
+  lines = [json.loads(line) for line in
+           (root / 'resumed' / during_training.SCORES_FILE).open()]
+  assert [line['step'] for line in lines] == [2, 4, 6]
+
+
+def test_scores_during_training_equal_eval_of_the_same_checkpoints(
+    runs, tmp_path):
+  root, *_ = runs
+  model_dir = root / 'straight'
+  lines = {line['step']: line for line in map(
+      json.loads, (model_dir / during_training.SCORES_FILE).open())}
+  assert sorted(lines) == [2, 4, 6]
+  summary = eval_lib.evaluate(
+      _model(), checkpoint_path=str(model_dir),
+      eval_output_dir=str(tmp_path / 'eval'), mixture_or_task_name=MIXTURE,
+      task_feature_lengths=LENGTHS, selection='last')
+  assert summary['steps']  # the checkpoints KEEP_CHECKPOINTS left
+  for step, evaluated in summary['steps'].items():
+    line = lines[int(step)]
+    assert line['metrics'] == evaluated['metrics']
+    assert line['task_scores'] == evaluated['task_scores']
+  # eval's selection reads the same scores from MODEL_DIR/inference_eval.
+  from_training = eval_summary.read_metrics_dir(str(model_dir))
+  assert sorted(from_training) == [2, 4, 6]
+  for step, results in from_training.items():
+    assert eval_summary.step_summary(results)['task_scores'] == (
+        lines[step]['task_scores'])
+
+
+def test_keep_best_by_keeps_the_best_checkpoint_beside_the_last(runs):
+  root, *_ = runs
+  model_dir = root / 'straight'
+  lines = [json.loads(line)
+           for line in (model_dir / during_training.SCORES_FILE).open()]
+  rte = {line['step']: line['task_scores']['glue_rte'] for line in lines}
+  best_before_6 = max((2, 4), key=lambda s: (rte[s], -s))
+  kept = sorted(int(p.name.split('_')[1])
+                for p in model_dir.glob('checkpoint_*'))
+  # KEEP_CHECKPOINTS = 1: the last, and the best when it was saved.
+  assert kept == sorted({best_before_6, 6})
+  record = run_record.read(str(model_dir / 'checkpoint_6'))
+  assert record['best_checkpoint'] == {'by': 'glue_rte', 'step': best_before_6,
+                                       'score': rte[best_before_6]}
+  assert lines[-1]['best']['by'] == 'glue_rte'
+  assert record['data'][run_record.SCHEDULE] == SCHEDULE.record()
+
+
+def test_tensorboard_has_per_task_curves_and_scores(runs):
+  root, *_ = runs
+  scalars = _scalars(root / 'straight')
+  for tag in ('loss', 'accuracy', 'grad_norm', 'learning_rate',
+              'tokens_per_sec', 'examples_per_row', 'packing_efficiency',
+              'loss/glue_rte', 'accuracy/glue_rte', 'loss/glue_stsb',
+              'accuracy/glue_stsb', 'eval/glue_rte', 'eval/glue_stsb',
+              'eval/average',
+              'eval/fixture_glue_rte/accuracy'):
+    assert tag in scalars, sorted(scalars)
+  assert sorted(scalars['eval/glue_rte']) == [2, 4, 6]
+  assert sorted(scalars['loss/glue_rte']) == list(range(1, 7))
+  assert all(0 < v <= 1 for v in scalars['examples_per_row'].values())
+
+
+def test_quickstart_run_writes_per_task_curves(tmp_path):
+  """The quickstart's own gin (two steps, no evaluation: the run above
+  has the evaluation curves): each task trained on has its loss and
+  accuracy curves, named as the run's task list names it."""
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(['runs/quickstart.gin'], [
+        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=16',
+        'LOG_PERIOD=1', 'EVAL_PERIOD=None'])
+    train_lib.train()
+    names = task_ids.run_task_list()
+  finally:
+    gin.clear_config()
+  scalars = _scalars(tmp_path)
+  assert len(names) == 16
+  trained = [t for t in names if f'loss/{t}' in scalars]
+  assert len(trained) >= 4, sorted(scalars)
+  assert all(f'accuracy/{t}' in scalars for t in trained)
+  assert not [t for t in scalars if t.startswith('loss/')
+              and t[len('loss/'):] not in names]
+  assert {'learning_rate', 'grad_norm', 'tokens_per_sec',
+          'examples_per_row'} <= set(scalars)
+  np.testing.assert_allclose([scalars['learning_rate'][s] for s in (1, 2)],
+                             [2e-2, 2e-2], rtol=1e-6)
