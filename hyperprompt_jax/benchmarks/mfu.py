@@ -352,11 +352,14 @@ def device_peak_bytes(device: jax.Device) -> Optional[int]:
   return (stats or {}).get('peak_bytes_in_use')
 
 
-def compile_step(cfg: network.T5Config, batch: dict[str, np.ndarray]
-                 ) -> dict[str, Any]:
-  """One model's training step on `batch`, lowered and compiled, with its
-  fresh state on the device: `{'compiled', 'state', 'batch',
-  'compile_seconds', 'six_nd_flops'}`."""
+def measure(cfg: network.T5Config, batch: dict[str, np.ndarray],
+            warmup_steps: int, steps: int,
+            profile_dir: Optional[str] = None) -> dict[str, Any]:
+  """One model's training step on `batch`: compiled once, run
+  `warmup_steps` times, then `steps` steps timed one by one; with
+  `profile_dir`, two more steps are traced there, their device time summed
+  by XLA op (`kernel_times`), and the compiled module's text written beside
+  the trace (`step.hlo.txt`: the trace names the optimized module's ops)."""
   model = network.Transformer(cfg)
   optimizer = optimizers.make_optimizer()
   input_length = batch['encoder_input_tokens'].shape[1]
@@ -367,21 +370,9 @@ def compile_step(cfg: network.T5Config, batch: dict[str, np.ndarray]
   step = jax.jit(functools.partial(trainer.train_step, model, optimizer,
                                    z_loss=timing.Z_LOSS),
                  donate_argnums=(0,))
-  lowered = step.lower(state, batch, jax.random.PRNGKey(0))
-  compiled = lowered.compile()
-  return {'compiled': compiled, 'state': state, 'batch': batch,
-          'compile_seconds': time.perf_counter() - start,
-          'six_nd_flops': six_nd_flops(state['params'], batch)}
-
-
-def time_steps(prepared: dict[str, Any], warmup_steps: int, steps: int,
-               profile_dir: Optional[str] = None) -> dict[str, Any]:
-  """`prepared`'s step (`compile_step`) run `warmup_steps` times, then
-  `steps` steps timed one by one; with `profile_dir`, two more steps are
-  traced there, their device time summed by XLA op (`kernel_times`), and
-  the compiled module's text written beside the trace (`step.hlo.txt`)."""
-  compiled, state, batch = (prepared.pop('compiled'), prepared.pop('state'),
-                            prepared.pop('batch'))
+  compiled = step.lower(state, batch, jax.random.PRNGKey(0)).compile()
+  compile_seconds = time.perf_counter() - start
+  estimate = six_nd_flops(state['params'], batch)
   times = []
   for i in range(warmup_steps + steps):
     start = time.perf_counter()
@@ -390,10 +381,8 @@ def time_steps(prepared: dict[str, Any], warmup_steps: int, steps: int,
     if i >= warmup_steps:
       times.append(time.perf_counter() - start)
   row = {'seconds_per_step': statistics.median(times),
-         'step_seconds': times,
-         'compile_seconds': prepared['compile_seconds'],
-         'xla_flops': xla_flops(compiled),
-         'six_nd_flops': prepared['six_nd_flops'],
+         'step_seconds': times, 'compile_seconds': compile_seconds,
+         'xla_flops': xla_flops(compiled), 'six_nd_flops': estimate,
          'xla_peak_bytes': timing.peak_bytes(compiled),
          'loss': float(terms['loss'])}
   if profile_dir:
@@ -402,7 +391,6 @@ def time_steps(prepared: dict[str, Any], warmup_steps: int, steps: int,
         state, terms = compiled(state, batch, jax.random.PRNGKey(100 + i))
       jax.block_until_ready((state, terms))
     row['kernel_times'] = kernel_times(profile_dir, steps=2)
-    # The ops' names in the trace are the optimized module's.
     with open(os.path.join(profile_dir, 'step.hlo.txt'), 'w') as f:
       f.write(compiled.as_text())
   del state
@@ -488,27 +476,27 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
   for name, form in _runs(models, forms):
     cfg = model_config(backbone, name, dtype, form)
+    packed = True  # every model packs (`synthetic_rows` can do without)
     slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
-    # Every model packs (`synthetic_rows` can do without).
     batch, stats = synthetic_rows(batch_size, input_length, target_length,
-                                  cfg.vocab_size, cfg.num_tasks, True,
+                                  cfg.vocab_size, cfg.num_tasks, packed,
                                   slots, max_segments=hypergrid.max_segments(
                                       cfg.hypergrid))
     label = name if form == 'auto' else f'{name} [{form}]'
-    log(f'{time.strftime("%H:%M:%S")} {label}: compiling')
+    log(f'{time.strftime("%H:%M:%S")} {label}: compiling '
+        f'({"packed" if packed else "unpacked"} rows)')
     trace = (os.path.join(profile_dir, f'{name}_{form}')
              if profile_dir and ('all' in profile or name in profile)
              else None)
-    # Compiled and timed before the next model compiles: a run cut short
-    # keeps every model it reached, and compilations running beside each
-    # other (several threads) were slower on a GPU host than one after
-    # another (XLA autotunes its kernels on the device they share).
-    row = time_steps(compile_step(cfg, batch), warmup_steps, steps, trace)
+    # Each model is timed before the next compiles: a run cut short (the
+    # device script's timeout) keeps every model it reached, and no
+    # compilation autotunes kernels on the device while a step is timed.
+    row = measure(cfg, batch, warmup_steps, steps, trace)
     seconds = row['seconds_per_step']
     flops = row['xla_flops'] or row['six_nd_flops']
     row.update({
-        'model': name, 'form': form, 'label': label, 'rows': 'packed',
-        **stats,
+        'model': name, 'form': form, 'label': label,
+        'rows': 'packed' if packed else 'unpacked', **stats,
         'real_tokens_per_second': stats['real_tokens'] / seconds,
         'tflops_per_second': flops / seconds / 1e12,
         'mfu': (flops / seconds / (tflops_peak * 1e12)

@@ -64,7 +64,7 @@ def check_settings(eval_period, examples_per_task, keep_best_by,
                    batch_size) -> None:
   """Raises ValueError, naming the macro and a fix, on a setting that
   evaluation during training cannot use (KEEP_BEST_BY's name is checked
-  against the run's tasks by `TrainingEvaluator`)."""
+  against the run's tasks by `check_tasks`)."""
   # Correlation metrics (STS-B's Pearson, Spearman) need two examples.
   for macro, value, minimum in (('EVAL_PERIOD', eval_period, 1),
                                 ('EVAL_EXAMPLES_PER_TASK', examples_per_task,
@@ -151,6 +151,9 @@ class TrainingEvaluator:
       all; then the scores equal `eval`'s of the same checkpoint).
     keep_best_by: a task or average name (None: no best tracked).
     use_cached_tasks: read seqio's offline cache.
+
+  The mixture and KEEP_BEST_BY are the caller's to check first
+  (`check_tasks`: `train` does, before it locks MODEL_DIR).
   """
 
   def __init__(self, model: network.Transformer, mixture_or_task_name: str,
@@ -159,7 +162,6 @@ class TrainingEvaluator:
                examples_per_task: Optional[int] = None,
                keep_best_by: Optional[str] = None,
                use_cached_tasks: bool = False):
-    check_tasks(mixture_or_task_name, keep_best_by)
     self.keep_best_by = keep_best_by
     self.examples_per_task = examples_per_task
     self.path = os.path.join(model_dir, SCORES_FILE)

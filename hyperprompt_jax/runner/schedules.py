@@ -86,11 +86,6 @@ class Schedule:
     return used
 
 
-# The record of runs written before schedules were recorded: the constant
-# rate (its value was not recorded).
-UNRECORDED = {'factors': 'constant'}
-
-
 @gin.configurable
 def create_learning_rate_scheduler(
     factors: str = 'constant',

@@ -617,9 +617,9 @@ class _StepLoop:
     with stop:
       try:
         while step < settings.train_steps:
-          state = self._step(state, iterator)
+          state, terms = self._step(state, iterator)
           step += 1
-          pending.append(self._terms)
+          pending.append(terms)
           due_eval = settings.due_eval(step)
           due_save = (step % settings.save_period == 0
                       or step == settings.train_steps
@@ -657,15 +657,14 @@ class _StepLoop:
             'stopped_by': stopped_by}
 
   def _step(self, state, iterator):
-    """One optimizer step on the next batch (checked on the host)."""
+    """One optimizer step on the next batch (checked on the host):
+    `(state, terms)`."""
     local = input_pipeline.as_numpy(next(iterator))
     # Inside jit an out-of-range task or token id would clamp silently.
     config = self.settings.model.config
     batches.validate_batch(local, config.num_tasks, config.vocab_size,
                            rows=self.rows)
-    state, self._terms = self.trainer.step(state,
-                                           self.trainer.global_batch(local))
-    return state
+    return self.trainer.step(state, self.trainer.global_batch(local))
 
 
 def _curves(pending, elapsed: float, batch_size: int,

@@ -162,8 +162,9 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
       json.dumps(header, sort_keys=True).encode(), np.uint8)},
            **{k: np.asarray(v) for k, v in arrays.items()})
   data = buffer.getvalue()
-  epath.Path(path + '.tmp').write_bytes(data)
-  epath.Path(path + '.tmp').replace(path)
+  temporary = epath.Path(path + '.tmp')
+  temporary.write_bytes(data)
+  temporary.replace(path)
   return len(data)
 
 
