@@ -32,7 +32,9 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0'],
+    # filelock: the tests share one JAX compilation cache between processes
+    # (tests/conftest.py), which JAX locks with it.
+    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0', 'filelock==4.2.11'],
     'tpu': ['jax[tpu]==0.10.2'],
     'gpu': ['jax[cuda12]==0.10.2'],
 }

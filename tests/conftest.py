@@ -1,7 +1,10 @@
 """Shared fixtures: tiny configurations, their parameters and test data."""
 
+import importlib.util
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # The tests compile hundreds of tiny programs and run each a few times, so
@@ -12,6 +15,23 @@ FAST_COMPILE = '--xla_backend_optimization_level=0'
 if FAST_COMPILE not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (
       f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip())
+
+# One persistent compilation cache for the test session, made by the first
+# process (pytest, or xdist's controller) and inherited by its workers and by
+# the runs they start as processes: a resumed run, a second host or a later
+# test of the same configuration loads the programs compiled before instead
+# of compiling them again. A developer may point JAX_COMPILATION_CACHE_DIR at
+# a lasting folder (entries are keyed by program, flags and jax version).
+_SESSION_CACHE = None
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _SESSION_CACHE = tempfile.mkdtemp(prefix='hyperprompt_jax_xla_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _SESSION_CACHE
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.1')
+if importlib.util.find_spec('filelock'):
+  # A size bound makes JAX lock the folder around each read and write (else
+  # one process may read an entry another is still writing: a warning and a
+  # compile).
+  os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(8 << 30))
 
 from flax import traverse_util  # pylint: disable=g-import-not-at-top
 import jax
@@ -47,6 +67,12 @@ GLUE_METRICS = {
     'glue_qnli': {'accuracy': 88.0},
     'glue_rte': {'accuracy': 70.0},
 }
+
+
+def pytest_unconfigure(config):
+  del config
+  if _SESSION_CACHE:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,9 @@ from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import trainer as trainer_lib
 
 NUM_TASKS = 8  # the default run task list (GLUE) for the t5x model
 CFG = dataclasses.replace(
@@ -152,6 +154,36 @@ def test_off_switch_leaves_no_callback(model_and_params):
 
   assert 'callback' in lowered(True)
   assert 'callback' not in lowered(False)
+
+
+def test_programs_of_batches_checked_on_host_hold_no_callback(
+    model_and_params):
+  """The built-in runner's steps and the predictor's decodes get batches
+  checked on the host: their programs hold no host callback, which JAX's
+  persistent compilation cache would refuse to keep."""
+  model, params = model_and_params
+  enc, dec_in, tgt = _tokens()
+  mesh = partitioning.create_mesh(1, 1)
+
+  def step_text(checked_on_host):
+    trainer = trainer_lib.Trainer(
+        model, optimizers.make_optimizer(), mesh, {'inputs': 6, 'targets': 4},
+        checked_on_host=checked_on_host)
+    batch = {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in,
+             'decoder_target_tokens': tgt,
+             'decoder_loss_weights': (tgt > 0).astype(np.float32),
+             'task_ids': VALID}
+    with jax.set_mesh(mesh):
+      return jax.jit(trainer._step).lower(  # pylint: disable=protected-access
+          trainer.abstract_state(), batch).as_text()
+
+  assert 'callback' in step_text(False)
+  assert 'callback' not in step_text(True)
+  predictor = predictor_lib.Predictor(
+      model, network.abstract_variables(model)['params_axes'], mesh,
+      batch_size=3, max_decode_length=3)
+  assert 'callback' not in predictor._decode.lower(  # pylint: disable=protected-access
+      params, enc, VALID).as_text()
 
 
 def test_t5x_loss_and_predict(model_and_params):

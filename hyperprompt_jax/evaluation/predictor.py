@@ -45,6 +45,8 @@ class Predictor:
       raise ValueError(f'The eval batch size {batch_size} does not divide '
                        f"over the mesh's {mesh.shape['data']} data shards.")
     self.model = model
+    # `predict` checks every batch on the host before it is decoded.
+    self._decode_model = network.checked_on_host(model)
     self.mesh = mesh
     self.batch_size = batch_size
     self.max_decode_length = max_decode_length
@@ -63,8 +65,8 @@ class Predictor:
 
   def _decode_fn(self, params, tokens, task_ids):
     with nn_partitioning.axis_rules(self.rules):
-      return decoding.greedy_decode(self.model, params, tokens, task_ids,
-                           self.max_decode_length)
+      return decoding.greedy_decode(self._decode_model, params, tokens,
+                                    task_ids, self.max_decode_length)
 
   def set_params(self, params: PyTree) -> None:
     """Places `params` on the mesh (replacing the previous checkpoint's)."""

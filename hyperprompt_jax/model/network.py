@@ -16,6 +16,7 @@ This file is the backbone only. Each stack builds one
 the baselines), listed in `methods.REGISTRY`.
 """
 
+import dataclasses
 import functools
 from typing import Any, Optional, Sequence
 
@@ -548,6 +549,18 @@ def abstract_variables(model: Transformer, input_length: int = 8,
   """Shapes and dtypes of `init_variables`, without allocating anything."""
   return jax.eval_shape(lambda: init_variables(
       model, jax.random.PRNGKey(0), input_length, target_length))
+
+
+def checked_on_host(model: Transformer) -> Transformer:
+  """`model` for a program every batch of which is checked on the host
+  first (`runner.batches.validate_batch`: the built-in runner's steps, the
+  evaluator's decodes): without the compiled program's own check of traced
+  task ids (`T5Config.check_traced_task_ids`), which would only repeat it.
+  A program holding that check's host callback stays out of JAX's
+  persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`: a restarted
+  run would compile its steps again) and off JAX's fast C++ dispatch."""
+  return model.clone(config=dataclasses.replace(
+      model.config, check_traced_task_ids=False))
 
 
 def create_cache(model: Transformer, params, encoded: Array,

@@ -391,7 +391,8 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
   trainer = trainer_lib.Trainer(
       run.model, run.optimizer, run.mesh, run.task_feature_lengths,
       z_loss=run.z_loss, seed=run.seed, balancing=run.balancing,
-      num_microbatches=run.num_microbatches)
+      num_microbatches=run.num_microbatches,
+      checked_on_host=True)  # `_StepLoop._step`
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
       run.mixture_or_task_name, run.task_feature_lengths, run.batch_size,

@@ -221,6 +221,9 @@ class Trainer:
     balancing: MetaBalance's plan (None: the plain gradient).
     num_microbatches: the parts each batch's gradient is taken in
       (`microbatched_grads`; None or 1: the whole batch at once).
+    checked_on_host: every batch `step` gets was checked on the host
+      (`batches.validate_batch`, as the built-in runner does): the step is
+      compiled without the network's own check (`network.checked_on_host`).
   """
 
   def __init__(self, model: network.Transformer,
@@ -229,8 +232,11 @@ class Trainer:
                task_feature_lengths: Mapping[str, int], z_loss: float = 1e-4,
                seed: int = 0, rules: Optional[partitioning.AxisRules] = None,
                balancing: Optional[metabalance.Plan] = None,
-               num_microbatches: Optional[int] = None):
+               num_microbatches: Optional[int] = None,
+               checked_on_host: bool = False):
     self.model = model
+    self._step_model = (network.checked_on_host(model) if checked_on_host
+                        else model)
     self.balancing = balancing
     self.num_microbatches = num_microbatches or 1
     self.optimizer = optimizer
@@ -330,7 +336,7 @@ class Trainer:
 
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
-    return train_step(self.model, self.optimizer, state, batch, rng,
+    return train_step(self._step_model, self.optimizer, state, batch, rng,
                       self.z_loss, self.rules, self.balancing,
                       self.num_microbatches)
 
