@@ -2,6 +2,9 @@
 dissertation's Algorithm 2 (ch. 4, the complete version), written from the
 algorithm's lines, not from the module."""
 
+import functools
+import shutil
+
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
@@ -17,6 +20,7 @@ from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 
@@ -157,9 +161,10 @@ def global_model_and_batch():
       'decoder_target_tokens': targets,
       'decoder_loss_weights': (targets > 0).astype(np.float32),
       'task_ids': ROW_TASKS}
-  params = model.init(jax.random.PRNGKey(1), batch['encoder_input_tokens'],
-                      batch['decoder_input_tokens'], targets,
-                      task_ids=ROW_TASKS, enable_dropout=False)['params']
+  params = jax.jit(lambda: model.init(
+      jax.random.PRNGKey(1), batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], targets, task_ids=ROW_TASKS,
+      enable_dropout=False)['params'])()
   return model, params, batch
 
 
@@ -175,6 +180,14 @@ def _task_grads(model, params, batch, rows):
   + z-loss over ALL real target tokens): one masked loss at a time."""
   weights = batch['decoder_loss_weights']
   mask = np.isin(ROW_TASKS, rows)[:, None] * weights
+  return conftest.flat(_share_grad(model, params, batch, mask))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _share_grad(model, params, batch, mask):
+  """∇ of the loss share of the target tokens `mask` selects (one program
+  for every mask)."""
+  weights = batch['decoder_loss_weights']
 
   def share(p):
     logits = model.apply({'params': p}, batch['encoder_input_tokens'],
@@ -184,7 +197,7 @@ def _task_grads(model, params, batch, rows):
     terms = losses.cross_entropy_with_z_loss(
         logits, batch['decoder_target_tokens'], mask, 1e-4)
     return terms['loss'] * mask.sum() / weights.sum()
-  return conftest.flat(jax.grad(share)(params))
+  return jax.grad(share)(params)
 
 
 @pytest.mark.parametrize('auxiliaries', metabalance.AUXILIARIES)
@@ -231,15 +244,17 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
   """r = 0 rescales nothing: the step of the summed loss (to float
   rounding: the shares are summed in another order)."""
   model, params, batch = global_model_and_batch
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1),
-                           ('data', 'model'))
+  mesh = partitioning.create_mesh(1, 1)
   optimizer = optimizers.make_optimizer()
   states = {}
   for name, plan in [('plain', None), ('r0', _plan(model, relax_factor=0.0))]:
     trainer = trainer_lib.Trainer(model, optimizer, mesh,
                                   {'inputs': 9, 'targets': 5},
                                   balancing=plan)
-    state = trainer.new_state(jax.tree.map(jnp.copy, params))  # donated
+    # Copied (the step donates its state) and placed as the runner's
+    # parameters are, so the second step reuses the first one's program.
+    state = trainer.new_state(jax.device_put(jax.tree.map(jnp.copy, params),
+                                             trainer.param_shardings))
     for _ in range(2):
       state, _ = trainer.step(state, trainer.global_batch(batch))
     states[name] = conftest.flat(state['params'])
@@ -247,18 +262,20 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
   for k, v in states['plain'].items():
     np.testing.assert_allclose(states['r0'][k], v, rtol=1e-4, atol=1e-6,
                                err_msg=k)
-  # No balancing: the pure step is the loss's gradient through Adafactor.
+  # No balancing: the pure step is the loss's gradient through Adafactor
+  # (each side compiled: to float rounding).
   rng = jax.random.PRNGKey(3)
-  new, _ = trainer_lib.train_step(
+  new, _ = jax.jit(lambda: trainer_lib.train_step(
       model, optimizer, {'step': 0, 'params': params,
                          'opt_state': optimizer.init(params)},
-      batch, rng, 1e-4)
-  grads = jax.grad(lambda p: trainer_lib.loss_fn(model, p, batch, rng,
-                                                 1e-4)[0])(params)
-  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+      batch, rng, 1e-4))()
+  grads = jax.jit(jax.grad(lambda p: trainer_lib.loss_fn(
+      model, p, batch, rng, 1e-4)[0]))(params)
+  updates, _ = jax.jit(lambda g: optimizer.update(
+      g, optimizer.init(params), params))(grads)
+  want = conftest.flat(jax.tree.map(jnp.add, params, updates))
   for k, v in conftest.flat(new['params']).items():
-    np.testing.assert_array_equal(
-        v, conftest.flat(jax.tree.map(jnp.add, params, updates))[k])
+    np.testing.assert_allclose(v, want[k], rtol=1e-6, atol=1e-7, err_msg=k)
 
 
 @pytest.mark.parametrize('auxiliaries', metabalance.AUXILIARIES)
@@ -327,10 +344,12 @@ def _train(model_dir, steps, **overrides):
 
 
 def test_a_resumed_run_reaches_the_uninterrupted_parameters(tmp_path):
-  """The moving averages are part of the checkpoint: stopping at step 2
-  and resuming gives step 4's parameters bit for bit."""
+  """The moving averages are part of the checkpoint: resuming from the
+  run's checkpoint at step 2 (its copy, where the run stopped there) gives
+  step 4's parameters bit for bit."""
   whole = _train(tmp_path / 'whole', 4)
-  _train(tmp_path / 'cut', 2)
+  shutil.copytree(tmp_path / 'whole', tmp_path / 'cut',
+                  ignore=shutil.ignore_patterns('checkpoint_4', 'train.lock'))
   resumed = _train(tmp_path / 'cut', 4)
   a, b = conftest.flat(whole['params']), conftest.flat(resumed['params'])
   for k in a:
