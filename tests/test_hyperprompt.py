@@ -209,8 +209,9 @@ def test_prompt_cost_does_not_grow_with_batch():
     enc = np.ones((batch, 7), np.int32)
     dec = np.ones((batch, 5), np.int32)
     ids = np.zeros((batch,), np.int32)
-    params = model.init(jax.random.PRNGKey(0), enc, dec, dec,
-                        enable_dropout=False, task_ids=ids)['params']
+    params = jax.eval_shape(lambda: model.init(  # shapes: only compiled
+        jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False,
+        task_ids=ids)['params'])
     fn = jax.jit(lambda p: model.apply({'params': p}, enc, dec, dec,
                                        enable_dropout=False, task_ids=ids))
     return fn.lower(params).compile().cost_analysis()['flops']

@@ -160,13 +160,19 @@ def variant_outputs(request):
   examples = _examples(0)
   unpacked = _unpacked(examples, 8, 5)
   packed, where = _packed(examples, ROWS, 22, 10, n_slots)
-  params = network.init_variables(model, jax.random.PRNGKey(1))['params']
-  # Non-zero everywhere (zero-initialised parts would compare trivially).
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
-  params = jax.tree.unflatten(tree, [
-      leaf + 0.05 * jax.random.normal(k, leaf.shape)
-      for leaf, k in zip(leaves, keys)])
+
+  @jax.jit
+  def perturbed_params():
+    """Non-zero everywhere (zero-initialised parts would compare
+    trivially)."""
+    params = network.init_variables(model, jax.random.PRNGKey(1))['params']
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+    return jax.tree.unflatten(tree, [
+        leaf + 0.05 * jax.random.normal(k, leaf.shape)
+        for leaf, k in zip(leaves, keys)])
+
+  params = perturbed_params()
   @jax.jit
   def loss_grads_logits(p, b):
     def loss(p):

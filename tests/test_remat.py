@@ -70,11 +70,10 @@ def test_remat_keeps_parameters_and_gradients(variant):
   recomputed layer draws what the first pass drew)."""
   batch = _batch()
   plain = _model(variant, 'none', dropout_rate=0.1)
-  params = plain.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
-                      batch['decoder_input_tokens'],
-                      batch['decoder_target_tokens'],
-                      task_ids=batch['task_ids'],
-                      enable_dropout=False)['params']
+  params = jax.jit(lambda: plain.init(
+      jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+      task_ids=batch['task_ids'], enable_dropout=False)['params'])()
   shapes = {k: v.shape for k, v in conftest.flat(params).items()}
   want = _grads(plain, params, batch, dropout=True)
   for policy in POLICIES:
