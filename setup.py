@@ -32,9 +32,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    # filelock: the tests share one JAX compilation cache between processes
-    # (tests/conftest.py), which JAX locks with it.
-    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0', 'filelock==4.2.11'],
+    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0'],
     'tpu': ['jax[tpu]==0.10.2'],
     'gpu': ['jax[cuda12]==0.10.2'],
 }

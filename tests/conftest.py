@@ -1,6 +1,5 @@
 """Shared fixtures: tiny configurations, their parameters and test data."""
 
-import importlib.util
 import os
 import pathlib
 import shutil
@@ -30,11 +29,9 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   _SESSION_CACHE = tempfile.mkdtemp(prefix='hyperprompt_jax_xla_cache_')
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _SESSION_CACHE
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-if importlib.util.find_spec('filelock'):
-  # A size bound makes JAX lock the folder around each read and write (else
-  # one process may read an entry another is still writing: a warning and a
-  # compile).
-  os.environ.setdefault('JAX_COMPILATION_CACHE_MAX_SIZE', str(8 << 30))
+# No size bound: with one, JAX locks the folder and scans every entry at each
+# write (thousands here: minutes of a suite). Unlocked, a process that reads
+# an entry another is still writing warns and compiles the program itself.
 
 from flax import traverse_util  # pylint: disable=g-import-not-at-top
 import jax
