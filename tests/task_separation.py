@@ -74,8 +74,9 @@ def build_config(variant: str, model_file: str,
 
 
 def init_params(model: network.Transformer, seed: int = 0) -> Any:
-  return jax.jit(lambda rng: network.init_variables(model, rng)['params'])(
-      jax.random.PRNGKey(seed))
+  # Eager: its one-op programs are compiled once and shared by every variant
+  # a process builds; a jitted init would compile a program per variant.
+  return network.init_variables(model, jax.random.PRNGKey(seed))['params']
 
 
 def train(model: network.Transformer, optimizer: optax.GradientTransformation,
@@ -116,12 +117,13 @@ def exact_match(model: network.Transformer, params: Any,
   """Greedy exact match per task, `[num_tasks]`.
 
   The answer is one word and EOS, so greedy decoding gets it right exactly
-  when the teacher-forced argmax is right at both positions.
+  when the teacher-forced argmax is right at both positions. Eager, as
+  `init_params`.
   """
-  logits = jax.jit(lambda p, b: model.apply(
-      {'params': p}, b['encoder_input_tokens'], b['decoder_input_tokens'],
-      b['decoder_target_tokens'], enable_dropout=False,
-      task_ids=b['task_ids']))(params, batch)
+  logits = np.asarray(model.apply(
+      {'params': params}, batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+      enable_dropout=False, task_ids=batch['task_ids']))
   hit = np.all(np.argmax(logits, -1) == batch['decoder_target_tokens'], -1)
   return np.array([hit[batch['task_ids'] == k].mean()
                    for k in range(num_tasks)])
