@@ -73,15 +73,40 @@ def _start(model_dir, steps, wait_for):
   return proc
 
 
+def _straight_run_terminated_while_saving_its_last_checkpoint(run, steps):
+  """An uninterrupted run of `steps` steps, sent SIGTERM while its last
+  checkpoint is written: the final save is asynchronous; the signal is
+  recorded, the save committed and the run ends normally."""
+  proc = subprocess.Popen(_train_cmd(run, steps), env=_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if f'Saving {run}/checkpoint_{steps}' in line:
+      proc.send_signal(signal.SIGTERM)
+      break
+  out = ''.join(lines) + proc.communicate(timeout=300)[0]
+  assert proc.returncode == 0, out[-3000:]
+  assert 'Received SIGTERM' in out, out[-3000:]
+  assert f'Finished at step {steps}' in out, out[-3000:]
+  assert (run / f'checkpoint_{steps}' / 'state').is_dir()
+  assert not list(run.glob('*.orbax-checkpoint-tmp*'))
+  assert not (run / 'train.lock').exists()
+  # What a resume reads first (`Already at TRAIN_STEPS` follows from it:
+  # tests/test_faults.py).
+  assert run_record.read(str(run / f'checkpoint_{steps}'))
+
+
 def test_killed_and_terminated_runs_resume_to_the_uninterrupted_parameters(
     tmp_path):
   """SIGKILL loses the steps since the last checkpoint; SIGTERM (a
   preemption) saves at the next step and exits 128 + 15; either way the
-  resumed run ends with the uninterrupted run's parameters, bit for bit."""
+  resumed run ends with the uninterrupted run's parameters, bit for bit.
+  The uninterrupted run itself gets a SIGTERM while its last checkpoint is
+  written, and keeps it."""
   steps = 24
   straight = tmp_path / 'straight'
-  subprocess.run(_train_cmd(straight, steps), check=True, env=_env(),
-                 capture_output=True, timeout=600)
+  _straight_run_terminated_while_saving_its_last_checkpoint(straight, steps)
 
   run = tmp_path / 'run'
   proc = _start(run, steps, 'checkpoint_8')
@@ -110,29 +135,6 @@ def test_killed_and_terminated_runs_resume_to_the_uninterrupted_parameters(
   assert want.keys() == got.keys()
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-
-
-def test_sigterm_while_the_last_checkpoint_is_written_keeps_it(tmp_path):
-  """The final save is asynchronous; a SIGTERM that arrives while it is
-  written is recorded, the save is committed and the run ends normally."""
-  run = tmp_path / 'run'
-  proc = subprocess.Popen(_train_cmd(run, 4), env=_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-  lines = []
-  for line in proc.stdout:
-    lines.append(line)
-    if f'Saving {run}/checkpoint_4' in line:
-      proc.send_signal(signal.SIGTERM)
-      break
-  out = ''.join(lines) + proc.communicate(timeout=300)[0]
-  assert proc.returncode == 0, out[-3000:]
-  assert 'Received SIGTERM' in out and 'Finished at step 4' in out, out
-  assert (run / 'checkpoint_4' / 'state').is_dir()
-  assert not list(run.glob('*.orbax-checkpoint-tmp*'))
-  assert not (run / 'train.lock').exists()
-  assert 'Already at TRAIN_STEPS=4' in subprocess.run(
-      _train_cmd(run, 4), env=_env(), capture_output=True, text=True,
-      timeout=300, check=True).stdout
 
 
 # --------------------------------------------------------- t5x checkpoints --
