@@ -121,12 +121,13 @@ PACKED_SCRIPT = textwrap.dedent(r'''
       with mesh:  # t5x's partitioner
         assert task_blocks.batch_shards(16) == 8
 
-    def collectives(step, params, batch):
-      # (the kinds of collective, the elements all-reduced) of a step.
+    def compiled_collectives(step, params, batch):
+      # The compiled sharded step, and (the kinds of collective, the elements
+      # all-reduced) in it.
       with jax.set_mesh(mesh):
-        hlo = step.lower(params, batch).compile().as_text()
+        compiled = step.lower(params, batch).compile()
       kinds, elements = set(), 0
-      for line in hlo.splitlines():
+      for line in compiled.as_text().splitlines():
         found = re.search(r' = (.+?) (all-gather|all-reduce|all-to-all|'
                           r'collective-permute|reduce-scatter)(-start)?\(', line)
         if found:
@@ -134,7 +135,7 @@ PACKED_SCRIPT = textwrap.dedent(r'''
           elements += sum(math.prod(int(n) for n in dims.split(',') if n)
                           for dims in re.findall(r'\[([0-9,]*)\]',
                                                  found.group(1)))
-      return kinds, elements
+      return compiled, (kinds, elements)
 
     variants = {
         'hyperprompt': dict(hyperprompt=hyperprompt.HyperPromptConfig(
@@ -150,7 +151,8 @@ PACKED_SCRIPT = textwrap.dedent(r'''
                              num_decoder_layers=2, dropout_rate=0.1,
                              num_tasks=tasks, **extra)
       model = network.Transformer(cfg)
-      variables = network.init_variables(model, jax.random.PRNGKey(0), 32, 8)
+      variables = jax.jit(lambda r: network.init_variables(model, r, 32, 8))(
+          jax.random.PRNGKey(0))
       params = variables['params']
       step = lambda p, b: jax.value_and_grad(lambda p: trainer.loss_fn(
           model, p, b, jax.random.PRNGKey(1), 1e-4)[0])(p)
@@ -159,17 +161,17 @@ PACKED_SCRIPT = textwrap.dedent(r'''
       sharded_step = jax.jit(step, in_shardings=(shardings, data))
       batch = packed_batch(16)
       single = jax.jit(step)(params, batch)
+      compiled, found = compiled_collectives(sharded_step, params, batch)
       with jax.set_mesh(mesh):
-        sharded = sharded_step(params, batch)
+        sharded = compiled(params, batch)
       for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5,
                                    atol=2e-6, err_msg=name)
       # The gradients' all-reduces, the same at twice the rows: nothing the
       # size of the batch crosses devices.
-      kinds, elements = collectives(sharded_step, params, batch)
-      assert kinds == {'all-reduce'}, (name, kinds)
-      assert collectives(sharded_step, params, packed_batch(32)) == (
-          kinds, elements), name
+      assert found[0] == {'all-reduce'}, (name, found)
+      assert compiled_collectives(sharded_step, params,
+                                  packed_batch(32))[1] == found, name
     print('PACKED_SHARDED_OK')
 ''')
 
