@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,14 +36,14 @@ def _batch(seed=0):
   return enc, dec_in, tgt, task_ids
 
 
-def _init(cfg, seed=0):
+def _init(cfg, seed=0, shapes_only=False):
   model = network.Transformer(cfg)
   enc, dec_in, tgt, task_ids = _batch()
-  params = jax.jit(lambda r: model.init(r, enc, dec_in, tgt,
-                                        enable_dropout=False,
-                                        task_ids=task_ids))(
-                                            jax.random.PRNGKey(seed))['params']
-  return model, params
+  init = lambda r: model.init(r, enc, dec_in, tgt, enable_dropout=False,
+                              task_ids=task_ids)['params']
+  rng = jax.random.PRNGKey(seed)
+  return model, (jax.eval_shape(init, rng) if shapes_only
+                 else jax.jit(init)(rng))
 
 
 def _reference(cfg, p, enc, dec_in, tgt, task_ids):
@@ -78,23 +79,27 @@ def test_variant_matches_numpy_rederivation(variant, placement):
          for s in ('encoder', 'decoder')}
   assert has == {'encoder': placement != 'decoder',
                  'decoder': placement != 'encoder'}
-  logits = jax.jit(lambda p: model.apply(
-      {'params': p}, enc, dec_in, tgt, enable_dropout=False,
-      task_ids=task_ids))(params)
+  apply = jax.jit(lambda p, ids: model.apply(
+      {'params': p}, enc, dec_in, tgt, enable_dropout=False, task_ids=ids))
+  logits = apply(params, task_ids)
   want = _reference(cfg, p, enc, dec_in, tgt, task_ids)
   valid = tgt > 0
   np.testing.assert_allclose(np.asarray(logits)[valid], want[valid],
                              rtol=3e-4, atol=3e-4)
   # The prompts matter: other task ids give other outputs.
-  other = model.apply({'params': params}, enc, dec_in, tgt,
-                      enable_dropout=False, task_ids=(task_ids + 1) % TASKS)
+  other = apply(params, (task_ids + 1) % TASKS)
   assert not np.allclose(np.asarray(other)[valid], want[valid], atol=1e-3)
+
+
+def _shapes(cfg):
+  """'/'-keyed parameter shapes, compiled and run nothing."""
+  return traverse_util.flatten_dict(_init(cfg, shapes_only=True)[1], sep='/')
 
 
 def test_parameter_shapes_follow_the_paper():
   d, heads, dh, layers = 32, 2, 16, 2
   b, te, e, t = 32 // 8, 5, 7, 6
-  shapes = {k: v.shape for k, v in flat(_init(_config('global'))[1]).items()
+  shapes = {k: v.shape for k, v in _shapes(_config('global')).items()
             if '/hyperprompt/' in k and k.startswith('decoder/')}
   pre = 'decoder/hyperprompt/'
   assert shapes == {
@@ -108,11 +113,11 @@ def test_parameter_shapes_follow_the_paper():
       pre + 'key_up_generator': (t, b * heads * dh),
       pre + 'value_up_generator': (t, b * heads * dh),
   }
-  sep = {k: v.shape for k, v in flat(_init(_config('sep'))[1]).items()
+  sep = {k: v.shape for k, v in _shapes(_config('sep')).items()
          if k.startswith('encoder/hyperprompt/')}
   assert sep['encoder/hyperprompt/key_down'] == (TASKS, layers, d, b)
   assert sep['encoder/hyperprompt/value_up'] == (TASKS, layers, b, heads * dh)
-  share = {k: v.shape for k, v in flat(_init(_config('share'))[1]).items()
+  share = {k: v.shape for k, v in _shapes(_config('share')).items()
            if k.startswith('encoder/hyperprompt/')}
   assert share['encoder/hyperprompt/key_down'] == (layers, d, b)
 

@@ -32,15 +32,17 @@ def setup():
   tgt = random_tokens(rng, (2, 4))
   dec = np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], 1)
   ids = np.array([0, 2], np.int32)
-  params = model.init(jax.random.PRNGKey(0), enc, dec, tgt,
-                      enable_dropout=False, task_ids=ids)['params']
+  params = jax.jit(lambda r: model.init(r, enc, dec, tgt, enable_dropout=False,
+                                        task_ids=ids)['params'])(
+                                            jax.random.PRNGKey(0))
 
   def loss_fn(p):
     logits = model.apply({'params': p}, enc, dec, tgt, enable_dropout=False,
                          task_ids=ids)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tgt).mean()
 
-  return params, jax.grad(loss_fn)(params)
+  # Compiled: eagerly, the gradient is hundreds of one-op programs.
+  return params, jax.jit(jax.grad(loss_fn))(params)
 
 
 def _changed(before, after):
@@ -50,9 +52,11 @@ def _changed(before, after):
 
 
 def _step(opt, params, grads):
-  state = opt.init(params)
-  updates, _ = opt.update(grads, state, params)
-  return optax.apply_updates(params, updates)
+  @jax.jit  # one program, not one per operation and parameter shape
+  def step(params, grads):
+    updates, _ = opt.update(grads, opt.init(params), params)
+    return optax.apply_updates(params, updates)
+  return step(params, grads)
 
 
 def test_freeze_switch_updates_only_task_conditioned(setup):
