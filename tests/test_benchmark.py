@@ -22,8 +22,8 @@ def test_train_step_reduces_the_loss_on_a_repeated_batch():
   cfg = benchmark.variant_config(T5X_TINY_CONFIG, 'global', 'both')
   model = benchmark.network.Transformer(cfg)
   batch = timing.random_batch(np.random.default_rng(0), 4, 8, 4, 384)
-  params = benchmark.network.init_variables(model, jax.random.PRNGKey(0), 8,
-                                            4)['params']
+  params = jax.jit(lambda r: benchmark.network.init_variables(
+      model, r, 8, 4)['params'])(jax.random.PRNGKey(0))
   opt = optimizers.make_optimizer(learning_rate=1e-2)
   state = {'step': jnp.zeros((), jnp.int32), 'params': params,
            'opt_state': opt.init(params)}
