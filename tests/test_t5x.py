@@ -94,14 +94,6 @@ def _read_t5x_state(checkpoint: pathlib.Path) -> dict[str, np.ndarray]:
           traverse_util.flatten_dict(restored, sep='/').items()}
 
 
-def _initial_variables(model, shapes, seed: int = 1):
-  """t5x's `model.get_initial_variables`, compiled: eagerly its init runs
-  hundreds of one-op programs (the same values: threefry is the same in and
-  out of jit)."""
-  return jax.jit(lambda rng: model.get_initial_variables(rng, shapes))(
-      jax.random.PRNGKey(seed))
-
-
 def _steps(model_dir: pathlib.Path) -> list[int]:
   return sorted(int(p.name.split('_')[1])
                 for p in model_dir.glob('checkpoint_*'))
@@ -227,8 +219,9 @@ def test_t5x_plain_trainer_refuses_metabalance_state():
   """A MetaBalance model stepped by t5x's plain trainer (GRADIENT_BALANCING
   set without t5x/metabalance.gin) names the trainer to select."""
   model = _t5x_model('hyperprompt_global')
-  params = _initial_variables(
-      model, {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)})['params']
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
   batch = _batch(np.random.default_rng(0))
   with pytest.raises(ValueError, match='t5x_model.MetaBalanceTrainer'):
     model.loss_fn(params, batch, None, {'metabalance': {}})
@@ -408,7 +401,7 @@ def model_and_params(request):
   model = _t5x_model(request.param)
   shapes = {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6),
             'task_ids': (4,)}
-  params = _initial_variables(model, shapes)['params']
+  params = model.get_initial_variables(jax.random.PRNGKey(1), shapes)['params']
   return model, flax.core.unfreeze(params)
 
 
@@ -508,8 +501,9 @@ def test_cache_holds_the_prompts_of_each_example_task():
   """HyperPrompt's decoder prompts are generated when the cache is created,
   for each row's own task: equal ids give equal prefix entries."""
   model = _t5x_model('hyperprompt_global')
-  params = _initial_variables(
-      model, {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)})['params']
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
   batch = _batch(np.random.default_rng(4))
   encoded = model.module.apply(
       {'params': params}, batch['encoder_input_tokens'], enable_dropout=False,
@@ -641,8 +635,9 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
   # The plan as the constructor makes it from gin (balancing.run_plan),
   # without registering a mixture.
   model.balancing = balancing
-  variables = _initial_variables(
-      model, {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)})
+  variables = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})
   # Host copies: both steps donate their state's buffers.
   variables = jax.tree.map(np.array, flax.core.unfreeze(variables))
   params = variables['params']
@@ -722,8 +717,9 @@ def test_loss_shares_are_t5x_loss_over_each_share_tokens(packed):
   examples = test_packing._examples(0)  # pylint: disable=protected-access
   batch = (test_packing._packed(examples, test_packing.ROWS, 22, 10)[0]  # pylint: disable=protected-access
            if packed else test_packing._unpacked(examples, 8, 5))  # pylint: disable=protected-access
-  params = _initial_variables(
-      model, {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)})['params']
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
   in_share = metabalance.group_masks(plan, model.token_task_ids(batch),
                                      NUM_TASKS)
   shares, metrics = jax.jit(model.loss_shares)(params, batch, None, in_share)
@@ -761,8 +757,9 @@ def test_packed_loss_fn_equals_the_unpacked_one(kind):
   unpacked = test_packing._unpacked(examples, 8, 5)  # pylint: disable=protected-access
   packed, _ = test_packing._packed(  # pylint: disable=protected-access
       examples, test_packing.ROWS, 22, 10, n_slots)
-  params = _initial_variables(
-      model, {'encoder_input_tokens': (4, 10), 'decoder_input_tokens': (4, 6)})['params']
+  params = model.get_initial_variables(
+      jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                              'decoder_input_tokens': (4, 6)})['params']
   want, _ = jax.jit(model.loss_fn)(params, unpacked, None)
   loss, _ = jax.jit(model.loss_fn)(params, packed, None)
   np.testing.assert_allclose(loss, want, rtol=1e-5)
