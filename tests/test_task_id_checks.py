@@ -159,7 +159,8 @@ def test_off_switch_leaves_no_callback(model_and_params):
 def test_programs_of_batches_checked_on_host_hold_no_callback(
     model_and_params):
   """The built-in runner's steps and the predictor's decodes get batches
-  checked on the host: their programs hold no host callback, which JAX's
+  checked on the host, and initialisation is traced on concrete
+  placeholders: their programs hold no host callback, which JAX's
   persistent compilation cache would refuse to keep."""
   model, params = model_and_params
   enc, dec_in, tgt = _tokens()
@@ -184,6 +185,10 @@ def test_programs_of_batches_checked_on_host_hold_no_callback(
       batch_size=3, max_decode_length=3)
   assert 'callback' not in predictor._decode.lower(  # pylint: disable=protected-access
       params, enc, VALID).as_text()
+  # Every fresh run's initialisation: its placeholder ids are concrete.
+  assert 'callback' not in jax.jit(
+      lambda rng: network.init_variables(model, rng)).lower(
+          jax.random.PRNGKey(0)).as_text()
 
 
 def test_t5x_loss_and_predict(model_and_params):

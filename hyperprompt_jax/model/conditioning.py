@@ -191,12 +191,17 @@ def check_task_ids(cfg, task_ids, tokens: Array,
   if task_ids is None:
     return None
   if not isinstance(task_ids, jax.Array):
+    given = task_ids
     try:
-      task_ids = jnp.asarray(task_ids)
+      # numpy, not jnp: under tracing jnp.asarray makes concrete ids a
+      # tracer, which would move their check into the compiled program.
+      task_ids = np.asarray(given)
+      if task_ids.dtype == object:
+        raise TypeError('not an array of numbers')
     except (TypeError, ValueError) as e:
       raise ValueError(
           'task_ids must be an int32 array (or a list of ints), got '
-          f'{type(task_ids).__name__}: {e}') from e
+          f'{type(given).__name__}: {e}') from e
   expected = tuple(tokens.shape) if packed else tokens.shape[:1]
   if tuple(task_ids.shape) != expected:
     if packed:

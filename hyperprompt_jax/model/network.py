@@ -24,6 +24,7 @@ from flax import linen as nn
 from flax import struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hyperprompt_jax import methods
 from hyperprompt_jax.model import conditioning as conditioning_lib
@@ -537,11 +538,14 @@ def init_variables(model: Transformer, rng: Array, input_length: int = 8,
   configuration, not on the shapes; every runner initialises through here
   (wrap it in `jax.eval_shape` for shapes only: `abstract_variables`).
   """
-  encoder_tokens = jnp.ones((batch_size, input_length), jnp.int32)
-  decoder_tokens = jnp.ones((batch_size, target_length), jnp.int32)
+  # numpy, not jnp: concrete placeholders are checked while tracing, so a
+  # compiled init holds no host callback (`checked_on_host`) and JAX's
+  # persistent compilation cache keeps it.
+  encoder_tokens = np.ones((batch_size, input_length), np.int32)
+  decoder_tokens = np.ones((batch_size, target_length), np.int32)
   return model.init(rng, encoder_tokens, decoder_tokens, decoder_tokens,
                     enable_dropout=False,
-                    task_ids=jnp.zeros((batch_size,), jnp.int32))
+                    task_ids=np.zeros((batch_size,), np.int32))
 
 
 def abstract_variables(model: Transformer, input_length: int = 8,
