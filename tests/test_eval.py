@@ -45,15 +45,20 @@ def _model():
   return network.Transformer(network.T5Config(**cfg))
 
 
+# The run's two checkpoints (steps): by the second the model writes labels
+# (test_inference_round_trips_through_the_postprocessor checks RTE's).
+FIRST, LAST = 20, 40
+
+
 @pytest.fixture(scope='module')
 def run_dir(tmp_path_factory):
-  """checkpoint_100 and checkpoint_200 of a tiny run on RTE, MNLI and STS-B
+  """checkpoint_20 and checkpoint_40 of a tiny run on RTE, MNLI and STS-B
   (built-in runner): long enough to produce labels, not to be right."""
   model_dir = tmp_path_factory.mktemp('eval') / 'run'
   train_lib.train(
-      _model(), model_dir=str(model_dir), train_steps=200, batch_size=16,
+      _model(), model_dir=str(model_dir), train_steps=LAST, batch_size=16,
       mixture_or_task_name=TRAIN_MIXTURE, task_feature_lengths=LENGTHS,
-      save_period=100, log_period=100,
+      save_period=FIRST, log_period=LAST,
       optimizer=optimizers.make_optimizer(learning_rate=1e-2))
   return model_dir
 
@@ -70,8 +75,8 @@ def evaluated(run_dir):
 
 def test_evaluation_of_a_checkpoint_directory(evaluated, run_dir, capsys):
   summary, out = evaluated
-  assert sorted(summary['steps'], key=int) == ['100', '200']
-  step = summary['steps']['200']
+  assert sorted(summary['steps'], key=int) == [str(FIRST), str(LAST)]
+  step = summary['steps'][str(LAST)]
   assert sorted(step['metrics']) == sorted(EVAL_TASKS)
   assert set(step['metrics']['fixture_glue_stsb']) == {
       'pearson_corrcoef', 'spearman_corrcoef'}
@@ -89,7 +94,8 @@ def test_evaluation_of_a_checkpoint_directory(evaluated, run_dir, capsys):
   # The files: seqio's metrics (as t5x writes them), summary, best, plot.
   for task in EVAL_TASKS:
     lines = (out / 'inference_eval' / f'{task}-metrics.jsonl').read_text()
-    assert [json.loads(l)['step'] for l in lines.splitlines()] == [100, 200]
+    steps = [json.loads(l)['step'] for l in lines.splitlines()]
+    assert steps == [FIRST, LAST]
   assert json.loads((out / 'summary.json').read_text()) == summary
   best = json.loads((out / 'best_per_task.json').read_text())
   assert set(best) == {'tasks', 'averages', 'best_checkpoint'}
@@ -106,12 +112,12 @@ def test_metrics_equal_an_independent_computation_from_predictions(
     evaluated, run_dir, tmp_path):
   summary, _ = evaluated
   written = infer_lib.infer(
-      _model(), checkpoint_path=str(run_dir / 'checkpoint_200'),
+      _model(), checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
       output_dir=str(tmp_path), mixture_or_task_name=MIXTURE,
       task_feature_lengths=LENGTHS, batch_size=32)
   records = {task: [json.loads(l) for l in open(path)]
              for task, path in written.items()}
-  got = summary['steps']['200']['metrics']
+  got = summary['steps'][str(LAST)]['metrics']
   for task in ('fixture_glue_rte', 'fixture_glue_mnli_matched'):
     targets = [r['target_value'] for r in records[task]]
     preds = [r['prediction_value'] for r in records[task]]
@@ -130,12 +136,12 @@ def test_metrics_equal_an_independent_computation_from_predictions(
 
 def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
   written = infer_lib.infer(
-      _model(), checkpoint_path=str(run_dir / 'checkpoint_100'),
+      _model(), checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
       output_dir=str(tmp_path), mixture_or_task_name='fixture_glue_rte',
       task_feature_lengths=LENGTHS, batch_size=16, num_examples=20)
   assert list(written) == ['fixture_glue_rte']
   assert os.path.basename(written['fixture_glue_rte']) == (
-      'fixture_glue_rte-100.jsonl')
+      f'fixture_glue_rte-{LAST}.jsonl')
   records = [json.loads(l) for l in open(written['fixture_glue_rte'])]
   assert len(records) == 20
   raw = [json.loads(l) for l in open(os.path.join(
@@ -150,6 +156,8 @@ def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
     assert record['target_value'] == example['label']
     assert record['prediction_value'] == (
         postprocessors.string_label_to_class_id(record['prediction'], labels))
+  # The run is long enough to write labels (the fixture's promise).
+  assert all(r['prediction'] in labels for r in records)
 
 
 # ------------------------------------------------------- summaries by hand --
@@ -257,18 +265,19 @@ def test_an_unreadable_checkpoint_is_skipped_and_reported(run_dir, tmp_path):
   """A damaged checkpoint (its array files cut short) among good ones: the
   good one is still evaluated and summarised, the bad one listed."""
   checkpoints = tmp_path / 'run'
-  shutil.copytree(run_dir / 'checkpoint_100', checkpoints / 'checkpoint_100')
-  shutil.copytree(run_dir / 'checkpoint_200', checkpoints / 'checkpoint_200')
-  for p in (checkpoints / 'checkpoint_200' / 'state').rglob('*'):
+  for step in (FIRST, LAST):
+    shutil.copytree(run_dir / f'checkpoint_{step}',
+                    checkpoints / f'checkpoint_{step}')
+  for p in (checkpoints / f'checkpoint_{LAST}' / 'state').rglob('*'):
     if p.is_file() and p.parent.name == 'd':
       os.truncate(p, p.stat().st_size // 2)
   summary = _evaluate(tmp_path, checkpoint_path=str(checkpoints),
                       mixture_or_task_name='fixture_glue_rte')
-  assert list(summary['steps']) == ['100']
-  assert list(summary['unreadable_checkpoints']) == ['200']
+  assert list(summary['steps']) == [str(FIRST)]
+  assert list(summary['unreadable_checkpoints']) == [str(LAST)]
   written = json.loads((tmp_path / 'out' / 'summary.json').read_text())
   assert written['unreadable_checkpoints'] == summary['unreadable_checkpoints']
-  assert 'fixture_glue_rte' in written['steps']['100']['metrics']
+  assert 'fixture_glue_rte' in written['steps'][str(FIRST)]['metrics']
 
 
 def test_a_checkpoint_deleted_while_eval_runs_is_not_unreadable(
@@ -276,19 +285,20 @@ def test_a_checkpoint_deleted_while_eval_runs_is_not_unreadable(
   """A training run beside eval removes its old checkpoints (its
   KEEP_CHECKPOINTS): skipped with a warning, not reported as damaged."""
   checkpoints = tmp_path / 'run'
-  shutil.copytree(run_dir / 'checkpoint_100', checkpoints / 'checkpoint_100')
-  shutil.copytree(run_dir / 'checkpoint_200', checkpoints / 'checkpoint_200')
+  for step in (FIRST, LAST):
+    shutil.copytree(run_dir / f'checkpoint_{step}',
+                    checkpoints / f'checkpoint_{step}')
   restore = eval_lib.checkpoints.restore_params
 
-  def restore_after_the_trainer_deleted_200(path, *args, **kwargs):
-    shutil.rmtree(checkpoints / 'checkpoint_200', ignore_errors=True)
+  def restore_after_the_trainer_deleted_the_last(path, *args, **kwargs):
+    shutil.rmtree(checkpoints / f'checkpoint_{LAST}', ignore_errors=True)
     return restore(path, *args, **kwargs)
 
   monkeypatch.setattr(eval_lib.checkpoints, 'restore_params',
-                      restore_after_the_trainer_deleted_200)
+                      restore_after_the_trainer_deleted_the_last)
   summary = _evaluate(tmp_path, checkpoint_path=str(checkpoints),
                       mixture_or_task_name='fixture_glue_rte')
-  assert list(summary['steps']) == ['100']
+  assert list(summary['steps']) == [str(FIRST)]
   assert 'unreadable_checkpoints' not in summary
 
 
@@ -327,7 +337,8 @@ def test_unwritable_output_dir_is_a_clear_error(run_dir, tmp_path):
     _evaluate(tmp_path, checkpoint_path=str(run_dir),
               eval_output_dir=str(blocker / 'out'))
   with pytest.raises(ValueError, match='INFER_OUTPUT_DIR .* is not writable'):
-    infer_lib.infer(_model(), checkpoint_path=str(run_dir / 'checkpoint_100'),
+    infer_lib.infer(_model(),
+                    checkpoint_path=str(run_dir / f'checkpoint_{FIRST}'),
                     output_dir=str(blocker / 'out'),
                     mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS)
 
@@ -393,7 +404,7 @@ def test_several_runs_in_one_command(run_dir, tmp_path):
   """Two runs (here copies of one, with a checkpoint each) evaluated in one
   call: each run's files in its folder, the aggregate above them."""
   runs = []
-  for name, step in (('seed0', 100), ('seed1', 200)):
+  for name, step in (('seed0', FIRST), ('seed1', LAST)):
     shutil.copytree(run_dir / f'checkpoint_{step}',
                     tmp_path / name / f'checkpoint_{step}')
     runs.append(str(tmp_path / name))
@@ -403,8 +414,8 @@ def test_several_runs_in_one_command(run_dir, tmp_path):
   out = tmp_path / 'out'
   per_run = {name: json.loads((out / name / 'summary.json').read_text())
              for name in ('seed0', 'seed1')}
-  assert per_run['seed0']['selection']['step'] == 100
-  assert per_run['seed1']['selection']['step'] == 200
+  assert per_run['seed0']['selection']['step'] == FIRST
+  assert per_run['seed1']['selection']['step'] == LAST
   rte = [per_run[n]['selection']['tasks']['glue_rte']['score']
          for n in ('seed0', 'seed1')]
   stats = summary['aggregate']['tasks']['glue_rte']

@@ -51,6 +51,18 @@ def _params(model, seed=0):
       task_ids=batch['task_ids']))(jax.random.PRNGKey(seed))['params']
 
 
+_PROBE_STEPS = {}
+
+
+def _probe_step(model):
+  """`probe.make_probe_step(model)`, made once per configuration: tests of
+  one model share its compiled step (their parameters differ, not the
+  program)."""
+  if model.config not in _PROBE_STEPS:
+    _PROBE_STEPS[model.config] = probe.make_probe_step(model)
+  return _PROBE_STEPS[model.config]
+
+
 def _entropy(p):
   p = np.asarray(p, np.float64)
   return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), -1)
@@ -84,7 +96,7 @@ def test_encoder_statistics_equal_a_numpy_attention():
   numpy_hyperprompt)."""
   model = _model(hyperprompt=HP)
   params = _params(model)
-  out = jax.device_get(probe.make_probe_step(model)(params, _batch()))
+  out = jax.device_get(_probe_step(model)(params, _batch()))
   p = conftest.flat(params)
   prompts = numpy_hyperprompt.stack_prompts(p, 'encoder', 'global', 2, 2)
   per_example = []
@@ -128,7 +140,7 @@ def test_prompt_columns_far_above_the_tokens_take_all_the_mass():
   renormalised token distribution is even over the real tokens."""
   model = _model(hyperprompt=HP)
   params = _hand_set(_params(model), -30.0)
-  out = jax.device_get(probe.make_probe_step(model)(params, _batch()))
+  out = jax.device_get(_probe_step(model)(params, _batch()))
   for stack, l in (('encoder', 4), ('decoder', 2)):
     count = out['counts'][stack]
     for task in (1, 3):
@@ -153,7 +165,7 @@ def test_prompt_columns_far_above_the_tokens_take_all_the_mass():
 def test_mtl_has_entropy_and_no_mass():
   model = _model()
   params = _hand_set(_params(model), 0.0)
-  out = jax.device_get(probe.make_probe_step(model)(params, _batch()))
+  out = jax.device_get(_probe_step(model)(params, _batch()))
   enc = out['encoder']
   np.testing.assert_allclose(enc['prompt_mass'], 0.0)
   np.testing.assert_allclose(enc['entropy'][:, 1] / 6, math.log(6),
@@ -167,7 +179,7 @@ def test_prompt_tuning_mass_is_on_the_soft_prompt_positions():
   model = _model(prompt_tuning=prompt_tuning.PromptTuningConfig(
       prompt_length=3))
   params = _hand_set(_params(model), 0.0)
-  out = jax.device_get(probe.make_probe_step(model)(params, _batch()))
+  out = jax.device_get(_probe_step(model)(params, _batch()))
   for stack in ('encoder', 'cross'):
     count = out['counts'][stack]
     np.testing.assert_allclose(out[stack]['prompt_mass'][:, 1] / count[1],
@@ -186,11 +198,13 @@ def test_the_probe_changes_nothing_when_off():
   b = _batch()
   args = (b['encoder_input_tokens'], b['decoder_input_tokens'],
           b['decoder_target_tokens'])
-  plain = model.apply({'params': params}, *args, task_ids=TASKS,
-                      enable_dropout=False)
-  probed, state = model.apply({'params': params}, *args, task_ids=TASKS,
-                              enable_dropout=False,
-                              mutable=[layers.PROBE_COLLECTION])
+  # Compiled, as every runner calls the model (and in a fraction of the
+  # time of op-by-op dispatch).
+  plain = jax.jit(lambda p: model.apply(
+      {'params': p}, *args, task_ids=TASKS, enable_dropout=False))(params)
+  probed, state = jax.jit(lambda p: model.apply(
+      {'params': p}, *args, task_ids=TASKS, enable_dropout=False,
+      mutable=[layers.PROBE_COLLECTION]))(params)
   np.testing.assert_array_equal(plain, probed)
   assert state[layers.PROBE_COLLECTION]
 

@@ -321,12 +321,16 @@ def test_tensorboard_has_per_task_curves_and_scores(runs):
 def test_quickstart_run_writes_per_task_curves(tmp_path):
   """The quickstart's own gin (two steps, no evaluation: the run above
   has the evaluation curves): each task trained on has its loss and
-  accuracy curves, named as the run's task list names it."""
+  accuracy curves, named as the run's task list (all 16 tasks) names it.
+  Trained on GLUE's 8 tasks with BATCH_SIZE=4, as test_train.py's runs of
+  the quickstart: the input pipeline in half the time of the 16 tasks',
+  and the same step program as theirs."""
   gin.clear_config()
   try:
     gin_utils.parse_gin(['runs/quickstart.gin'], [
-        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=16',
-        'LOG_PERIOD=1', 'EVAL_PERIOD=None'])
+        f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=4',
+        'LOG_PERIOD=1', 'EVAL_PERIOD=None',
+        "MIXTURE_OR_TASK_NAME='fixture_glue_proportional'"])
     train_lib.train()
     names = task_ids.run_task_list()
   finally:
