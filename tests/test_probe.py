@@ -10,7 +10,6 @@ from flax import traverse_util
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import pytest
 
 from hyperprompt_jax.evaluation import probe
 from hyperprompt_jax.methods import hyperprompt
