@@ -25,13 +25,23 @@ LENGTHS = {'inputs': 64, 'targets': 8}
 @pytest.fixture(scope='module')
 def model():
   """Tiny HyperPrompt-Global over the 8 fixture GLUE task ids (each row's
-  prompts are its task's: the parts must keep rows and ids together)."""
+  prompts are its task's: the parts must keep rows and ids together), one
+  encoder and one decoder layer (the parts split rows, not layers)."""
   return network.Transformer(dataclasses.replace(
-      conftest.T5X_TINY_CONFIG, num_tasks=8,
+      conftest.T5X_TINY_CONFIG, num_tasks=8, num_encoder_layers=1,
+      num_decoder_layers=1,
       hyperprompt=hyperprompt.HyperPromptConfig(
           variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
           hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
           layer_task_embed_dim=8)))
+
+
+@pytest.fixture(scope='module')
+def params(model):
+  """The trainer's fresh parameters (seed 0), initialised once (numpy)."""
+  return jax.device_get(jax.jit(lambda r: network.init_variables(
+      model, r, LENGTHS['inputs'], LENGTHS['targets'])['params'])(
+          jax.random.PRNGKey(0)))
 
 
 def _unpacked_batch(rng):
@@ -58,12 +68,12 @@ def batches():
           True: [input_pipeline.as_numpy(next(packed)) for _ in range(2)]}
 
 
-def _steps(model, batches, num_microbatches):
+def _steps(model, params, batches, num_microbatches):
   trainer = trainer_lib.Trainer(
       model, optimizers.make_optimizer(learning_rate=1e-2),
       partitioning.create_mesh(-1, 1), LENGTHS, z_loss=1e-4, seed=0,
       num_microbatches=num_microbatches)
-  state = trainer.new_state(trainer.fresh_params())
+  state = trainer.new_state(jax.device_put(params, trainer.param_shardings))
   losses_seen = []
   for batch in batches:
     state, terms = trainer.step(state, trainer.global_batch(batch))
@@ -72,14 +82,12 @@ def _steps(model, batches, num_microbatches):
 
 
 @pytest.mark.parametrize('packed', [False, True], ids=['unpacked', 'packed'])
-def test_microbatched_grads_are_the_one_batch_grads(model, batches, packed):
+def test_microbatched_grads_are_the_one_batch_grads(model, params, batches,
+                                                    packed):
   """`microbatched_grads` in 2 and 4 parts against `jax.grad` of the whole
   batch's loss (normalised over all its real target tokens): the loss, the
   accuracy and every gradient, float32, rel <= 1e-5."""
   batch = jax.tree.map(np.asarray, batches[packed][0])
-  params = jax.jit(lambda r: network.init_variables(
-      model, r, LENGTHS['inputs'], LENGTHS['targets'])['params'])(
-          jax.random.PRNGKey(0))
   rng = jax.random.PRNGKey(3)
   (loss, terms), grads = jax.jit(jax.value_and_grad(
       lambda p: trainer_lib.loss_fn(model, p, batch, rng, 1e-4),
@@ -103,13 +111,14 @@ def test_microbatched_grads_are_the_one_batch_grads(model, batches, packed):
 
 @pytest.mark.parametrize('packed, n', [(False, 2), (True, 4)],
                          ids=['unpacked', 'packed'])
-def test_microbatched_steps_are_the_one_batch_steps(model, batches, packed, n):
+def test_microbatched_steps_are_the_one_batch_steps(model, params, batches,
+                                                    packed, n):
   """Two optimizer steps with NUM_MICROBATCHES = n give the parameters of
   two one-batch steps (Adafactor's update of the same gradient), rel <=
   1e-5, and the same logged losses. (2 and 4 parts each, packed and
   unpacked: the gradients' test above.)"""
-  want, want_losses = _steps(model, batches[packed], None)
-  got, got_losses = _steps(model, batches[packed], n)
+  want, want_losses = _steps(model, params, batches[packed], None)
+  got, got_losses = _steps(model, params, batches[packed], n)
   np.testing.assert_allclose(got_losses, want_losses, rtol=1e-5)
   for k in want:
     err = np.linalg.norm(got[k] - want[k]) / np.linalg.norm(want[k])

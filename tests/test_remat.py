@@ -31,8 +31,11 @@ VARIANTS = {
 
 
 def _model(variant, policy, dropout_rate=0.0):
+  """One encoder and one decoder layer, each rematerialised under `policy`
+  (the encoder's output, recomputed in the backward, feeds the decoder's)."""
   return network.Transformer(dataclasses.replace(
       conftest.T5X_TINY_CONFIG, num_tasks=test_packing.TASKS,
+      num_encoder_layers=1, num_decoder_layers=1,
       dropout_rate=dropout_rate, remat_policy=policy, **VARIANTS[variant]))
 
 
@@ -45,6 +48,24 @@ def _batch():
       decoder_input_tokens=conftest.decoder_inputs(targets),
       decoder_target_tokens=targets,
       task_ids=np.array([0, 2, 1, 2], np.int32))
+
+
+def _random_params(abstract):
+  """Parameters of the shapes of `abstract`, drawn in numpy (nothing to
+  compile), non-zero everywhere: norms' scales near 1, other vectors near
+  0, each matrix's entries at 1 / sqrt(the product of its leading axes)."""
+  rng = np.random.default_rng(0)
+  out = {}
+  for path, a in traverse_util.flatten_dict(abstract, sep='/').items():
+    draw = rng.normal(size=a.shape)
+    if len(a.shape) >= 2:
+      draw /= np.sqrt(np.prod(a.shape[:-1]))
+    elif path.endswith('scale'):
+      draw = 1.0 + 0.1 * draw
+    else:
+      draw *= 0.1
+    out[path] = draw.astype(a.dtype)
+  return traverse_util.unflatten_dict(out, sep='/')
 
 
 def _grads(model, params, batch, dropout):
@@ -65,25 +86,26 @@ def _grads(model, params, batch, dropout):
 @pytest.mark.parametrize('variant', sorted(VARIANTS))
 def test_remat_keeps_parameters_and_gradients(variant):
   """Under 'minimal' and 'full', the parameter tree (paths, shapes) is the
-  plain model's, and from the same parameters the gradients are the plain
-  model's (float32, rel <= 1e-6), dropout on (the same masks: the
-  recomputed layer draws what the first pass drew)."""
+  plain model's, and from the same parameters (random, non-zero
+  everywhere) the gradients are the plain model's (float32, rel <= 1e-6),
+  dropout on (the same masks: the recomputed layer draws what the first
+  pass drew)."""
   batch = _batch()
+
+  def abstract_params(model):
+    return jax.eval_shape(lambda: model.init(
+        jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+        task_ids=batch['task_ids'], enable_dropout=False)['params'])
+
   plain = _model(variant, 'none', dropout_rate=0.1)
-  params = jax.jit(lambda: plain.init(
-      jax.random.PRNGKey(0), batch['encoder_input_tokens'],
-      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-      task_ids=batch['task_ids'], enable_dropout=False)['params'])()
+  params = _random_params(abstract_params(plain))
   shapes = {k: v.shape for k, v in conftest.flat(params).items()}
   want = _grads(plain, params, batch, dropout=True)
   for policy in POLICIES:
     model = _model(variant, policy, dropout_rate=0.1)
-    abstract = jax.eval_shape(lambda m=model: m.init(
-        jax.random.PRNGKey(0), batch['encoder_input_tokens'],
-        batch['decoder_input_tokens'], batch['decoder_target_tokens'],
-        task_ids=batch['task_ids'], enable_dropout=False)['params'])
     assert {k: v.shape for k, v in traverse_util.flatten_dict(
-        abstract, sep='/').items()} == shapes, policy
+        abstract_params(model), sep='/').items()} == shapes, policy
     got = _grads(model, params, batch, dropout=True)
     for k in want:
       err = np.linalg.norm(got[k] - want[k]) / max(
@@ -114,7 +136,8 @@ def test_an_unknown_remat_policy_is_named():
 def test_saved_activations_shrink_with_the_remat_policy_and_the_part():
   """What the backward keeps (`timing.saved_activation_bytes`): 'full'
   keeps each layer's inputs only, far less than 'minimal' (the matmul
-  outputs too), itself less than 'none'; half the rows keep half."""
+  outputs too), itself less than 'none'; half the rows keep half. (Sizes
+  depend on shapes only: the parameters are abstract.)"""
   base = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4,
                           head_dim=8, mlp_dim=64, num_encoder_layers=2,
                           num_decoder_layers=2, num_tasks=4)
@@ -123,12 +146,12 @@ def test_saved_activations_shrink_with_the_remat_policy_and_the_part():
   for policy in network.REMAT_POLICIES:
     model = network.Transformer(dataclasses.replace(base,
                                                     remat_policy=policy))
-    params = timing.fresh_params(model, 16, 8)
+    params = network.abstract_variables(model, 16, 8)['params']  # shapes
     saved[policy] = timing.saved_activation_bytes(model, params, batch)
   assert saved['full'] < saved['minimal'] < saved['none']
   assert saved['full'] * 2 < saved['none']
   half = {k: v[::2] for k, v in batch.items()}
   model = network.Transformer(base)
-  params = timing.fresh_params(model, 16, 8)
+  params = network.abstract_variables(model, 16, 8)['params']
   assert timing.saved_activation_bytes(model, params, half) == pytest.approx(
       saved['none'] / 2, rel=0.05)
