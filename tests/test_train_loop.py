@@ -323,8 +323,9 @@ def test_quickstart_run_writes_per_task_curves(tmp_path):
   has the evaluation curves): each task trained on has its loss and
   accuracy curves, named as the run's task list (all 16 tasks) names it.
   Trained on GLUE's 8 tasks with BATCH_SIZE=4, as test_train.py's runs of
-  the quickstart: the input pipeline in half the time of the 16 tasks',
-  and the same step program as theirs."""
+  the quickstart: the input pipeline in half the time of the 16 tasks'
+  (whether the session's compilation cache also serves their step to this
+  process is not checked)."""
   gin.clear_config()
   try:
     gin_utils.parse_gin(['runs/quickstart.gin'], [
