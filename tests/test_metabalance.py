@@ -144,14 +144,23 @@ TASKS = ('glue_cola', 'glue_sst2', 'glue_mrpc', 'glue_stsb', 'glue_qqp',
 ROW_TASKS = np.array([7, 0, 1, 7, 0, 1], np.int32)
 
 
+def _model():
+  """HyperPrompt-Global (task-conditioned and shared parameters) on one
+  encoder and one decoder layer: how MetaBalance treats a parameter does
+  not depend on the depth."""
+  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
+  cfg.update(num_tasks=8, num_encoder_layers=1, num_decoder_layers=1,
+             hyperprompt=hyperprompt.HyperPromptConfig(
+                 variant='global', encoder_prompt_length=4,
+                 decoder_prompt_length=2, hypernet_reduction=8,
+                 task_embed_dim=8, task_hidden_dim=16,
+                 layer_task_embed_dim=8))
+  return network.Transformer(network.T5Config(**cfg))
+
+
 @pytest.fixture(scope='module')
 def global_model_and_batch():
-  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-      layer_task_embed_dim=8))
-  model = network.Transformer(network.T5Config(**cfg))
+  model = _model()
   rng = np.random.default_rng(0)
   targets = conftest.random_tokens(rng, (6, 5), pad_from=[5, 3, 4, 2, 5, 4])
   batch = {
@@ -334,13 +343,7 @@ def _train(model_dir, steps, **overrides):
       metabalance_settings=metabalance.Settings(
           target_task='fixture_glue_rte', beta=0.5))
   kwargs.update(overrides)
-  cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-      layer_task_embed_dim=8))
-  return train_lib.train(network.Transformer(network.T5Config(**cfg)),
-                         **kwargs)
+  return train_lib.train(_model(), **kwargs)
 
 
 def test_a_resumed_run_reaches_the_uninterrupted_parameters(tmp_path):
