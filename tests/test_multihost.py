@@ -315,13 +315,14 @@ def test_a_held_lock_is_refused_by_every_process_with_one_message(tmp_path):
 def test_a_killed_process_ends_the_other_and_a_restart_resumes_exactly(
     two_process_run, tmp_path):
   """SIGKILL of process 1 while the run resumes: process 0 exits non-zero
-  within 60 s, naming the lost process; run again, it resumes from
-  checkpoint_2 and ends with the uninterrupted run's parameters, bit for
-  bit."""
+  once the lost process's heartbeats are missed (here after 10 s, not the
+  default 30 s), naming it; run again, it resumes from checkpoint_2 and
+  ends with the uninterrupted run's parameters, bit for bit."""
   two_process_run, _ = two_process_run
   run = _copy_run(two_process_run, tmp_path / 'run', keep_step=2)
-  procs = multiprocess.start(TRAIN, QUICK + [_model_dir(run)],
-                             tmp_path / 'logs', name='killed')
+  procs = multiprocess.start(
+      TRAIN, QUICK + [_model_dir(run), '--heartbeat_timeout_seconds=10'],
+      tmp_path / 'logs', name='killed')
   deadline = time.time() + 120
   while 'Resuming from' not in procs[1].output():
     assert procs[1].popen.poll() is None, multiprocess.outputs(procs)

@@ -37,8 +37,9 @@ log = logging.getLogger('hyperprompt_jax')
 
 # A process that sends no heartbeat for this long is lost, and JAX's
 # distributed service then ends every process (JAX's default is 100 s). A
-# process killed outright is noticed at once (its connection closes); this
-# bounds the case of a host that vanishes without closing it.
+# killed process or a vanished host is noticed this way (on localhost, a
+# SIGKILLed peer was reported 29 s after the kill), so this is how long the
+# other hosts of a broken run wait before they exit.
 HEARTBEAT_TIMEOUT_S = 30
 
 ENV_COORDINATOR = 'JAX_COORDINATOR_ADDRESS'  # read by JAX itself too
