@@ -216,3 +216,17 @@ def test_relative_position_forms_agree_value_and_gradient(bidirectional):
   for a, b in zip(jax.tree.leaves(out['gather'][1]),
                   jax.tree.leaves(out['one_hot'][1])):
     np.testing.assert_array_equal(a, b)
+
+
+def test_abstract_variables_are_the_initialised_shapes_each_caller_its_own():
+  """The shapes of a real initialisation, for an equal configuration built
+  anew too; a caller that edits its copy changes no later caller's."""
+  cfg = dataclasses.replace(CFG, num_tasks=3)
+  real = jax.tree.map(lambda x: (x.shape, x.dtype), network.init_variables(
+      network.Transformer(cfg), jax.random.PRNGKey(0))['params'])
+  first = network.abstract_variables(network.Transformer(cfg))
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), first['params']) == real
+  first['params'].clear()
+  again = network.abstract_variables(
+      network.Transformer(dataclasses.replace(CFG, num_tasks=3)))
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), again['params']) == real

@@ -550,7 +550,25 @@ def init_variables(model: Transformer, rng: Array, input_length: int = 8,
 
 def abstract_variables(model: Transformer, input_length: int = 8,
                        target_length: int = 4):
-  """Shapes and dtypes of `init_variables`, without allocating anything."""
+  """Shapes and dtypes of `init_variables`, without allocating anything.
+
+  Tracing the initialisation takes as long as tracing a forward pass, and a
+  run asks for these shapes several times (its trainer, predictor, task
+  axes, checkpoint checks), so they are computed once per configuration;
+  each caller gets its own copy of the containers.
+  """
+  try:
+    cached = _abstract_variables(model, input_length, target_length)
+  except TypeError:  # a configuration holding something unhashable
+    cached = _abstract_variables.__wrapped__(model, input_length,
+                                             target_length)
+  return jax.tree.map(lambda x: x, cached)
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract_variables(model: Transformer, input_length: int,
+                        target_length: int):
+  # Keyed by the module, which compares (and hashes) by its configuration.
   return jax.eval_shape(lambda: init_variables(
       model, jax.random.PRNGKey(0), input_length, target_length))
 

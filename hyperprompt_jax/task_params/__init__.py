@@ -73,12 +73,6 @@ def task_axes(model: network.Transformer) -> dict[str, int]:
           for path, axes in names.items() if TASK_AXIS in tuple(axes)}
 
 
-def abstract_flat(model: network.Transformer) -> dict[str, Any]:
-  """`{'/'-path: ShapeDtypeStruct}` of the model's parameters."""
-  return traverse_util.flatten_dict(
-      network.abstract_variables(model)['params'], sep='/')
-
-
 def task_conditioned(flat: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in flat.items() if param_groups.is_task_conditioned(k)}
 
