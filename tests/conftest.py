@@ -16,8 +16,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 FAST_COMPILE = ('--xla_backend_optimization_level=0',
                 '--xla_cpu_use_fusion_emitters=false')
 _flags = os.environ.get('XLA_FLAGS', '').split()
+_set = {f.split('=')[0] for f in _flags}  # a developer's own setting wins
 os.environ['XLA_FLAGS'] = ' '.join(
-    _flags + [f for f in FAST_COMPILE if f not in _flags])
+    _flags + [f for f in FAST_COMPILE if f.split('=')[0] not in _set])
 
 # One persistent compilation cache for the test session, made by the first
 # process (pytest, or xdist's controller) and inherited by its workers and by
