@@ -558,17 +558,16 @@ def abstract_variables(model: Transformer, input_length: int = 8,
   each caller gets its own copy of the containers.
   """
   try:
-    cached = _abstract_variables(model, input_length, target_length)
+    hash(model)  # the module hashes (and compares) by its configuration
   except TypeError:  # a configuration holding something unhashable
-    cached = _abstract_variables.__wrapped__(model, input_length,
-                                             target_length)
-  return jax.tree.map(lambda x: x, cached)
+    return _abstract_variables.__wrapped__(model, input_length, target_length)
+  return jax.tree.map(lambda x: x, _abstract_variables(
+      model, input_length, target_length))
 
 
 @functools.lru_cache(maxsize=64)
 def _abstract_variables(model: Transformer, input_length: int,
                         target_length: int):
-  # Keyed by the module, which compares (and hashes) by its configuration.
   return jax.eval_shape(lambda: init_variables(
       model, jax.random.PRNGKey(0), input_length, target_length))
 
