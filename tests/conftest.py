@@ -43,6 +43,7 @@ import jax
 import numpy as np
 import pytest
 
+from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import task_ids
 
@@ -56,6 +57,13 @@ T5X_TINY_CONFIG = network.T5Config(
     num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,
     num_tasks=4,
 )
+
+# HyperPrompt-Global at that size: the conditioned model of the runner,
+# fault, MetaBalance, microbatch and probe tests.
+TINY_GLOBAL_PROMPTS = hyperprompt.HyperPromptConfig(
+    variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+    hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+    layer_task_embed_dim=8)
 
 
 # One hand-made evaluation of every GLUE task (seqio task -> metrics): task

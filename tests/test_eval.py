@@ -16,7 +16,6 @@ from hyperprompt_jax import eval as eval_command
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import infer as infer_lib
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import train as train_lib
@@ -38,10 +37,7 @@ if MIXTURE not in seqio.MixtureRegistry.names():
 
 def _model():
   cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-      layer_task_embed_dim=8))
+  cfg.update(num_tasks=8, hyperprompt=conftest.TINY_GLOBAL_PROMPTS)
   return network.Transformer(network.T5Config(**cfg))
 
 

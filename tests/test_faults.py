@@ -22,7 +22,6 @@ from flax import traverse_util
 from hyperprompt_jax import tasks
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.methods import hypergrid
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import optimizers
@@ -46,10 +45,9 @@ if MIXTURE not in seqio.MixtureRegistry.names():
 
 def _model(encoder_prompt_length=4):
   cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=encoder_prompt_length,
-      decoder_prompt_length=2, hypernet_reduction=8, task_embed_dim=8,
-      task_hidden_dim=16, layer_task_embed_dim=8))
+  cfg.update(num_tasks=8, hyperprompt=dataclasses.replace(
+      conftest.TINY_GLOBAL_PROMPTS,
+      encoder_prompt_length=encoder_prompt_length))
   return network.Transformer(network.T5Config(**cfg))
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import conftest
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches as batch_lib
@@ -30,10 +29,7 @@ def model():
   return network.Transformer(dataclasses.replace(
       conftest.T5X_TINY_CONFIG, num_tasks=8, num_encoder_layers=1,
       num_decoder_layers=1,
-      hyperprompt=hyperprompt.HyperPromptConfig(
-          variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-          hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-          layer_task_embed_dim=8)))
+      hyperprompt=conftest.TINY_GLOBAL_PROMPTS))
 
 
 @pytest.fixture(scope='module')

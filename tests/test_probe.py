@@ -12,7 +12,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from hyperprompt_jax.evaluation import probe
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
@@ -21,10 +20,7 @@ import conftest
 import numpy_hyperprompt
 import numpy_t5
 
-HP = hyperprompt.HyperPromptConfig(
-    variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-    hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-    layer_task_embed_dim=8)
+HP = conftest.TINY_GLOBAL_PROMPTS
 # Two examples of 6 and 4 real input tokens, 3 and 2 real target tokens.
 ENC = np.array([[5, 9, 3, 7, 2, 8], [4, 6, 11, 3, 0, 0]], np.int32)
 TGT = np.array([[3, 4, 1], [6, 1, 0]], np.int32)

@@ -19,7 +19,6 @@ import pytest
 from flax import traverse_util
 
 from hyperprompt_jax.methods import hypergrid
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import initial_checkpoint
@@ -144,10 +143,7 @@ def test_killed_and_terminated_runs_resume_to_the_uninterrupted_parameters(
 
 def _global_tiny_config(**overrides):
   cfg = dict(vars(conftest.T5X_TINY_CONFIG))
-  cfg.update(num_tasks=16, hyperprompt=hyperprompt.HyperPromptConfig(
-      variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
-      hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
-      layer_task_embed_dim=8))
+  cfg.update(num_tasks=16, hyperprompt=conftest.TINY_GLOBAL_PROMPTS)
   cfg.update(overrides)
   return network.T5Config(**cfg)
 
