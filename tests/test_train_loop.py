@@ -6,6 +6,7 @@ a stop during an evaluation, and the TensorBoard curves."""
 import json
 import math
 import os
+import shutil
 import signal
 
 import gin
@@ -316,6 +317,80 @@ def test_tensorboard_has_per_task_curves_and_scores(runs):
   assert sorted(scalars['eval/glue_rte']) == [2, 4, 6]
   assert sorted(scalars['loss/glue_rte']) == list(range(1, 7))
   assert all(0 < v <= 1 for v in scalars['examples_per_row'].values())
+
+
+# ------------------------------ resumes older than the run's evaluations --
+
+def _score_lines(model_dir) -> dict[int, dict]:
+  with open(model_dir / during_training.SCORES_FILE) as f:
+    return {line['step']: line for line in map(json.loads, f)}
+
+
+def _metric_steps(model_dir) -> dict[str, list[int]]:
+  """`{task: [step of each line]}` of seqio's metric files in MODEL_DIR."""
+  directory = model_dir / eval_lib.METRICS_SUBDIR
+  return {name: [json.loads(line)['step'] for line in open(directory / name)]
+          for name in sorted(os.listdir(directory))}
+
+
+def _cut_short(checkpoint):
+  """A copy cut short: every file of the saved state emptied."""
+  for path in (checkpoint / 'state').rglob('*'):
+    if path.is_file():
+      path.write_bytes(b'')
+
+
+@pytest.fixture(scope='module')
+def evaluated_late(tmp_path_factory):
+  """A 6-step run saving at 2, 4, 6 and evaluating at 4 and 6: its
+  directory, final parameters and score lines."""
+  model_dir = tmp_path_factory.mktemp('late') / 'run'
+  result = train_lib.train(_model(), **_kwargs(
+      model_dir, eval_period=4, keep_checkpoints=3, keep_best_by=None))
+  return model_dir, _params(result), _score_lines(model_dir)
+
+
+@pytest.mark.parametrize('removed, damaged, resumed_from', [
+    ((4, 6), (), 2),   # plain removals: older than every evaluation
+    ((4,), (6,), 2),   # the newest cut short, falling back past 4 and 6
+    ((6,), (), 4),     # between the two evaluations
+])
+def test_a_resume_before_evaluations_drops_them_and_ends_as_the_run(
+    evaluated_late, tmp_path, caplog, removed, damaged, resumed_from):
+  """A resume to a checkpoint older than some or all of the run's
+  evaluations starts (no score line left is a valid state), trains to the
+  uninterrupted run's parameters bit for bit, and leaves the evaluations at
+  or before its checkpoint plus those it made, each once."""
+  source, want, lines = evaluated_late
+  model_dir = tmp_path / 'run'
+  shutil.copytree(source, model_dir)
+  for step in removed:
+    shutil.rmtree(model_dir / f'checkpoint_{step}')
+  for step in damaged:
+    _cut_short(model_dir / f'checkpoint_{step}')
+  with caplog.at_level('INFO'):
+    result = train_lib.train(_model(), **_kwargs(
+        model_dir, eval_period=4, keep_checkpoints=3, keep_best_by=None))
+  log = '\n'.join(r.getMessage() for r in caplog.records)
+  assert f'Resuming from {model_dir}/checkpoint_{resumed_from}' in log, log
+  for step in damaged:
+    assert f'checkpoint_{step} cannot be restored' in log, log
+    assert (model_dir / 'unreadable' / f'checkpoint_{step}').is_dir()
+  assert result['step'] == 6
+  got = _params(result)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  after = _score_lines(model_dir)
+  assert sorted(after) == [4, 6]
+  for step in (4, 6):
+    assert after[step]['task_scores'] == lines[step]['task_scores']
+    assert after[step]['metrics'] == lines[step]['metrics']
+  if resumed_from == 4:  # kept as written, not evaluated again
+    assert after[4] == lines[4]
+  metric_steps = _metric_steps(model_dir)
+  assert len(metric_steps) == 2, metric_steps  # RTE and STS-B
+  assert all(steps == [4, 6] for steps in metric_steps.values()), metric_steps
+  assert not list(model_dir.rglob('*.tmp'))
 
 
 def test_quickstart_run_writes_per_task_curves(tmp_path):

@@ -63,6 +63,7 @@ from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
 
@@ -533,12 +534,7 @@ def _percent(x: Optional[float]) -> str:
 
 
 def _write_json(path: str, report: dict) -> None:
-  folder = os.path.dirname(path)
-  if folder:
-    os.makedirs(folder, exist_ok=True)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(report, f, indent=1)
-  os.replace(path + '.tmp', path)
+  files.write_atomically(path, json.dumps(report, indent=1))
 
 
 def format_report(report: dict) -> str:

@@ -40,6 +40,7 @@ from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.tasks import feature_converter
@@ -253,11 +254,10 @@ class TrainingEvaluator:
     return line
 
   def _write_all(self) -> None:
-    # Written aside and renamed (GCS cannot append); a few lines a run.
-    with tf.io.gfile.GFile(self.path + '.tmp', 'w') as f:
-      for step in sorted(self.scores):
-        f.write(json.dumps(self.scores[step]) + '\n')
-    tf.io.gfile.rename(self.path + '.tmp', self.path, overwrite=True)
+    # Rewritten whole (GCS cannot append): a few lines a run, and none at
+    # all after a resume before the first evaluation.
+    files.write_atomically(self.path, ''.join(
+        json.dumps(self.scores[step]) + '\n' for step in sorted(self.scores)))
 
   def close(self) -> None:
     self.evaluator.close()

@@ -24,6 +24,7 @@ from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
@@ -292,9 +293,7 @@ def compare_with_paper(summary: Mapping[str, Any], setup: str,
   comparison = paper_results.compare(scores_, averages, setup)
   print(paper_results.compare_table(comparison))
   path = os.path.join(output_dir, 'compare_to_paper.json')
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    json.dump(comparison, f, indent=1)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  files.write_atomically(path, json.dumps(comparison, indent=1))
   paper_results.plot_compare(
       comparison, os.path.join(output_dir, paper_results.PLOT_FILE))
   return comparison
@@ -400,10 +399,8 @@ def drop_step(metrics_file: str, step: int) -> None:
   kept = [line for line in lines if _line_step(line) != step]
   if len(kept) == len(lines):
     return
-  # Written aside and renamed, as seqio writes it (GCS cannot append).
-  with tf.io.gfile.GFile(metrics_file + '.tmp', 'w') as f:
-    f.write(''.join(kept))
-  tf.io.gfile.rename(metrics_file + '.tmp', metrics_file, overwrite=True)
+  # Rewritten whole, as seqio writes it (GCS cannot append).
+  files.write_atomically(metrics_file, ''.join(kept))
 
 
 def _line_step(line: str) -> Optional[int]:

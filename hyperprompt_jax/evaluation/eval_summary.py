@@ -71,6 +71,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
 
@@ -337,11 +338,7 @@ def read_metrics_dir(metrics_dir: str) -> dict[int, dict[str, dict]]:
 
 
 def _write_json(content: Any, path: str) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  # Written whole and renamed, so a reader never sees half a file.
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    json.dump(content, f, indent=1, sort_keys=True)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  files.write_atomically(path, json.dumps(content, indent=1, sort_keys=True))
 
 
 def write(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
@@ -157,11 +158,9 @@ def infer(
     written[task.name] = path
     if not multihost.is_writer():
       continue
-    with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-      for record in records:
-        f.write(json.dumps(record, cls=seqio.loggers.TensorAndNumpyEncoder)
-                + '\n')
-    tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+    files.write_atomically(path, ''.join(
+        json.dumps(record, cls=seqio.loggers.TensorAndNumpyEncoder) + '\n'
+        for record in records))
     log.info('%s: %d predictions -> %s', task.name, len(records), path)
   return written
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
@@ -173,9 +174,7 @@ def write_files(
     name, content, invalid = format_file(file_task(task.name), records)
     path = os.path.join(output_dir, name)
     if multihost.is_writer():
-      with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-        f.write(content)
-      tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+      files.write_atomically(path, content)
     summary['files'][name] = {'task': task.name, 'examples': len(records),
                               'invalid_predictions_replaced': invalid}
     log.info('%s: %d examples -> %s%s', task.name, len(records), path,
@@ -187,9 +186,7 @@ def write_files(
   if not multihost.is_writer():
     return summary
   path = os.path.join(output_dir, SUMMARY_FILE)
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    json.dump(summary, f, indent=1)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  files.write_atomically(path, json.dumps(summary, indent=1))
   for bench, missing in summary['missing'].items():
     if missing:
       log.info('Not written for %s (no such task in the mixture): %s.', bench,

@@ -25,6 +25,7 @@ from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
@@ -245,9 +246,7 @@ def probe(
     return summary
   tf.io.gfile.makedirs(output_dir)
   path = os.path.join(output_dir, PROBE_FILE)
-  with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-    json.dump(summary, f, indent=1)
-  tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
+  files.write_atomically(path, json.dumps(summary, indent=1))
   written = [path] + [plot(summary, stack, output_dir) for stack in STACKS]
   log.info('Wrote %s', ', '.join(written))
   return summary

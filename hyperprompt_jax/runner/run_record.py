@@ -24,6 +24,7 @@ from etils import epath
 import gin
 import orbax.checkpoint as ocp
 
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
 from hyperprompt_jax.tasks import packing
 
@@ -276,10 +277,7 @@ def write_gin_files(model_dir: str, record: Mapping[str, Any]) -> None:
   replaced atomically (a reader never sees half a file)."""
   for name, key in (('config.gin', 'config_gin'),
                     ('operative_config.gin', 'operative_config_gin')):
-    path = os.path.join(model_dir, name)
-    with open(path + '.tmp', 'w') as f:
-      f.write(record[key])
-    os.replace(path + '.tmp', path)
+    files.write_atomically(os.path.join(model_dir, name), record[key])
 
 
 def read(checkpoint_path: str) -> Optional[dict[str, Any]]:

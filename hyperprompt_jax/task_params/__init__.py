@@ -45,6 +45,7 @@ from hyperprompt_jax import methods
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_record
 
@@ -156,9 +157,7 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
       json.dumps(header, sort_keys=True).encode(), np.uint8)},
            **{k: np.asarray(v) for k, v in arrays.items()})
   data = buffer.getvalue()
-  temporary = epath.Path(path + '.tmp')
-  temporary.write_bytes(data)
-  temporary.replace(path)
+  files.write_atomically(path, data)
   return len(data)
 
 
