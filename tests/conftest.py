@@ -66,6 +66,59 @@ TINY_GLOBAL_PROMPTS = hyperprompt.HyperPromptConfig(
     layer_task_embed_dim=8)
 
 
+# -- float32 rounding ----------------------------------------------------------
+#
+# Two float32 computations of one value that differ only in the order of
+# their sums (sharding, rematerialisation, fusion, another CPU's vector width)
+# differ by rounding. A sum of n terms is within gamma_n ~ n * u of the exact
+# sum, relative to the sum of the terms' magnitudes (Higham, Accuracy and
+# Stability of Numerical Algorithms, Sec. 4.2; u = 2^-24, float32's unit
+# roundoff); to first order the stages of a chain of reductions add their
+# bounds, and each of the two orders is within the bound of the exact value
+# (the factor 2). The bound is norm-wise, for tensors whose norm is not
+# dominated by cancelling terms (gradients and activations of random
+# networks).
+FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def float32_bound(*reduction_lengths: int) -> float:
+  """The relative difference two summation orders may make through a chain
+  of reductions of these lengths."""
+  return 2 * FLOAT32_UNIT_ROUNDOFF * sum(reduction_lengths)
+
+
+def t5_reduction_lengths(cfg: network.T5Config, batch: int,
+                         input_length: int, target_length: int,
+                         encoder_prompt: int = 0,
+                         decoder_prompt: int = 0) -> list[int]:
+  """The reductions a T5 forward and backward pass chains (per layer: the
+  query / key / value projections over d_model, the scores over head_dim,
+  attention over the keys, the output projection over heads * head_dim, the
+  MLP over d_model and d_ff; the logits over d_model, the softmax over the
+  vocabulary), each taken twice (forward, backward), then a weight's
+  gradient summed over the batch's tokens."""
+  joined = cfg.num_heads * cfg.head_dim
+  mlp = [cfg.emb_dim, cfg.mlp_dim]
+
+  def attention(keys):
+    return [cfg.emb_dim, cfg.head_dim, keys, joined]
+
+  encoder = attention(input_length + encoder_prompt) + mlp
+  decoder = (attention(target_length + decoder_prompt)
+             + attention(input_length) + mlp)
+  forward = (encoder * cfg.num_encoder_layers
+             + decoder * cfg.num_decoder_layers + [cfg.emb_dim,
+                                                    cfg.vocab_size])
+  return 2 * forward + [batch * max(input_length, target_length)]
+
+
+def assert_close_in_norm(got, want, bound: float, name: str = '') -> None:
+  """|got - want| / |want| <= bound (Frobenius norms)."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  error = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+  assert error <= bound, f'{name}: relative difference {error:.2e} > {bound:.2e}'
+
+
 # One hand-made evaluation of every GLUE task (seqio task -> metrics): task
 # scores CoLA 40, SST-2 90, MRPC 86, STS-B 85, QQP 75, MNLI (82 + 80) / 2 =
 # 81, QNLI 88, RTE 70; GLUE average 76.875.

@@ -1,6 +1,7 @@
 """The built-in runner: exact resume after SIGKILL and SIGTERM, restoring
 real t5x checkpoints, sharding, and clear errors on bad input."""
 
+import json
 import os
 import pathlib
 import re
@@ -205,63 +206,95 @@ def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
 
 # ----------------------------------------------------------------- sharding --
 
+# The tiny HyperPrompt-Global T5 of the sharded step, with dropout.
+SHARDED_DIMS = dict(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
+                    mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2,
+                    dropout_rate=0.1, num_tasks=8)
+SHARDED_LENGTHS = {'inputs': 12, 'targets': 4}
+SHARDED_BATCH = 8
+
+# One SGD step of rate 1 from the same parameters on both meshes: the change
+# of each parameter is its gradient (Adafactor's first step is a function of
+# the gradient's sign for unfactored leaves, so a gradient within rounding of
+# zero could flip an element; the gradient itself is continuous).
 SHARDED = textwrap.dedent('''
-    import jax, numpy as np
+    import json
+    import jax, numpy as np, optax
+    from flax import traverse_util
     from hyperprompt_jax.methods import hyperprompt
     from hyperprompt_jax.model import network
-    from hyperprompt_jax.runner import optimizers, partitioning
+    from hyperprompt_jax.runner import partitioning
     from hyperprompt_jax.runner import trainer as trainer_lib
     assert jax.device_count() == 8
-    cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
-                           mlp_dim=64, num_encoder_layers=2,
-                           num_decoder_layers=2, dropout_rate=0.1, num_tasks=8,
-                           hyperprompt=hyperprompt.HyperPromptConfig(
-                               variant='global', encoder_prompt_length=4,
-                               decoder_prompt_length=2, hypernet_reduction=8,
-                               task_embed_dim=8, task_hidden_dim=16,
-                               layer_task_embed_dim=8))
-    lengths = {'inputs': 12, 'targets': 4}
+    cfg = network.T5Config(**{dims!r}, hyperprompt=hyperprompt.HyperPromptConfig(
+        variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
+        hypernet_reduction=8, task_embed_dim=8, task_hidden_dim=16,
+        layer_task_embed_dim=8))
+    lengths, b = {lengths!r}, {batch}
     rng = np.random.default_rng(0)
-    tgt = rng.integers(1, 384, (8, 4), dtype=np.int32)
-    batch = {'encoder_input_tokens': rng.integers(1, 384, (8, 12),
-                                                  dtype=np.int32),
+    tgt = rng.integers(1, 384, (b, lengths['targets']), dtype=np.int32)
+    batch = {{'encoder_input_tokens': rng.integers(
+                  1, 384, (b, lengths['inputs']), dtype=np.int32),
              'decoder_target_tokens': tgt,
              'decoder_input_tokens': np.concatenate(
-                 [np.zeros((8, 1), np.int32), tgt[:, :-1]], 1),
-             'decoder_loss_weights': np.ones((8, 4), np.int32),
-             'task_ids': rng.integers(0, 8, (8,), dtype=np.int32)}
+                 [np.zeros((b, 1), np.int32), tgt[:, :-1]], 1),
+             'decoder_loss_weights': np.ones(tgt.shape, np.int32),
+             'task_ids': rng.integers(0, 8, (b,), dtype=np.int32)}}
     auto = (jax.sharding.AxisType.Auto,) * 2
-    meshes = {
+    meshes = {{
         'sharded': partitioning.create_mesh(data=2, model=4),
         'single': jax.make_mesh((1, 1), ('data', 'model'), axis_types=auto,
                                 devices=jax.devices()[:1]),
-    }
-    out = {}
+    }}
+    flat = lambda p: traverse_util.flatten_dict(jax.device_get(p), sep='/')
+    out = {{}}
     for name, mesh in meshes.items():
-      trainer = trainer_lib.Trainer(network.Transformer(cfg),
-                                    optimizers.make_optimizer(), mesh, lengths)
+      trainer = trainer_lib.Trainer(network.Transformer(cfg), optax.sgd(1.0),
+                                    mesh, lengths)
       state = trainer.new_state(trainer.fresh_params())
+      before = flat(state['params'])
       state, terms = trainer.step(state, trainer.global_batch(batch))
-      out[name] = (float(terms['loss']), jax.device_get(state['params']))
+      after = flat(state['params'])
+      out[name] = (float(terms['loss']),
+                   {{k: before[k] - after[k] for k in before}})
       if name == 'sharded':  # really split over 'model', batch over 'data'
         kernel = state['params']['encoder']['layers_0']['mlp']['wi_0'][
             'kernel']
         assert kernel.sharding.spec == jax.sharding.PartitionSpec(
             None, 'model'), kernel.sharding
         assert kernel.addressable_shards[0].data.shape == (32, 16)
-    np.testing.assert_allclose(out['sharded'][0], out['single'][0], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(out['sharded'][1]),
-                    jax.tree.leaves(out['single'][1])):
-      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    print('LOSS', out['sharded'][0], out['single'][0])
+    (loss, grads), (want_loss, want) = out['sharded'], out['single']
+    errors = {{k: float(np.linalg.norm(grads[k] - want[k])
+                       / max(np.linalg.norm(want[k]), 1e-30)) for k in want}}
+    print('RESULT', json.dumps({{'loss': [loss, want_loss], 'errors': errors}}))
 ''')
 
 
 def test_sharded_train_step_matches_a_single_device():
+  """The step on 2 x 4 devices (batch over 'data', weights over 'model')
+  gives the single device's loss and gradients to float32 rounding
+  (`conftest.float32_bound` of the model's reductions)."""
   env = dict(_env(), XLA_FLAGS=multiprocess.xla_flags(8))
-  result = subprocess.run([sys.executable, '-c', SHARDED], env=env,
+  script = SHARDED.format(dims=SHARDED_DIMS, lengths=SHARDED_LENGTHS,
+                          batch=SHARDED_BATCH)
+  result = subprocess.run([sys.executable, '-c', script], env=env,
                           capture_output=True, text=True, timeout=600)
-  assert 'LOSS' in result.stdout, result.stderr[-3000:]
+  lines = [line for line in result.stdout.splitlines()
+           if line.startswith('RESULT ')]
+  assert lines, result.stderr[-3000:]
+  report = json.loads(lines[0][len('RESULT '):])
+  reductions = conftest.t5_reduction_lengths(
+      network.T5Config(**SHARDED_DIMS), SHARDED_BATCH,
+      SHARDED_LENGTHS['inputs'], SHARDED_LENGTHS['targets'], 4, 2)
+  loss, want_loss = report['loss']
+  # The loss is the forward half of the chain.
+  assert abs(loss - want_loss) <= conftest.float32_bound(
+      *reductions[:len(reductions) // 2]) * abs(want_loss)
+  bound = conftest.float32_bound(*reductions)
+  assert len(report['errors']) > 40
+  worst = max(report['errors'], key=report['errors'].get)
+  assert report['errors'][worst] <= bound, (worst, report['errors'][worst],
+                                            bound)
 
 
 # ---------------------------------------------------------------- bad input --
