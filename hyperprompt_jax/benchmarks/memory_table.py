@@ -180,7 +180,8 @@ def memory_rows(names: Sequence[str], devices: int,
     def peak_full(n):
       return full_remat_peak(peak(n), kept(n, 'none'), kept(n, 'full'))
 
-    row = {'setup': name, 'batch_per_device': batch, 'peak_none': peak(1),
+    row = {'setup': name, 'pack': setup.pack, 'batch_per_device': batch,
+           'peak_none': peak(1),
            'saved_none': kept(1, 'none'), 'saved_full': kept(1, 'full'),
            'fits': {}}
     row['peak_full'] = peak_full(1)
@@ -196,14 +197,17 @@ def format_rows(rows: Sequence[dict], device_memory_gb: Sequence[float]
                 ) -> str:
   """The table: per device, the peak GB and the activations the backward
   keeps with 'none' / 'full', and the fitting NUM_MICROBATCHES per device
-  memory and remat policy ('-': nothing fits)."""
+  memory and remat policy ('-': nothing fits). Each setup is compiled in
+  its run's row format; one whose run does not pack is marked
+  `(unpacked)`."""
   head = (f'{"setup":<46}{"rows":>5}{"none GB":>9}{"full GB":>9}'
           f'{"kept none":>10}{"kept full":>10}')
   for gb in device_memory_gb:
     head += f'{f"{gb:g}GB none":>12}{f"{gb:g}GB full":>12}'
   lines = [head]
   for r in rows:
-    line = (f'{r["setup"]:<46}{r["batch_per_device"]:>5}'
+    name = r['setup'] + ('' if r['pack'] else ' (unpacked)')
+    line = (f'{name:<46}{r["batch_per_device"]:>5}'
             f'{r["peak_none"] / GB:>9.1f}{r["peak_full"] / GB:>9.1f}'
             f'{r["saved_none"] / GB:>10.1f}{r["saved_full"] / GB:>10.1f}')
     for gb in device_memory_gb:

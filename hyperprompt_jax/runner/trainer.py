@@ -24,8 +24,8 @@ from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
 
 State = dict[str, Any]
-# The state's key for MetaBalance's moving averages (with balancing only:
-# the plain state, and its checkpoints, are as before).
+# The state's key for MetaBalance's moving averages (present with balancing
+# only: a run without it has the plain state and checkpoints).
 METABALANCE = 'metabalance'
 
 
