@@ -6,8 +6,10 @@ a stop during an evaluation, and the TensorBoard curves."""
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import time
 
 import gin
 import numpy as np
@@ -422,3 +424,19 @@ def test_quickstart_run_writes_per_task_curves(tmp_path):
           'examples_per_row'} <= set(scalars)
   np.testing.assert_allclose([scalars['learning_rate'][s] for s in (1, 2)],
                              [2e-2, 2e-2], rtol=1e-6)
+
+
+def test_a_slow_end_says_what_it_waits_on(caplog):
+  """A finished run's last waits (the checkpoint's commit, the input
+  pipeline's threads) are logged once they take `after_s`, with their time;
+  quick ones are not."""
+  with caplog.at_level('INFO'):
+    with train_lib._said_if_slow('Quick', after_s=5.0):  # pylint: disable=protected-access
+      pass
+    with train_lib._said_if_slow('Stopping the input pipeline', after_s=0.05):  # pylint: disable=protected-access
+      time.sleep(0.3)
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 2, messages
+  assert messages[0] == 'Stopping the input pipeline ...'
+  assert re.fullmatch(r'Stopping the input pipeline: done in \d+\.\ds\.',
+                      messages[1]), messages

@@ -5,10 +5,12 @@ checkpoints and evaluates (`_StepLoop`) until TRAIN_STEPS, surviving
 preemption. Its command: `python -m hyperprompt_jax.train`."""
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 from typing import Any, Mapping, NamedTuple, Optional
 
@@ -425,10 +427,33 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
   try:
     return loop.run(state, iterator)
   finally:
-    manager.wait_until_finished()
+    # What a finished run still waits on is said, not silent: the last
+    # save's commit, and the input pipeline, whose deletion waits for
+    # tf.data's threads to finish the elements in flight (seconds to a
+    # minute on a busy host).
+    with _said_if_slow('Waiting for the last checkpoint to commit'):
+      manager.wait_until_finished()
     writer.flush()
     if evaluator:
       evaluator.close()
+    with _said_if_slow('Stopping the input pipeline'):
+      del loop, manager, iterator, dataset
+
+
+@contextlib.contextmanager
+def _said_if_slow(what: str, after_s: float = 2.0):
+  """Logs `what ...` once the block has taken `after_s` seconds, and then
+  how long it took."""
+  began = time.time()
+  timer = threading.Timer(after_s, log.info, ('%s ...', what))
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    timer.cancel()
+    if time.time() - began >= after_s:
+      log.info('%s: done in %.1fs.', what, time.time() - began)
 
 
 def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
