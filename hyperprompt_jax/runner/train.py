@@ -433,11 +433,12 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
     # minute on a busy host).
     with _said_if_slow('Waiting for the last checkpoint to commit'):
       manager.wait_until_finished()
+      del loop, manager
     writer.flush()
     if evaluator:
       evaluator.close()
     with _said_if_slow('Stopping the input pipeline'):
-      del loop, manager, iterator, dataset
+      del iterator, dataset, evaluator
 
 
 @contextlib.contextmanager
