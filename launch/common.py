@@ -96,6 +96,21 @@ def gin_string(macro: str, value: str) -> str:
   return f"--gin.{macro}='{value}'"
 
 
+def add_install_flags(parser: argparse.ArgumentParser, package: str,
+                      where: str, package_note: str = '') -> None:
+  """--install, --package and --python: what is installed on `where` (e.g.
+  'every worker') and the interpreter that runs it there."""
+  parser.add_argument('--install', action='store_true',
+                      help='install the package (and t5x for --runner=t5x) '
+                      f'on {where} first')
+  parser.add_argument('--package', default=package,
+                      help=f'pip requirement for --install{package_note}; '
+                      "default: '%(default)s'")
+  parser.add_argument('--python', default='python3',
+                      help=f"the interpreter on {where} (Python >= 3.11), "
+                      "e.g. '~/venv/bin/python'; default: %(default)s")
+
+
 def add_run_flags(parser: argparse.ArgumentParser,
                   default_runner: str) -> None:
   """Flags shared by the scripts: what to run and with which gin."""

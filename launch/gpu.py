@@ -102,15 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help='with several --host: HOST:PORT of process 0, '
                       'reachable from every host (default: the first '
                       f'host\'s machine, port {COORDINATOR_PORT})')
-  parser.add_argument('--install', action='store_true',
-                      help='install the package (and t5x for --runner=t5x) '
-                      'first')
-  parser.add_argument('--package', default='hyperprompt_jax[gpu]',
-                      help="pip requirement for --install; default: "
-                      "'%(default)s'")
-  parser.add_argument('--python', default='python3',
-                      help="the GPU host's interpreter (Python >= 3.11), e.g. "
-                      "'~/venv/bin/python'; default: %(default)s")
+  common.add_install_flags(parser, 'hyperprompt_jax[gpu]', 'each GPU host')
   parser.add_argument('--mem_fraction', type=float,
                       help='XLA_PYTHON_CLIENT_MEM_FRACTION, e.g. 0.9 (default: '
                       "unset, JAX's 0.75)")

@@ -103,15 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "Google's choice for the generation: "
                       f'{_DEFAULT_RUNTIME_VERSION} for v4, '
                       'v2-alpha-tpuv5-lite, v2-alpha-tpuv5, v2-alpha-tpuv6e)')
-  parser.add_argument('--install', action='store_true',
-                      help='install the package (and t5x for --runner=t5x) '
-                      'on every worker first')
-  parser.add_argument('--package', default='hyperprompt_jax[tpu]',
-                      help='pip requirement for --install (a git+https URL, '
-                      "a wheel on gs://...); default: '%(default)s'")
-  parser.add_argument('--python', default='python3',
-                      help="the workers' interpreter (Python >= 3.11), e.g. "
-                      "'~/venv/bin/python'; default: %(default)s")
+  common.add_install_flags(parser, 'hyperprompt_jax[tpu]', 'every worker',
+                           ' (a git+https URL, a wheel on gs://...)')
   common.add_run_flags(parser, default_runner='t5x')
   args = common.parse_args(parser, argv)
 
