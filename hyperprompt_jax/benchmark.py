@@ -186,10 +186,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _mfu(argv)
   # Imported here: gin_utils imports gin, which --mfu does without.
   from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.benchmark', __doc__,
-      'hyperprompt_jax.benchmarks.benchmark', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.benchmark', __doc__, argv,
       add_flags=add_flags)
+  from hyperprompt_jax.benchmarks import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
+  return benchmark_lib.run(args)
 
 
 if __name__ == '__main__':

@@ -71,10 +71,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.eval', __doc__,
-      'hyperprompt_jax.evaluation.eval', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.eval', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
+  from hyperprompt_jax.evaluation import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  return eval_lib.run(args)
 
 
 if __name__ == '__main__':

@@ -47,10 +47,11 @@ def add_flags(parser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.import_task_params', __doc__,
-      'hyperprompt_jax.task_params.import_task_params', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.import_task_params', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
+  from hyperprompt_jax.task_params import import_task_params as import_lib  # pylint: disable=g-import-not-at-top
+  return import_lib.run(args)
 
 
 if __name__ == '__main__':

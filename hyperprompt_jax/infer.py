@@ -24,10 +24,11 @@ from hyperprompt_jax.runner import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.infer', __doc__,
-      'hyperprompt_jax.evaluation.infer', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.infer', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+  from hyperprompt_jax.evaluation import infer as infer_lib  # pylint: disable=g-import-not-at-top
+  return infer_lib.run(args)
 
 
 if __name__ == '__main__':

@@ -40,10 +40,11 @@ from hyperprompt_jax.runner import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.leaderboard', __doc__,
-      'hyperprompt_jax.evaluation.leaderboard', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.leaderboard', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+  from hyperprompt_jax.evaluation import leaderboard as leaderboard_lib  # pylint: disable=g-import-not-at-top
+  return leaderboard_lib.run(args)
 
 
 if __name__ == '__main__':

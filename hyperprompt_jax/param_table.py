@@ -53,10 +53,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.param_table', __doc__,
-      'hyperprompt_jax.benchmarks.param_table', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.param_table', __doc__, argv,
       add_flags=add_flags)
+  from hyperprompt_jax.benchmarks import param_table as param_table_lib  # pylint: disable=g-import-not-at-top
+  return param_table_lib.run(args)
 
 
 if __name__ == '__main__':

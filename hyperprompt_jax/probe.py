@@ -43,10 +43,11 @@ from hyperprompt_jax.runner import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.probe', __doc__,
-      'hyperprompt_jax.evaluation.probe', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.probe', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+  from hyperprompt_jax.evaluation import probe as probe_lib  # pylint: disable=g-import-not-at-top
+  return probe_lib.run(args)
 
 
 if __name__ == '__main__':

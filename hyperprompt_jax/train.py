@@ -27,10 +27,11 @@ from hyperprompt_jax.runner import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  return gin_utils.run_command(
-      'python -m hyperprompt_jax.train', __doc__,
-      'hyperprompt_jax.runner.train', argv,
+  args = gin_utils.command_flags(
+      'python -m hyperprompt_jax.train', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
+  from hyperprompt_jax.runner import train as train_lib  # pylint: disable=g-import-not-at-top
+  return train_lib.run(args)
 
 
 if __name__ == '__main__':

@@ -10,7 +10,7 @@ the project's commands, and checks, for each:
   bindings (each macro must be defined by the files, as the commands
   require); every `--flag` is one the command's own parser knows (built as
   `gin_utils.parse_command_line` builds it, from the `add_flags` its `main`
-  passes to `gin_utils.run_command`);
+  passes to `gin_utils.command_flags`);
 - `python launch/<script>.py`: the script exists, its parser knows every
   flag, and its gin files resolve (and parse, for the built-in runner);
 - `python -m t5x.<script>`: the project's gin files it names exist (t5x
@@ -247,26 +247,22 @@ def command_parser(module_name: str,
   with, built as `gin_utils.parse_command_line` does (None: the module takes
   no argparse flags)."""
   module = importlib.import_module(f'hyperprompt_jax.{module_name}')
-  if 'run_command' not in pathlib.Path(module.__file__).read_text():
+  if 'command_flags' not in pathlib.Path(module.__file__).read_text():
     return None
 
-  def capture(prog, description, library, argv, *, add_flags=None,
-              tensorflow=False):
+  def capture(prog, description, argv, *, add_flags=None, tensorflow=False):
     del argv, tensorflow
-    raise _Captured(prog=prog, description=description, library=library,
-                    add_flags=add_flags)
+    raise _Captured(prog=prog, description=description, add_flags=add_flags)
 
   with monkeypatch.context() as patch:
-    patch.setattr(gin_utils, 'run_command', capture)
+    patch.setattr(gin_utils, 'command_flags', capture)
     try:
       module.main([])
     except _Captured as captured:
       found = captured.kwargs
     else:
       raise AssertionError(f'hyperprompt_jax.{module_name}.main does not '
-                           'call gin_utils.run_command')
-  assert importlib.util.find_spec(found['library']) is not None, (
-      f"hyperprompt_jax.{module_name}'s library {found['library']} is missing")
+                           'call gin_utils.command_flags')
   return gin_utils._parser(found['prog'], found['description'],  # pylint: disable=protected-access
                            found['add_flags'])
 

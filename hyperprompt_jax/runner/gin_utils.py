@@ -6,14 +6,13 @@ The shipped gin directory is always searched, so `models/t5_1_1_base.gin`
 resolves from anywhere.
 
 Light (gin and the standard library): a command answers `--help` through
-`run_command` before its library's heavy imports, and TensorFlow loads
+`command_flags` before its library's heavy imports, and TensorFlow loads
 without its start-up lines.
 """
 
 import argparse
 import contextlib
 import errno
-import importlib
 import logging
 import os
 import re
@@ -90,32 +89,34 @@ def _parser(prog: str, description: str,
   return parser
 
 
-def run_command(prog: str, description: str, library: str,
-                argv: Optional[Sequence[str]], *,
-                add_flags: Optional[AddFlags] = None,
-                tensorflow: bool = False) -> int:
-  """A command's `main`: parses its flags, then imports its library and
-  returns `library.run(flags)`.
+def command_flags(prog: str, description: str,
+                  argv: Optional[Sequence[str]], *,
+                  add_flags: Optional[AddFlags] = None,
+                  tensorflow: bool = False) -> argparse.Namespace:
+  """A command's flags, parsed before its library is imported.
 
-  The command module (`hyperprompt_jax/<command>.py`) holds only its usage
-  and flags, so `--help` and a flag mistake answer before TensorFlow or JAX
-  load (seconds). The library is imported by name afterwards, TensorFlow
-  first without its start-up lines when the library uses it.
+  The command module (`hyperprompt_jax/<command>.py`) holds its usage and
+  flags and imports its library in `main` after this returns, so `--help`
+  and a flag mistake answer before TensorFlow or JAX load (seconds).
+  TensorFlow is imported here first, without its start-up lines, when the
+  library uses it.
 
   Args:
     prog: the command, e.g. 'python -m hyperprompt_jax.train'.
     description: the `--help` text (the command module's docstring).
-    library: the module whose `run(flags) -> int` does the work; it parses
-      gin itself (after its configurables are registered).
     argv: the arguments (None: `sys.argv[1:]`).
     add_flags: adds the command's own flags to the parser.
     tensorflow: the library imports TensorFlow.
+
+  Returns:
+    The flags, for the library's `run(flags)` (which parses gin itself,
+    after its configurables are registered).
   """
   args = parse_command_line(prog, description, argv, add_flags=add_flags,
                             parse_gin_files=False)
   if tensorflow:
     import_tensorflow_quietly()
-  return importlib.import_module(library).run(args)
+  return args
 
 
 # What TensorFlow writes while it loads and probes its devices that is no
