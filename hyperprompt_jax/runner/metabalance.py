@@ -337,8 +337,11 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
   totals, the share's gradient, the updated totals) where the stacked
   `[K + 1, ...]` gradients held K + 1. Algorithm 2 allows the order: an
   auxiliary's scale needs only its own norm and the target's moving average.
-  Parameters with a task axis (`plan.task_rows`) take the plain sum of the
-  shares' gradients; the others are balanced.
+  Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
+  once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
+  (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
+  rightly`). Parameters with a task axis (`plan.task_rows`) take the plain
+  sum of the shares' gradients; the others are balanced.
 
   Args:
     shares_fn: `params -> ([K + 1] loss shares, aux)`.
