@@ -334,9 +334,10 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
   `lax.scan` over the shares (the target's first): each share's gradient is
   balanced and added to running totals as soon as it is taken (`add_share`),
   so a step holds about three gradients of the parameters whatever K (the
-  totals, the share's gradient, the updated totals) where the stacked
-  `[K + 1, ...]` gradients held K + 1. Algorithm 2 allows the order: an
-  auxiliary's scale needs only its own norm and the target's moving average.
+  totals, the share's gradient, the updated totals), not K + 1 as the
+  shares' gradients stacked `[K + 1, ...]` would. Algorithm 2 allows the
+  order: an auxiliary's scale needs only its own norm and the target's
+  moving average.
   Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
   once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
   (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
