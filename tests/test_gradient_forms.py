@@ -63,3 +63,43 @@ def test_auto_is_written_on_cpu_and_bad_forms_are_refused():
                             gradient_form='scatter')
   with pytest.raises(ValueError, match='gradient_form'):
     network.check_config(cfg)
+
+
+
+# XLA:CPU compile options without its YNNPACK fusions, which (jaxlib 0.10.2)
+# miscompile some batched backward passes whatever the model
+# (`test_metabalance.test_xla_cpu_reduces_a_broadcast_operand_rightly`).
+WITHOUT_YNN_FUSIONS = {'xla_cpu_experimental_ynn_fusion_type': ''}
+
+
+@pytest.mark.parametrize('name', mfu.TWO_FORMS)
+def test_vmap_of_the_written_vjp_is_a_loop_of_it(name):
+  """The written gradients batch as they compute: `jax.vmap` of the
+  model's VJP (packed rows, 'written' form) over 3 cotangents of the
+  logits equals a loop of the same VJP (`lax.map`), in one program compiled
+  `WITHOUT_YNN_FUSIONS`."""
+  batch, _ = mfu.synthetic_rows(2, 32, 8, 384, 8, packed=True)
+  model = _model(name, 'written')
+  cotangents = np.random.default_rng(0).normal(
+      size=(3, 2, 8, 384)).astype(np.float32)
+
+  def both(params, cotangents):
+    _, vjp_fn = jax.vjp(lambda p: trainer._logits(
+        model, p, batch, jax.random.PRNGKey(1), None), params)
+    return jax.vmap(vjp_fn)(cotangents)[0], jax.lax.map(vjp_fn,
+                                                         cotangents)[0]
+
+  params = _params(name)
+  batched, looped = jax.jit(both).lower(params, cotangents).compile(
+      WITHOUT_YNN_FUSIONS)(params, cotangents)
+  batched = traverse_util.flatten_dict(batched, sep='/')
+  for path, gs in traverse_util.flatten_dict(looped, sep='/').items():
+    for i, g in enumerate(gs):
+      # The same backward pass, its contractions batched: only the order
+      # of their sums may differ, each of at most 16 target tokens x the
+      # widest contraction (384, the vocabulary) x a layer's 3 sums in
+      # sequence.
+      np.testing.assert_allclose(
+          batched[path][i], g, rtol=0,
+          atol=16 * 384 * 3 * 2.0 ** -24 * float(np.abs(g).max()) + 1e-30,
+          err_msg=path)

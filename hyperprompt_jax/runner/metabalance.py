@@ -20,9 +20,11 @@ mixture: a task absent from the batch contributes nothing and keeps its
 moving average (a zero gradient would decay m_i and blow up m_tar / m_i);
 an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
 
-`balance` is pure (pytrees in, pytrees out); `balanced_gradient` takes
-the per-share gradients of a loss split by task and applies it to the
-shared parameters, for both runners (`trainer.train_step`, and t5x's
+`add_share` (one share's gradient added to the running total) and
+`balance` (every share's at once) are pure, pytrees in, pytrees out;
+`balanced_gradient` takes the per-share gradients of a loss split by task
+one after the other and balances the shared parameters' with `add_share`,
+for both runners (`trainer.train_step`, and t5x's
 through `t5x_model.MetaBalanceTrainer`). This module is the pure core (jax
 and flax only); `balancing.run_plan` makes a run's plan from its gin
 settings, task list and mixture.
@@ -63,15 +65,19 @@ class Settings:
   strategy: 'shrink', 'enlarge' or 'both'.
   auxiliaries: 'each' (K auxiliary gradients, the paper) or 'all' (one
     auxiliary: every other task together; 2 backward passes).
-  max_auxiliaries: the most auxiliaries 'each' takes (a backward pass and a
-    gradient's memory each).
+  max_auxiliaries: None (no bound), or the most auxiliaries 'each' may
+    take, a guard on the step's time: each auxiliary is one more backward
+    pass. Memory sets no bound: the step holds about three gradients of the
+    parameters whatever K (`balanced_gradient`); what grows with K is the
+    moving averages (K floats a tensor) and the loss shares' masks (a float
+    per target token and auxiliary).
   """
   target_task: Optional[str] = None
   relax_factor: float = 0.7
   beta: float = 0.9
   strategy: str = 'both'
   auxiliaries: str = 'each'
-  max_auxiliaries: int = 16
+  max_auxiliaries: Optional[int] = None
 
   def check(self) -> None:
     """Raises ValueError naming a setting out of range."""
@@ -91,6 +97,13 @@ class Settings:
     if self.auxiliaries not in AUXILIARIES:
       raise ValueError(f'METABALANCE_AUXILIARIES={self.auxiliaries!r}; '
                        f'expected one of {list(AUXILIARIES)}.')
+    if self.max_auxiliaries is not None and (
+        isinstance(self.max_auxiliaries, bool)
+        or not isinstance(self.max_auxiliaries, int)
+        or self.max_auxiliaries < 1):
+      raise ValueError(
+          f'metabalance.Settings.max_auxiliaries={self.max_auxiliaries!r}: '
+          'a positive int, or None (no bound).')
 
 
 def init(target_grads: Any, num_auxiliary: int) -> State:
@@ -104,8 +117,8 @@ def init(target_grads: Any, num_auxiliary: int) -> State:
 
 def _rescales(strategy: str, m_target: jax.Array, m_aux: jax.Array
               ) -> jax.Array:
-  """Where the strategy rescales an auxiliary ([K] bool), never where its
-  moving average is 0."""
+  """Where the strategy rescales an auxiliary (bool, `m_aux`'s shape),
+  never where its moving average is 0."""
   if strategy == 'shrink':
     holds = m_aux > m_target
   elif strategy == 'enlarge':
@@ -118,10 +131,81 @@ def _rescales(strategy: str, m_target: jax.Array, m_aux: jax.Array
   return holds & (m_aux > 0)
 
 
+def _norm(g: jax.Array) -> jax.Array:
+  """‖g‖₂ in float32."""
+  return jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+
+
+def _add_leaf_share(share: jax.Array, g: jax.Array, total: jax.Array,
+                    m_tar: jax.Array, m_aux: jax.Array, present: jax.Array,
+                    *, relax_factor: float, beta: float, strategy: str
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Algorithm 2 for one share's gradient of one tensor: its moving average
+  updated, the gradient rescaled and added to the running total.
+
+  Args:
+    share: int32 scalar, 0 the target, i in 1..K auxiliary i (the target
+      must come first: an auxiliary's scale reads the updated m_tar).
+    g: the share's gradient of the tensor (any shape, any float dtype).
+    total: the running total, float32, `g`'s shape.
+    m_tar: float32 scalar; m_aux: float32 `[K]`.
+    present: `[K + 1]` bool, the target first.
+
+  Returns:
+    `(total + G_share, m_tar, m_aux)`.
+  """
+  is_target = share == 0
+  here = present[share]
+  norm = _norm(g)
+  m_tar = jnp.where(is_target & here, beta * m_tar + (1 - beta) * norm,
+                    m_tar)
+  slot = jnp.maximum(share - 1, 0)
+  m_i = m_aux[slot]
+  m_i = jnp.where(~is_target & here, beta * m_i + (1 - beta) * norm, m_i)
+  m_aux = jnp.where(is_target, m_aux, m_aux.at[slot].set(m_i))
+  safe = jnp.where(m_i > 0, m_i, 1.0)
+  scale = jnp.where(_rescales(strategy, m_tar, m_i),
+                    relax_factor * m_tar / safe + (1 - relax_factor), 1.0)
+  scale = jnp.where(is_target, 1.0, scale)
+  total = total + jnp.where(here, scale * g.astype(jnp.float32), 0.0)
+  return total, m_tar, m_aux
+
+
+def add_share(share: jax.Array, grads: Any, total: Any, state: State, *,
+              relax_factor: float, beta: float, strategy: str,
+              present: jax.Array) -> tuple[Any, State]:
+  """One share's step of Algorithm 2 on every leaf: `(total + G_share,
+  new_state)`.
+
+  Args:
+    share: int scalar (may be traced): 0 the target, i in 1..K auxiliary i.
+      The target's share must be added first (its m_tar scales the others).
+    grads: the share's gradient pytree (∇L_tar or ∇L_aux,i).
+    total: the running total, a float32 pytree of `grads`' shapes (zeros
+      before the target's share).
+    state: the moving averages (`init`).
+    relax_factor: r. beta: β. strategy: 'shrink', 'enlarge' or 'both'.
+    present: `[K + 1]` bool, the target first: whether each task has tokens
+      in the batch. An absent task contributes nothing and keeps its moving
+      average.
+  """
+  leaf = functools.partial(_add_leaf_share, jnp.asarray(share, jnp.int32),
+                           relax_factor=relax_factor, beta=beta,
+                           strategy=strategy,
+                           present=jnp.asarray(present, bool))
+  trees = (total, state.target, state.auxiliary)
+  outputs = [leaf(*args) for args in zip(
+      jax.tree.leaves(grads), *map(jax.tree.leaves, trees))]
+  total, m_tar, m_aux = (jax.tree.unflatten(jax.tree.structure(tree), list(x))
+                         for tree, x in zip(trees, zip(*outputs)))
+  return total, State(target=m_tar, auxiliary=m_aux)
+
+
 def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
             *, relax_factor: float, beta: float, strategy: str,
             present: Optional[jax.Array] = None) -> tuple[Any, State]:
-  """One step of Algorithm 2 on every leaf.
+  """One step of Algorithm 2 on every leaf, from every share's gradient at
+  once (`add_share` for the target's, then each auxiliary's).
 
   Args:
     target_grads: ∇L_tar, a gradient pytree.
@@ -135,36 +219,18 @@ def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
       its moving average.
 
   Returns:
-    `(G_tar + Σ_i G_i, new_state)`.
+    `(G_tar + Σ_i G_i, new_state)`, in `target_grads`' dtypes.
   """
-  num_aux = len(auxiliary_grads)
   if present is None:
-    present = jnp.ones((num_aux + 1,), bool)
-  present = jnp.asarray(present, bool)
-
-  def leaf(g_tar, m_tar, m_aux, *g_aux):
-    norm = lambda g: jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
-    m_tar = jnp.where(present[0], beta * m_tar + (1 - beta) * norm(g_tar),
-                      m_tar)
-    norms = jnp.stack([norm(g) for g in g_aux]) if g_aux else jnp.zeros((0,))
-    m_aux = jnp.where(present[1:], beta * m_aux + (1 - beta) * norms, m_aux)
-    safe = jnp.where(m_aux > 0, m_aux, 1.0)
-    scale = jnp.where(_rescales(strategy, m_tar, m_aux),
-                      relax_factor * m_tar / safe + (1 - relax_factor), 1.0)
-    scale = jnp.where(present[1:], scale, 0.0)
-    total = jnp.where(present[0], g_tar, 0).astype(jnp.float32)
-    for i, g in enumerate(g_aux):
-      total = total + scale[i] * g.astype(jnp.float32)
-    return total.astype(g_tar.dtype), m_tar, m_aux
-
-  treedef = jax.tree.structure(target_grads)
-  outputs = [leaf(*args) for args in zip(
-      jax.tree.leaves(target_grads), jax.tree.leaves(state.target),
-      jax.tree.leaves(state.auxiliary),
-      *[jax.tree.leaves(g) for g in auxiliary_grads])]
-  total, m_tar, m_aux = (jax.tree.unflatten(treedef, list(x))
-                         for x in zip(*outputs))
-  return total, State(target=m_tar, auxiliary=m_aux)
+    present = jnp.ones((len(auxiliary_grads) + 1,), bool)
+  total = jax.tree.map(lambda g: jnp.zeros(jnp.shape(g), jnp.float32),
+                       target_grads)
+  for share, grads in enumerate([target_grads, *auxiliary_grads]):
+    total, state = add_share(share, grads, total, state,
+                             relax_factor=relax_factor, beta=beta,
+                             strategy=strategy, present=present)
+  return jax.tree.map(lambda t, g: t.astype(jnp.result_type(g)), total,
+                      target_grads), state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,12 +280,15 @@ def make_plan(settings: Settings, task_list: Sequence[str],
     raise ValueError('MetaBalance needs auxiliary tasks: the mixture trains '
                      f'only {settings.target_task!r}.')
   if settings.auxiliaries == 'each':
-    if len(auxiliary) > settings.max_auxiliaries:
+    if (settings.max_auxiliaries is not None
+        and len(auxiliary) > settings.max_auxiliaries):
       raise ValueError(
           f"METABALANCE_AUXILIARIES='each' takes {len(auxiliary)} auxiliary "
-          f'gradients (a backward pass and a gradient of memory each), more '
-          f'than metabalance.Settings.max_auxiliaries='
-          f"{settings.max_auxiliaries}: use 'all', or raise the bound.")
+          f'gradients, more than metabalance.Settings.max_auxiliaries='
+          f'{settings.max_auxiliaries}, the bound set on the step\'s time '
+          f'({len(auxiliary) + 1} backward passes; its memory does not grow '
+          "with them): use 'all' (2 backward passes), or raise or unset "
+          '(None) the bound.')
     index = {t: k + 1 for k, t in enumerate(auxiliary)}
   else:
     index = {t: 1 for t in auxiliary}
@@ -261,9 +330,19 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
   """MetaBalance's gradient of a loss split into the target's and each
   auxiliary's share: `(grads, new_state, aux)`.
 
-  One forward pass (`jax.vjp`), then one backward pass per share.
-  Parameters with a task axis (`plan.task_rows`) take the plain sum of the
-  shares' gradients; the others are balanced (`balance`).
+  One forward pass (`jax.vjp`), then one backward pass per share, in a
+  `lax.scan` over the shares (the target's first): each share's gradient is
+  balanced and added to running totals as soon as it is taken (`add_share`),
+  so a step holds about three gradients of the parameters whatever K (the
+  totals, the share's gradient, the updated totals), not K + 1 as the
+  shares' gradients stacked `[K + 1, ...]` would. Algorithm 2 allows the
+  order: an auxiliary's scale needs only its own norm and the target's
+  moving average.
+  Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
+  once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
+  (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
+  rightly`). Parameters with a task axis (`plan.task_rows`) take the plain
+  sum of the shares' gradients; the others are balanced.
 
   Args:
     shares_fn: `params -> ([K + 1] loss shares, aux)`.
@@ -272,24 +351,33 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
     plan: the run's plan.
     present: `[K + 1]` bool, whether each share has tokens in the batch.
   """
-  num_groups = plan.num_auxiliary + 1
-  loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
-  # The backward passes in sequence (`lax.map`: one pass in the compiled
-  # graph whatever K). Not `vmap`: under jit (jax 0.10.2, CPU) the batched
-  # backward pass of the packed model gave wrong gradients
-  # (test_relax_0_on_packed_rows_is_the_plain_step catches it).
-  (grads,) = jax.lax.map(vjp_fn,
-                         jnp.eye(num_groups, dtype=loss_shares.dtype))
-  flat = traverse_util.flatten_dict(grads, sep='/')
-  rows = {k: g.sum(0) for k, g in flat.items() if k in plan.task_rows}
-  shared = {k: g for k, g in flat.items() if k not in plan.task_rows}
-  nest = functools.partial(traverse_util.unflatten_dict, sep='/')
   settings = plan.settings
-  total, state = balance(
-      nest({k: g[0] for k, g in shared.items()}),
-      [nest({k: g[i] for k, g in shared.items()})
-       for i in range(1, num_groups)],
-      state, relax_factor=settings.relax_factor, beta=settings.beta,
-      strategy=settings.strategy, present=present)
-  total = traverse_util.flatten_dict(total, sep='/')
-  return nest({**total, **rows}), state, aux
+  loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
+  flat = traverse_util.flatten_dict(params, sep='/')
+  nest = functools.partial(traverse_util.unflatten_dict, sep='/')
+  rows_of = lambda tree: {k: v for k, v in tree.items()
+                          if k in plan.task_rows}
+  shared_of = lambda tree: nest({k: v for k, v in tree.items()
+                                 if k not in plan.task_rows})
+
+  def add(carry, share):
+    shared_total, rows_total, state = carry
+    (grads,) = vjp_fn(jax.nn.one_hot(share, plan.num_auxiliary + 1,
+                                     dtype=loss_shares.dtype))
+    grads = traverse_util.flatten_dict(grads, sep='/')
+    shared_total, state = add_share(
+        share, shared_of(grads), shared_total, state,
+        relax_factor=settings.relax_factor, beta=settings.beta,
+        strategy=settings.strategy, present=present)
+    rows_total = jax.tree.map(jnp.add, rows_total, rows_of(grads))
+    return (shared_total, rows_total, state), None
+
+  zeros = ({k: jnp.zeros(v.shape, jnp.float32) for k, v in flat.items()
+            if k not in plan.task_rows},
+           {k: jnp.zeros(v.shape, v.dtype) for k, v in rows_of(flat).items()})
+  (shared_total, rows_total, state), _ = jax.lax.scan(
+      add, (nest(zeros[0]), zeros[1], state),
+      jnp.arange(plan.num_auxiliary + 1, dtype=jnp.int32))
+  shared_total = {k: v.astype(flat[k].dtype) for k, v in
+                  traverse_util.flatten_dict(shared_total, sep='/').items()}
+  return nest({**shared_total, **rows_total}), state, aux
