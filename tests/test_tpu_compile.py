@@ -1,0 +1,117 @@
+"""Every method's training step and decode compile for a TPU slice.
+
+The TPU compiler runs here without a TPU (libtpu from `pip install -e
+'.[tpu]'`, `jax.experimental.topologies`): `tpu_programs.py` compiles the
+built-in runner's training step and the evaluator's decode of the tiny
+model of every method for `v5e:2x2`, the batch split over 'data' (and the
+parameters over a 'model' axis of 2), in one subprocess: libtpu holds
+`/tmp/libtpu_lockfile`, one process at a time, so every TPU compile of the
+suite happens in this one test, under a file lock shared by pytest-xdist's
+workers.
+"""
+
+import fcntl
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hyperprompt_jax.model import inputs
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec('libtpu') is None,
+    reason="libtpu is not installed (pip install -e '.[tpu]')")
+
+HERE = pathlib.Path(__file__).parent
+# The logical axes t5x's standard rules split over 'model'
+# (t5x.partitioning.standard_logical_axis_rules); every other axis of a
+# parameter is replicated.
+MODEL_AXES = {'vocab', 'mlp', 'heads', 'joined_kv'}
+LIBTPU_LOCK = pathlib.Path('/tmp/hyperprompt_jax_libtpu.lock')
+
+
+def _compile_everything(out: pathlib.Path) -> dict:
+  env = dict(os.environ, TPU_SKIP_MDS_QUERY='1')
+  # TPU programs stay out of the session's cache of CPU programs.
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)
+  with open(LIBTPU_LOCK, 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # another process using libtpu waits
+    run = subprocess.run(
+        [sys.executable, str(HERE / 'tpu_programs.py'), str(out)],
+        cwd=HERE, env=env, capture_output=True, text=True, timeout=1200,
+        check=False)
+  assert run.returncode == 0, run.stderr[-4000:]
+  return json.loads(out.read_text())
+
+
+def _problems(key: str, program: dict, meshes: dict, batch: int
+              ) -> list[str]:
+  """What is wrong with one compiled program's figures."""
+  if 'error' in program:
+    return [f'{key}: does not compile: {program["error"][:600]}']
+  data, model = meshes[key.split('/')[2]]
+  problems = []
+  memory = program['memory']
+  for name, value in (('flops', program['flops']),
+                      ('bytes accessed', program['bytes_accessed']),
+                      ('argument bytes', memory['argument_size_in_bytes']),
+                      ('output bytes', memory['output_size_in_bytes']),
+                      ('code bytes', memory['generated_code_size_in_bytes'])):
+    if not value or value <= 0:
+      problems.append(f'{key}: no {name} ({value})')
+  if memory['temp_size_in_bytes'] < 0:
+    problems.append(f'{key}: temporaries {memory["temp_size_in_bytes"]}')
+  if program['host_callbacks']:
+    problems.append(f'{key}: host callbacks {program["host_callbacks"][:4]}')
+  used = [a for a in program['arguments'] if not a['pruned']]
+  # A chip holds each argument's shard, its minor dimensions padded to the
+  # layout's tile.
+  tiled = sum(int(np.prod(a['tiled'])) * a['itemsize'] for a in used)
+  if tiled != memory['argument_size_in_bytes']:
+    problems.append(f'{key}: argument bytes {memory["argument_size_in_bytes"]}'
+                    f' a chip, the shards hold {tiled}')
+  split = 0
+  for a in used:
+    if a['axes'] is not None:  # a parameter: split by its logical axes
+      want = [n // model if axis in MODEL_AXES else n
+              for n, axis in zip(a['shape'], a['axes'])]
+      split += want != a['shape']
+    elif a['path'].startswith(('[1]', '[2]')):  # the batch
+      want = [batch // data] + a['shape'][1:]
+    else:
+      continue
+    if a['shard'] != want:
+      problems.append(f'{key}: {a["path"]} {a["shape"]} axes {a["axes"]}: '
+                      f'a chip holds {a["shard"]}, not {want}')
+  if model > 1 and not split:
+    problems.append(f'{key}: no parameter split over the model axis')
+  return problems
+
+
+def test_every_method_compiles_for_a_tpu_slice(tmp_path):
+  report = _compile_everything(tmp_path / 'tpu_programs.json')
+  controls = report['controls']
+  # The references: a program with a host callback shows one; the network
+  # checking its own task ids in the step (a partitioned callback) does not
+  # compile on a split batch, so the steps must get checked batches.
+  assert controls['callback_found']
+  assert 'Partitioned callback not implemented on tpu' in (
+      controls['in_graph_check_error'] or '')
+
+  import tpu_programs  # pylint: disable=g-import-not-at-top
+  programs = report['programs']
+  assert sorted(programs) == sorted(
+      f'{name}/{kind}/{mesh}' for name, kind, mesh in tpu_programs.programs())
+  problems = []
+  for key, program in programs.items():
+    problems += _problems(key, program, report['meshes'], report['batch'])
+  assert not problems, '\n'.join(problems)
+  # Every feature of a packed training batch is an argument of the step.
+  step = programs['mtl/train/data4']['arguments']
+  assert {a['path'] for a in step if a['path'].startswith('[1]')} == {
+      f"[1]['{name}']" for name in inputs.PACKED_MODEL_FEATURES}
