@@ -1,14 +1,13 @@
 """Every method's training step and decode compile for a TPU slice.
 
-The TPU compiler runs here without a TPU (libtpu from `pip install -e
-'.[tpu]'`, `jax.experimental.topologies`): `tpu_programs.py` compiles the
-built-in runner's training step and the evaluator's decode of the tiny
-model of every method for `v5e:2x2`, the batch split over 'data' (and the
-parameters over a 'model' axis of 2), in one subprocess: libtpu holds
-`/tmp/libtpu_lockfile`, one process at a time, so every TPU compile of the
-suite happens in this one test, under a file lock shared by pytest-xdist's
-workers.
-"""
+The TPU compiler runs here without a TPU (libtpu, from the `[test]` and
+`[tpu]` extras, and `jax.experimental.topologies`): `tpu_programs.py`
+compiles, for `v5e:2x2`, the built-in runner's training step and the
+evaluator's decode of the tiny model of every method, the batch split over
+'data' (and the parameters over a 'model' axis of 2); and t5x's train, eval
+and predict steps through t5x's partitioner (skipped without t5x). Each
+test runs one subprocess under a file lock shared by pytest-xdist's
+workers: libtpu holds `/tmp/libtpu_lockfile`, one process at a time."""
 
 import fcntl
 import importlib.util
@@ -35,14 +34,15 @@ MODEL_AXES = {'vocab', 'mlp', 'heads', 'joined_kv'}
 LIBTPU_LOCK = pathlib.Path('/tmp/hyperprompt_jax_libtpu.lock')
 
 
-def _compile_everything(out: pathlib.Path) -> dict:
+def _compile(out: pathlib.Path, *args: str) -> dict:
+  """Runs `tpu_programs.py out args` and returns its report."""
   env = dict(os.environ, TPU_SKIP_MDS_QUERY='1')
   # TPU programs stay out of the session's cache of CPU programs.
   env.pop('JAX_COMPILATION_CACHE_DIR', None)
   with open(LIBTPU_LOCK, 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)  # another process using libtpu waits
     run = subprocess.run(
-        [sys.executable, str(HERE / 'tpu_programs.py'), str(out)],
+        [sys.executable, str(HERE / 'tpu_programs.py'), str(out), *args],
         cwd=HERE, env=env, capture_output=True, text=True, timeout=1200,
         check=False)
   assert run.returncode == 0, run.stderr[-4000:]
@@ -94,7 +94,7 @@ def _problems(key: str, program: dict, meshes: dict, batch: int
 
 
 def test_every_method_compiles_for_a_tpu_slice(tmp_path):
-  report = _compile_everything(tmp_path / 'tpu_programs.json')
+  report = _compile(tmp_path / 'tpu_programs.json')
   controls = report['controls']
   # The references: a program with a host callback shows one; the network
   # checking its own task ids in the step (a partitioned callback) does not
@@ -115,3 +115,25 @@ def test_every_method_compiles_for_a_tpu_slice(tmp_path):
   step = programs['mtl/train/data4']['arguments']
   assert {a['path'] for a in step if a['path'].startswith('[1]')} == {
       f"[1]['{name}']" for name in inputs.PACKED_MODEL_FEATURES}
+
+
+def test_t5x_steps_compile_through_t5x_partitioner(tmp_path):
+  """t5x's train, eval and predict steps of the adapter, partitioned by
+  t5x's own `PjitPartitioner` over the slice with the batch split four
+  ways, compile and hold no host callback: the default feature converter
+  checks the task ids on the host. With a converter that does not, the
+  network's in-graph check stays in the step, and the TPU compiler refuses
+  it (the failure a t5x run on a TPU pod met at its first step)."""
+  pytest.importorskip('t5x')
+  programs = _compile(tmp_path / 't5x_programs.json', '--t5x')['t5x']
+  assert 'Partitioned callback not implemented on tpu' in (
+      programs.pop('unchecked/train/data4').get('error', ''))
+  import tpu_programs  # pylint: disable=g-import-not-at-top
+  assert sorted(programs) == sorted(
+      [f'{name}/{kind}/data4' for name in tpu_programs.T5X_MODELS
+       for kind in ('train', 'eval')] +
+      [f'{name}/predict/data4' for name in tpu_programs.T5X_PREDICTED])
+  for key, program in programs.items():
+    assert 'error' not in program, (key, program.get('error', '')[:600])
+    assert program['flops'] > 0 and program['argument_bytes'] > 0, key
+    assert not program['host_callbacks'], (key, program['host_callbacks'])

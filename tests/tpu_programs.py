@@ -272,9 +272,128 @@ def controls(devices) -> dict:
   return {'callback_found': found, 'in_graph_check_error': in_graph_check}
 
 
+# t5x's programs (`t5x_programs`): the training step of each model on packed
+# rows, its eval loss and beam search on unpacked ones.
+T5X_MODELS = ('hyperprompt_global', 'hypergrid_lg_token_blocks')
+T5X_PREDICTED = ('hyperprompt_global',)
+
+
+def t5x_programs(devices) -> dict:
+  """t5x's train, eval and predict steps of the adapter
+  (`t5x_model.TaskIdsEncoderDecoderModel`, its default feature converter),
+  partitioned by t5x's `PjitPartitioner` with the project's axis rules
+  (gin/t5x/model.gin) over the slice, the batch split four ways; and, for
+  reference, the train step with a converter that checks no ids (the
+  network's in-graph check stays)."""
+  from t5x import decoding as t5x_decoding
+  from t5x import optimizers as t5x_optimizers
+  from t5x import partitioning as t5x_partitioning
+  from t5x import trainer as t5x_trainer
+  from t5x import utils as t5x_utils
+  import seqio
+  from hyperprompt_jax.t5x import t5x_model
+  from hyperprompt_jax.tasks import feature_converter
+
+  partitioner = t5x_partitioning.PjitPartitioner(
+      num_partitions=1, logical_axis_rules=partitioning.logical_axis_rules())
+  # t5x builds its mesh from the slice's chips as on a TPU host.
+  partitioner.mesh = t5x_partitioning.get_mesh(
+      (1, 1, 1, 1), input_devices=devices, input_local_devices=devices)
+  vocabulary = seqio.ByteVocabulary()
+  data = t5x_partitioning.PartitionSpec('data')
+  shapes = {'encoder_input_tokens': (BATCH, LENGTHS['inputs']),
+            'decoder_input_tokens': (BATCH, LENGTHS['targets'])}
+  unpacked = {
+      'encoder_input_tokens': np.ones(shapes['encoder_input_tokens'],
+                                      np.int32),
+      **{k: np.ones((BATCH, LENGTHS['targets']), np.int32)
+         for k in ('decoder_input_tokens', 'decoder_target_tokens',
+                   'decoder_loss_weights')},
+      'task_ids': np.zeros((BATCH,), np.int32)}
+  packed = {name: np.ones(
+      (BATCH, LENGTHS['targets' if name.startswith('decoder') else 'inputs']),
+      np.int32) for name in inputs.PACKED_MODEL_FEATURES}
+
+  def compile_step(model, fn, state_axes, state_shape, batch, train):
+    step = partitioner.partition(
+        fn, in_axis_resources=(state_axes, data),
+        out_axis_resources=(state_axes, None) if train else None,
+        donate_argnums=(0,) if train else ())
+    start = time.perf_counter()
+    compiled = step.lower(state_shape, batch).compile()
+    del model
+    return _t5x_figures(compiled, time.perf_counter() - start)
+
+  report = {}
+  for name in T5X_MODELS + ('unchecked',):
+    # The id space of t5x's default run task list (GLUE's 8 tasks).
+    config = dataclasses.replace(model_config(
+        'hyperprompt_global' if name == 'unchecked' else name), num_tasks=8)
+    kwargs = ({} if name != 'unchecked' else dict(
+        feature_converter_cls=feature_converter.TaskIdsEncDecFeatureConverter))
+    model = t5x_model.TaskIdsEncoderDecoderModel(
+        module=network.Transformer(config), input_vocabulary=vocabulary,
+        output_vocabulary=vocabulary,
+        optimizer_def=t5x_optimizers.OptaxWrapper(
+            optimizers.make_optimizer()),
+        decode_fn=t5x_decoding.beam_search, **kwargs)
+    initializer = t5x_utils.TrainStateInitializer(
+        optimizer_def=model.optimizer_def,
+        init_fn=model.get_initial_variables, input_shapes=shapes,
+        partitioner=partitioner)
+    state_shape = initializer.global_train_state_shape
+    state_axes = initializer.train_state_axes
+
+    def train_step(state, batch, model=model):
+      return t5x_trainer.train_with_lr(
+          state, batch, learning_rate=1e-3,
+          dropout_rng=jax.random.PRNGKey(0), model=model,
+          num_microbatches=None)
+
+    def eval_step(state, batch, model=model):
+      return model.eval_fn(state.params, batch)
+
+    def predict_step(state, batch, model=model):
+      return model.predict_batch_with_aux(state.params, batch,
+                                          num_decodes=2)[0]
+
+    steps = [('train', train_step, packed, True)]
+    if name != 'unchecked':
+      steps.append(('eval', eval_step, unpacked, False))
+    if name in T5X_PREDICTED:
+      steps.append(('predict', predict_step, unpacked, False))
+    for kind, fn, batch, train in steps:
+      key = f'{name}/{kind}/data4'
+      try:
+        report[key] = compile_step(model, fn, state_axes, state_shape, batch,
+                                   train)
+      except Exception as e:  # pylint: disable=broad-except
+        report[key] = {'error': f'{type(e).__name__}: {e}'}
+      print('t5x', key, report[key].get('compile_s'), flush=True)
+  return report
+
+
+def _t5x_figures(compiled, seconds: float) -> dict:
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, list):
+    cost = cost[0]
+  return {'compile_s': seconds,
+          'argument_bytes': memory.argument_size_in_bytes,
+          'temp_bytes': memory.temp_size_in_bytes,
+          'flops': cost.get('flops'),
+          'bytes_accessed': cost.get('bytes accessed'),
+          'host_callbacks': host_callbacks(compiled.as_text())}
+
+
 def main(out_path: str, names=None) -> None:
   devices = topologies.get_topology_desc(
       platform='tpu', topology_name=TOPOLOGY).devices
+  if names == ['--t5x']:  # t5x's steps only
+    with open(out_path, 'w') as f:
+      json.dump({'topology': TOPOLOGY, 't5x': t5x_programs(devices)}, f,
+                indent=1)
+    return
   report = {'topology': TOPOLOGY, 'meshes': MESHES, 'batch': BATCH,
             'controls': controls(devices), 'programs': {}}
   for name, kind, mesh_name in programs():
