@@ -1,11 +1,11 @@
 """Compiles the tiny model of every method for TPU slices, without a TPU.
 
-Run as a script (`python tests/tpu_programs.py OUT.json`) by
-`test_tpu_compile.py`: libtpu holds `/tmp/libtpu_lockfile`, so every TPU
-compile of the suite happens in this one process. With libtpu installed
-(`pip install -e '.[tpu]'`), `jax.experimental.topologies` gives a slice's
-devices on a CPU-only machine and `jit(...).lower(...).compile()` compiles
-for them: the TPU compiler's own program, memory and cost figures.
+Run as a script by `test_tpu_compile.py` (`python tests/tpu_programs.py
+OUT.json`, or `OUT.json --t5x` for t5x's steps), so that libtpu loads in a
+process of its own. With libtpu installed (the `[test]` and `[tpu]`
+extras), `jax.experimental.topologies` gives a slice's devices on a
+CPU-only machine and `jit(...).lower(...).compile()` compiles for them: the
+TPU compiler's own program, memory and cost figures.
 
 Programs, each as the built-in runner builds it: the training step of
 `runner.trainer.Trainer` (packed rows, the runner's shardings, checked on
@@ -29,6 +29,9 @@ import sys
 import time
 
 os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata here
+# Compiling only: no TPU is opened, so libtpu's one-process lock need not
+# keep another compiling process out.
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 # pylint: disable=g-import-not-at-top
 import flax
