@@ -9,9 +9,11 @@ TPU compiler's own program, memory and cost figures.
 
 Programs, each as the built-in runner builds it: the training step of
 `runner.trainer.Trainer` (packed rows, the runner's shardings, checked on
-the host) and the greedy decode of `evaluation.predictor.Predictor`. Each is
-compiled on a `v5e:2x2` slice twice: the batch split four ways over 'data',
-and split two ways with the parameters split over a 'model' axis of 2.
+the host) of every method and the greedy decode of
+`evaluation.predictor.Predictor` of one model per conditioning path, on a
+`v5e:2x2` slice: the batch split two ways over 'data' and the parameters
+over a 'model' axis of 2 (all), and the batch split four ways (`BOTH_MESHES`).
+With `--t5x`, t5x's train, eval and predict steps (`t5x_programs`).
 
 Per program the JSON holds: the compile time, `memory_analysis()`,
 `cost_analysis()` FLOPs and bytes accessed, the host transfers and callback
@@ -317,14 +319,14 @@ def t5x_programs(devices) -> dict:
       (BATCH, LENGTHS['targets' if name.startswith('decoder') else 'inputs']),
       np.int32) for name in inputs.PACKED_MODEL_FEATURES}
 
-  def compile_step(model, fn, state_axes, state_shape, batch, train):
+  def compile_step(fn, state_axes, state_shape, batch, train):
+    # As t5x's trainer and evaluators partition their steps.
     step = partitioner.partition(
         fn, in_axis_resources=(state_axes, data),
         out_axis_resources=(state_axes, None) if train else None,
         donate_argnums=(0,) if train else ())
     start = time.perf_counter()
     compiled = step.lower(state_shape, batch).compile()
-    del model
     return _t5x_figures(compiled, time.perf_counter() - start)
 
   report = {}
@@ -368,8 +370,7 @@ def t5x_programs(devices) -> dict:
     for kind, fn, batch, train in steps:
       key = f'{name}/{kind}/data4'
       try:
-        report[key] = compile_step(model, fn, state_axes, state_shape, batch,
-                                   train)
+        report[key] = compile_step(fn, state_axes, state_shape, batch, train)
       except Exception as e:  # pylint: disable=broad-except
         report[key] = {'error': f'{type(e).__name__}: {e}'}
       print('t5x', key, report[key].get('compile_s'), flush=True)
