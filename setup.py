@@ -32,7 +32,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0'],
+    # libtpu (jax[tpu]) brings the TPU compiler: the tests compile every
+    # model for a TPU slice on a machine without one (jax still runs on
+    # the CPU there).
+    'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0', 'jax[tpu]==0.10.2'],
     'tpu': ['jax[tpu]==0.10.2'],
     'gpu': ['jax[cuda12]==0.10.2'],
 }

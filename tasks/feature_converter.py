@@ -20,6 +20,15 @@ Rows are packed best-fit from a buffer of the next examples
 time in stream order: ~93 % of a row's positions hold tokens at GLUE +
 SuperGLUE lengths instead of ~70 %.
 
+With `num_tasks` given, every example's task id is checked against `[0,
+num_tasks)` here, in the input pipeline on the host (a tf.data assertion):
+an id out of range stops the dataset's iterator with a message naming it,
+before the batch reaches a compiled step, where an out-of-range gather
+would silently read another task's row (or NaN). t5x builds every dataset
+of its train, eval and infer runs through its model's converter, which
+binds `num_tasks`, so its steps need no check of their own
+(`t5x_model.TaskIdsEncoderDecoderModel`).
+
 Prompt-Tuning's soft prompt takes `n` encoder positions per example. Unpacked
 the model prepends them to the row; packed, they must be counted by the
 packer, so `input_prompt_length=n` reserves them: each example's inputs get
@@ -61,6 +70,9 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
       from (`packing.best_fit_pack`).
     max_examples_per_row: with `pack`, the most examples a row holds (None:
       as many as fit); HyperGrid's MAX_SEGMENTS.
+    num_tasks: if given, every example's task id must lie in `[0,
+      num_tasks)` (T5Config.num_tasks, NUM_TASKS); the dataset's iterator
+      raises `tf.errors.InvalidArgumentError` naming the id otherwise.
     use_custom_packing_ops, apply_length_check, bos_id, passthrough_features:
       as seqio's (no pass-through features when packing, as in seqio;
       `use_custom_packing_ops` is ignored: seqio's packer is not used).
@@ -77,13 +89,20 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
       input_prompt_length: int = 0,
       pack_buffer_size: int = packing.BUFFER_SIZE,
       max_examples_per_row: Optional[int] = None,
+      num_tasks: Optional[int] = None,
   ):
     if input_prompt_length < 0:
       raise ValueError('input_prompt_length must be >= 0, got '
                        f'{input_prompt_length}.')
+    if num_tasks is not None and (isinstance(num_tasks, bool) or
+                                  not isinstance(num_tasks, int) or
+                                  num_tasks < 1):
+      raise ValueError(f'num_tasks must be None or an int >= 1, got '
+                       f'{num_tasks!r}.')
+    self.num_tasks = num_tasks
     self._input_prompt_length = input_prompt_length if pack else 0
     self._pack_buffer_size = pack_buffer_size
-    self._max_examples_per_row = max_examples_per_row
+    self._max_examples_per_row = max_examples_per_row if pack else None
     if pack:
       if passthrough_features:
         raise ValueError(
@@ -124,10 +143,36 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
           'inputs length or shorten the prompt.')
     return super().__call__(ds, lengths)
 
+  def checks(self, num_tasks: int, max_examples: Optional[int]) -> bool:
+    """Whether every row this converter makes is known on the host to hold
+    task ids in `[0, num_tasks)` and, packed, at most `max_examples`
+    examples (None: any number): its ids are checked against a space no
+    larger, and its packer closes a row at the bound or earlier."""
+    if self.num_tasks is None or self.num_tasks > num_tasks:
+      return False
+    return (max_examples is None or not self.pack or
+            (self._max_examples_per_row is not None and
+             self._max_examples_per_row <= max_examples))
+
+  def _check_task_id(self, ex: Mapping[str, tf.Tensor]
+                     ) -> Mapping[str, tf.Tensor]:
+    """One example, passed on once its task id lies in `[0, num_tasks)`."""
+    task_id = tf.cast(ex[TASK_IDS], tf.int64)
+    in_range = tf.debugging.Assert(
+        (task_id >= 0) & (task_id < self.num_tasks),
+        [tf.strings.format(
+            'task_ids must lie in [0, num_tasks) = [0, {}), got id {}. '
+            'Raise NUM_TASKS (T5Config.num_tasks) or fix the task list.',
+            (self.num_tasks, task_id))])
+    with tf.control_dependencies([in_range]):
+      return {k: tf.identity(v) for k, v in ex.items()}
+
   def _convert_features(self, ds: tf.data.Dataset,
                         task_feature_lengths: Mapping[str, int]
                         ) -> tf.data.Dataset:
     lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
+    if self.num_tasks is not None:
+      ds = ds.map(self._check_task_id, num_parallel_calls=tf.data.AUTOTUNE)
     if not self.pack:
       return super()._convert_features(ds, lengths)
     n = self._input_prompt_length

@@ -2,7 +2,10 @@
 
 Inside `jax.jit` an out-of-range gather clamps (id -1: task T-1's output) or
 fills NaN (id 1000), silently; `conditioning.check_task_ids` makes the
-compiled program raise instead.
+compiled program raise instead, and where every batch is checked on the host
+first (the built-in runner's steps and decodes; t5x's steps, whose data
+comes through the feature converter) the programs hold no check of their
+own.
 """
 
 import dataclasses
@@ -191,23 +194,127 @@ def test_programs_of_batches_checked_on_host_hold_no_callback(
           jax.random.PRNGKey(0)).as_text()
 
 
-def test_t5x_loss_and_predict(model_and_params):
-  pytest.importorskip('t5x')
+# ----------------------------------------- on the host: the t5x data path --
+
+def _examples(ids) -> 'tf.data.Dataset':
+  """One seqio example per task id: inputs of 3 + i tokens, 2 targets."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def generate():
+    for i, task_id in enumerate(ids):
+      yield {'inputs': np.arange(1, 4 + i, dtype=np.int32),
+             'targets': np.array([5, 6], np.int32),
+             'task_ids': np.int32(task_id)}
+
+  spec = tf.TensorSpec([None], tf.int32)
+  return tf.data.Dataset.from_generator(generate, output_signature={
+      'inputs': spec, 'targets': spec,
+      'task_ids': tf.TensorSpec([], tf.int32)})
+
+
+@pytest.mark.parametrize('pack', [False, True])
+def test_feature_converter_checks_task_ids_on_the_host(pack):
+  """The converter t5x builds every dataset through refuses an example whose
+  id leaves `[0, num_tasks)` when the input pipeline reaches it, before
+  any batch holding it exists; valid examples pass unchanged."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
+
+  lengths = {'inputs': 16, 'targets': 8}
+
+  def rows(ids, **kwargs):
+    converter = feature_converter.TaskIdsEncDecFeatureConverter(
+        pack=pack, **kwargs)
+    return list(converter(_examples(ids), lengths).as_numpy_iterator())
+
+  valid = [0, 3, 1, 2]
+  got, want = rows(valid, num_tasks=4), rows(valid)
+  assert len(got) == len(want) > 0
+  for g, w in zip(got, want):
+    assert g.keys() == w.keys()
+    for k in g:
+      np.testing.assert_array_equal(g[k], w[k])
+  for bad in (4, -1):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(
+        f'task_ids must lie in [0, num_tasks) = [0, 4), got id {bad}. '
+        'Raise NUM_TASKS (T5Config.num_tasks) or fix the task list.')):
+      rows([0, bad, 1], num_tasks=4)
+
+
+def test_feature_converter_says_what_it_checks():
+  """`checks(num_tasks, max_examples)`: ids checked against a space no
+  larger than the model's, and packed rows closed at the model's bound."""
+  from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
+
+  converter = feature_converter.TaskIdsEncDecFeatureConverter
+  assert converter(num_tasks=4).checks(4, None)
+  assert converter(num_tasks=4).checks(8, 2)  # unpacked: one example a row
+  assert not converter(num_tasks=8).checks(4, None)
+  assert not converter().checks(4, None)
+  assert not converter(pack=True, num_tasks=4).checks(4, 8)
+  assert converter(pack=True, num_tasks=4,
+                   max_examples_per_row=4).checks(4, 8)
+  assert not converter(pack=True, num_tasks=4,
+                       max_examples_per_row=8).checks(4, 4)
+  with pytest.raises(ValueError, match='num_tasks must be None or an int'):
+    converter(num_tasks=0)
+
+
+def _t5x_model(**kwargs):
   from t5x import optimizers as t5x_optimizers  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import optimizers  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.t5x import t5x_model  # pylint: disable=g-import-not-at-top
 
   vocabulary = seqio.ByteVocabulary()
-  model = t5x_model.TaskIdsEncoderDecoderModel(
+  return t5x_model.TaskIdsEncoderDecoderModel(
       module=network.Transformer(CFG), input_vocabulary=vocabulary,
       output_vocabulary=vocabulary,
-      optimizer_def=t5x_optimizers.OptaxWrapper(optimizers.make_optimizer()))
-  params = model_and_params[1]  # get_initial_variables' (init_variables)
+      optimizer_def=t5x_optimizers.OptaxWrapper(optimizers.make_optimizer()),
+      **kwargs)
+
+
+def _t5x_batch():
   enc, dec_in, tgt = _tokens(4)
-  batch = {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in,
-           'decoder_target_tokens': tgt,
-           'decoder_loss_weights': (tgt > 0).astype(np.int32)}
+  return {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in,
+          'decoder_target_tokens': tgt,
+          'decoder_loss_weights': (tgt > 0).astype(np.int32)}
+
+
+def test_t5x_steps_take_batches_checked_by_the_converter(model_and_params):
+  """t5x's steps of the adapter hold no host callback (which the TPU
+  compiler refuses on a split batch): its feature converter, which builds
+  every dataset of a t5x run, checks the ids on the host instead."""
+  pytest.importorskip('t5x')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  model = _t5x_model()
+  assert not model.module.config.check_traced_task_ids
+  params = model_and_params[1]  # get_initial_variables' (init_variables)
+  batch = _t5x_batch()
+  for fn in (lambda ids: model.loss_fn(params, dict(batch, task_ids=ids),
+                                       None)[0],
+             lambda ids: model.predict_batch_with_aux(
+                 params, dict(batch, task_ids=ids), num_decodes=1)[1][
+                     'scores']):
+    assert 'callback' not in jax.jit(fn).lower(VALID).as_text()
+  converter = model.FEATURE_CONVERTER_CLS(pack=False)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=re.escape(f'[0, {NUM_TASKS}), got id 1000')):
+    list(converter(_examples([0, 1000]), {'inputs': 16, 'targets': 8}))
+
+
+def test_t5x_with_an_unchecking_converter_keeps_the_in_graph_check(
+    model_and_params):
+  """A converter that does not check the ids (no `num_tasks`) leaves the
+  network's own check in t5x's steps: a bad id still fails the call."""
+  pytest.importorskip('t5x')
+  from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
+
+  model = _t5x_model(
+      feature_converter_cls=feature_converter.TaskIdsEncDecFeatureConverter)
+  assert model.module.config.check_traced_task_ids
+  params = model_and_params[1]
+  batch = _t5x_batch()
   loss = jax.jit(lambda ids: model.loss_fn(params, dict(batch, task_ids=ids),
                                            None)[0])
   _assert_checked(loss)

@@ -68,6 +68,12 @@ class Predictor:
       return decoding.greedy_decode(self._decode_model, params, tokens,
                                     task_ids, self.max_decode_length)
 
+  def decode_function(self):
+    """The jitted decode `(params, tokens [batch, length], task_ids [batch])
+    -> [batch, max_decode_length]` with the predictor's shardings (`predict`
+    calls it on batches it checked)."""
+    return self._decode
+
   def set_params(self, params: PyTree) -> None:
     """Places `params` on the mesh (replacing the previous checkpoint's)."""
     self.params = jax.device_put(params, self.param_shardings)

@@ -174,7 +174,9 @@ def check_task_ids(cfg, task_ids, tokens: Array,
   same message: an out-of-range gather would otherwise clamp (another task's
   output) or fill NaN, silently. Off with
   `T5Config.check_traced_task_ids = False`, where every batch is validated
-  on the host first (`batches.validate_batch`).
+  on the host first (`network.checked_on_host`: the built-in runner's steps
+  and decodes, t5x's steps behind the project's feature converter); the TPU
+  compiler refuses the check's partitioned callback on a split batch.
 
   Returns:
     `task_ids` as an array (None stays None).

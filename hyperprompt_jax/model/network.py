@@ -58,9 +58,11 @@ class T5Config:
   # Size of the task-id space: ids must lie in [0, num_tasks).
   num_tasks: int = 8
   # Traced ids out of range fail the compiled call (a host callback in the
-  # program: it costs jax's fast C++ dispatch path, ~1 ms a call on CPU).
+  # program: it costs jax's fast C++ dispatch path, ~1 ms a call on CPU, and
+  # the TPU compiler refuses it where the batch is split over devices).
   # Turn off only where batches are validated on the host first
-  # (`batches.validate_batch`); concrete ids are always checked.
+  # (`batches.validate_batch`, the t5x adapter's feature converter; both
+  # runners do); concrete ids are always checked.
   check_traced_task_ids: bool = True
   # Activation rematerialisation of the encoder and decoder layers in
   # training (`REMAT_POLICIES`): 'none' keeps every activation for the

@@ -340,8 +340,11 @@ class Trainer:
                       self.z_loss, self.rules, self.balancing,
                       self.num_microbatches)
 
-  def step(self, state: State, batch: dict) -> tuple[State, dict]:
-    """One optimizer step on a global batch (`global_batch`)."""
+  def step_function(self) -> Callable:
+    """The jitted step `(state, global batch) -> (state, metrics)` with the
+    state's and the batch's shardings, donating the old state (`step` calls
+    it; `.lower(abstract_state(), batch shapes)` compiles it for any
+    mesh, a TPU slice's from `jax.experimental.topologies` included)."""
     if self._step_fn is None:
       shardings = self._shardings()
       self._step_fn = jax.jit(
@@ -349,8 +352,13 @@ class Trainer:
           in_shardings=(shardings, self.batch_sharding),
           out_shardings=(shardings, None),
           donate_argnums=(0,))
+    return self._step_fn
+
+  def step(self, state: State, batch: dict) -> tuple[State, dict]:
+    """One optimizer step on a global batch (`global_batch`)."""
+    step_fn = self.step_function()
     with jax.set_mesh(self.mesh):
-      return self._step_fn(state, batch)
+      return step_fn(state, batch)
 
   def loss_fn(self) -> Callable:
     """`(params, global_batch, rng) -> (loss, terms)`, for tests."""

@@ -79,6 +79,15 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   model holds the run's MetaBalance plan (`balancing`) and its initial
   variables the moving averages; `MetaBalanceTrainer` steps it.
 
+  Task ids are checked on the host, where t5x's data comes from: the
+  default feature converter stops the input pipeline at an id outside
+  `[0, num_tasks)` with a message naming it (`TaskIdsEncDecFeatureConverter`
+  with `num_tasks`), so the network's own in-graph check of traced ids
+  (`T5Config.check_traced_task_ids`, a host callback that the TPU compiler
+  refuses on a split batch) is left out of t5x's steps. With a
+  `feature_converter_cls` that does not check (`converter_checks_batches`)
+  the network keeps its configured check.
+
   Raises:
     ValueError: at construction, when the network's `num_tasks` (gin:
       NUM_TASKS) is smaller than the run's task list, or MetaBalance's
@@ -114,15 +123,22 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     self.balancing = balancing_lib.run_plan(
         gradient_balancing, metabalance_settings, module,
         mixture_or_task_name)
+    packed_rows = batches.RowFormat.of(module.config, pack=True)
     if feature_converter_cls is None:
       # t5x tells the converter whether to pack; the slots it reserves and
       # the examples a row may hold when it does are the model's (unpacked,
-      # the converter ignores them).
-      packed_rows = batches.RowFormat.of(module.config, pack=True)
+      # the converter ignores them), and it checks every task id against
+      # the model's id space on the host.
       feature_converter_cls = functools.partial(
           feature_converter.TaskIdsEncDecFeatureConverter,
           input_prompt_length=packed_rows.input_prompt_length,
-          max_examples_per_row=packed_rows.max_examples)
+          max_examples_per_row=packed_rows.max_examples,
+          num_tasks=module.config.num_tasks)
+    if converter_checks_batches(feature_converter_cls, module.config):
+      # Every batch of t5x's train, eval and infer runs comes through this
+      # converter: the steps need no in-graph check, whose host callback
+      # the TPU compiler refuses when the batch is split.
+      module = network.checked_on_host(module)
     super().__init__(
         module, input_vocabulary, output_vocabulary, optimizer_def,
         decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
@@ -440,6 +456,25 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     if return_all_decodes:
       return decodes, {'scores': scores}
     return decodes[:, -1, :], {'scores': scores[:, -1]}
+
+
+def converter_checks_batches(feature_converter_cls: Any,
+                             config: network.T5Config) -> bool:
+  """Whether every batch `feature_converter_cls` makes (t5x builds each
+  dataset of a run through it, `pack` as the run says) is checked on the
+  host for a network of `config`: task ids in `[0, num_tasks)`, and packed
+  rows within HyperGrid's bound on examples a row."""
+  bound = batches.RowFormat.of(config, pack=True).max_examples
+  for pack in (False, True):
+    try:
+      converter = feature_converter_cls(pack=pack)
+    except ValueError:  # e.g. pass-through features: t5x cannot pack then
+      continue
+    if not (isinstance(converter,
+                       feature_converter.TaskIdsEncDecFeatureConverter)
+            and converter.checks(config.num_tasks, bound)):
+      return False
+  return True
 
 
 # ------------------------------------------------------------ MetaBalance --
