@@ -2,6 +2,7 @@
 dissertation's Algorithm 2 (ch. 4, the complete version), written from the
 algorithm's lines, not from the module."""
 
+import dataclasses
 import functools
 import shutil
 
@@ -16,10 +17,12 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
+from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 
@@ -535,3 +538,26 @@ def test_bad_settings_fail_before_anything_is_written(tmp_path, overrides,
   with pytest.raises(ValueError, match=message):
     _train(tmp_path / 'run', 2, **overrides)
   assert not (tmp_path / 'run').exists()
+
+
+def test_the_record_holds_the_steps_settings_and_old_bounds_resume():
+  """A run's record names the settings that change MetaBalance's step (a
+  resume with another relax factor is refused); the bound on auxiliaries
+  is not one of them, and a record that holds it (earlier versions wrote
+  METABALANCE_MAX_AUXILIARIES = 16) resumes under today's default."""
+  config = conftest.T5X_TINY_CONFIG
+  settings = metabalance.Settings(target_task='glue_rte')
+  now = {'GRADIENT_BALANCING': run_record.balancing_record(
+      dataclasses.asdict(settings))}
+  assert now['GRADIENT_BALANCING'] == {
+      'METABALANCE_TARGET_TASK': 'glue_rte', 'METABALANCE_RELAX_FACTOR': 0.7,
+      'METABALANCE_BETA': 0.9, 'METABALANCE_STRATEGY': 'both',
+      'METABALANCE_AUXILIARIES': 'each'}
+  old = run_record.make(config, {'GRADIENT_BALANCING': {
+      **now['GRADIENT_BALANCING'], 'METABALANCE_MAX_AUXILIARIES': 16}}, 0)
+  run_record.check_resume(old, config, now, 'checkpoint_4', [])
+  other = {'GRADIENT_BALANCING': run_record.balancing_record(
+      dataclasses.asdict(dataclasses.replace(settings, relax_factor=0.5)))}
+  with pytest.raises(checkpoint_manager.ResumeMismatchError,
+                     match='GRADIENT_BALANCING.*RELAX_FACTOR'):
+    run_record.check_resume(old, config, other, 'checkpoint_4', [])

@@ -104,6 +104,19 @@ def make(model_config: Any, data: Mapping[str, Any], start_step: int,
           'operative_config_gin': gin.operative_config_str()}
 
 
+# MetaBalance settings that bound a run without changing its step (records
+# of earlier versions hold them; a resume ignores them).
+_BALANCING_GUARDS = ('METABALANCE_MAX_AUXILIARIES',)
+
+
+def balancing_record(settings: Mapping[str, Any]) -> dict[str, Any]:
+  """The record's GRADIENT_BALANCING: MetaBalance's settings (`{'target_task':
+  ..., ...}`) as `METABALANCE_<NAME>` macros, those that change the step
+  only (a bound on the auxiliaries' count is not one)."""
+  out = {'METABALANCE_' + k.upper(): v for k, v in settings.items()}
+  return {k: v for k, v in out.items() if k not in _BALANCING_GUARDS}
+
+
 def check_resume(record: Mapping[str, Any], model_config: Any,
                  data: Mapping[str, Any], checkpoint: str,
                  task_list: Sequence[str]) -> None:
@@ -121,6 +134,10 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
     changes.append(moved)
   saved_data = dict(record.get('data', {}))
   saved_data['PACKER'] = _saved_packer(saved_data)
+  if isinstance(saved_data.get('GRADIENT_BALANCING'), Mapping):
+    saved_data['GRADIENT_BALANCING'] = {
+        k: v for k, v in saved_data['GRADIENT_BALANCING'].items()
+        if k not in _BALANCING_GUARDS}
   saved_data.setdefault(SCHEDULE, UNRECORDED_SCHEDULE)
   for name in data:
     now_value = data[name]

@@ -465,9 +465,8 @@ def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
   # The optimizer state's shape depends on it: a resume must keep it.
   data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.task_start.first_new_row
   # So is MetaBalance's (its moving averages, one per auxiliary).
-  data['GRADIENT_BALANCING'] = run.balancing and {
-      'METABALANCE_' + k.upper(): v
-      for k, v in dataclasses.asdict(run.balancing.settings).items()}
+  data['GRADIENT_BALANCING'] = run.balancing and run_record.balancing_record(
+      dataclasses.asdict(run.balancing.settings))
   # The rates a resumed run continues (the optimizer state counts steps).
   if run.schedule is not None:
     data[run_record.SCHEDULE] = run.schedule.record()
