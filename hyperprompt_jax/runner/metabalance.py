@@ -324,35 +324,31 @@ def shared_state_shapes(plan: Plan, params: Any) -> State:
       functools.partial(init, num_auxiliary=plan.num_auxiliary), shared)
 
 
-def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
-                      params: Any, state: State, plan: Plan,
-                      present: jax.Array) -> tuple[Any, State, Any]:
-  """MetaBalance's gradient of a loss split into the target's and each
-  auxiliary's share: `(grads, new_state, aux)`.
+def balance_shares(share_grads: Callable[[jax.Array], tuple[Any, Any]],
+                   params: Any, state: State, plan: Plan, present: jax.Array
+                   ) -> tuple[Any, State, Any]:
+  """Algorithm 2 over the K + 1 shares' gradients taken one after the other:
+  `(grads, new_state, aux of the target's share)`.
 
-  One forward pass (`jax.vjp`), then one backward pass per share, in a
-  `lax.scan` over the shares (the target's first): each share's gradient is
-  balanced and added to running totals as soon as it is taken (`add_share`),
-  so a step holds about three gradients of the parameters whatever K (the
-  totals, the share's gradient, the updated totals), not K + 1 as the
-  shares' gradients stacked `[K + 1, ...]` would. Algorithm 2 allows the
-  order: an auxiliary's scale needs only its own norm and the target's
-  moving average.
-  Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
-  once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
-  (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
-  rightly`). Parameters with a task axis (`plan.task_rows`) take the plain
-  sum of the shares' gradients; the others are balanced.
+  A `lax.scan` over the shares (the target's first): each share's gradient
+  is balanced and added to running totals as soon as it is taken
+  (`add_share`), so the loop holds about three gradients of the parameters
+  whatever K (the totals, the share's gradient, the updated totals), not
+  K + 1 as the shares' gradients stacked `[K + 1, ...]` would. Algorithm 2
+  allows the order: an auxiliary's scale needs only its own norm and the
+  target's moving average. Parameters with a task axis (`plan.task_rows`)
+  take the plain sum of the shares' gradients; the others are balanced.
 
   Args:
-    shares_fn: `params -> ([K + 1] loss shares, aux)`.
-    params: the parameters (a nested dict).
+    share_grads: `share -> (gradient of that share's loss, aux)` (share an
+      int32 scalar, traced: 0 the target, i in 1..K auxiliary i); how the
+      gradient is taken (one batch's VJP, parts summed) is the caller's.
+    params: the parameters (a nested dict; arrays or shapes).
     state: the moving averages (`init` over the shared parameters).
     plan: the run's plan.
     present: `[K + 1]` bool, whether each share has tokens in the batch.
   """
   settings = plan.settings
-  loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
   flat = traverse_util.flatten_dict(params, sep='/')
   nest = functools.partial(traverse_util.unflatten_dict, sep='/')
   rows_of = lambda tree: {k: v for k, v in tree.items()
@@ -362,22 +358,100 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
 
   def add(carry, share):
     shared_total, rows_total, state = carry
-    (grads,) = vjp_fn(jax.nn.one_hot(share, plan.num_auxiliary + 1,
-                                     dtype=loss_shares.dtype))
+    grads, aux = share_grads(share)
     grads = traverse_util.flatten_dict(grads, sep='/')
     shared_total, state = add_share(
         share, shared_of(grads), shared_total, state,
         relax_factor=settings.relax_factor, beta=settings.beta,
         strategy=settings.strategy, present=present)
     rows_total = jax.tree.map(jnp.add, rows_total, rows_of(grads))
-    return (shared_total, rows_total, state), None
+    return (shared_total, rows_total, state), aux
 
   zeros = ({k: jnp.zeros(v.shape, jnp.float32) for k, v in flat.items()
             if k not in plan.task_rows},
            {k: jnp.zeros(v.shape, v.dtype) for k, v in rows_of(flat).items()})
-  (shared_total, rows_total, state), _ = jax.lax.scan(
+  (shared_total, rows_total, state), aux = jax.lax.scan(
       add, (nest(zeros[0]), zeros[1], state),
       jnp.arange(plan.num_auxiliary + 1, dtype=jnp.int32))
   shared_total = {k: v.astype(flat[k].dtype) for k, v in
                   traverse_util.flatten_dict(shared_total, sep='/').items()}
-  return nest({**shared_total, **rows_total}), state, aux
+  return (nest({**shared_total, **rows_total}), state,
+          jax.tree.map(lambda a: a[0], aux))
+
+
+def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
+                      params: Any, state: State, plan: Plan,
+                      present: jax.Array) -> tuple[Any, State, Any]:
+  """MetaBalance's gradient of a loss split into the target's and each
+  auxiliary's share: `(grads, new_state, aux)`.
+
+  One forward pass (`jax.vjp`), then one backward pass per share, balanced
+  as it is taken (`balance_shares`: about three gradients of memory
+  whatever K).
+  Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
+  once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
+  (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
+  rightly`).
+
+  Args:
+    shares_fn: `params -> ([K + 1] loss shares, aux)`.
+    params: the parameters (a nested dict).
+    state: the moving averages (`init` over the shared parameters).
+    plan: the run's plan.
+    present: `[K + 1]` bool, whether each share has tokens in the batch.
+  """
+  loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
+
+  def share_grads(share):
+    (grads,) = vjp_fn(jax.nn.one_hot(share, plan.num_auxiliary + 1,
+                                     dtype=loss_shares.dtype))
+    return grads, ()
+
+  grads, state, _ = balance_shares(share_grads, params, state, plan, present)
+  return grads, state, aux
+
+
+def balanced_gradient_in_parts(
+    part_shares_fn: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
+    num_parts: int, params: Any, state: State, plan: Plan,
+    present: jax.Array) -> tuple[Any, State, Any]:
+  """MetaBalance's gradient of a batch taken in `num_parts` parts
+  (microbatches): `(grads, new_state, aux summed over the parts)`.
+
+  Each share's gradient is the WHOLE batch's (its parts' gradients summed
+  before `add_share` sees it), so the norms are Algorithm 2's and the step
+  is the one-batch step's. Shares outer, parts inner (`balance_shares` over
+  the shares; in each, a `lax.scan` over the parts): the step holds one
+  more gradient than the one-batch form (the share's accumulator) and one
+  part's activations, at the cost of (K + 1) x `num_parts` forward and
+  backward passes (parts outer would hold K + 1 accumulators).
+
+  Args:
+    part_shares_fn: `(params, part index) -> ([K + 1] loss shares of the
+      part, aux)`, each share over the whole batch's normaliser so the
+      parts' shares sum to the batch's; aux additive over the parts (sums).
+    num_parts: the number of parts.
+    params: the parameters (a nested dict).
+    state: the moving averages (`init` over the shared parameters).
+    plan: the run's plan.
+    present: `[K + 1]` bool, whether each share has tokens in the WHOLE
+      batch.
+  """
+  aux_shape = jax.eval_shape(part_shares_fn, params, jnp.int32(0))[1]
+
+  def share_grads(share):
+    def part_loss(params, i):
+      shares, aux = part_shares_fn(params, i)
+      return shares[share], aux
+
+    def add_part(carry, i):
+      grads, aux = jax.grad(part_loss, has_aux=True)(params, i)
+      return jax.tree.map(jnp.add, carry, (grads, aux)), None
+
+    zeros = (jax.tree.map(jnp.zeros_like, params),
+             jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shape))
+    (grads, aux), _ = jax.lax.scan(add_part, zeros,
+                                   jnp.arange(num_parts, dtype=jnp.int32))
+    return grads, aux
+
+  return balance_shares(share_grads, params, state, plan, present)

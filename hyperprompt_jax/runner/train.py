@@ -226,7 +226,8 @@ def train(
       macros of runs/train.gin).
     num_microbatches: take each batch's gradient in this many parts, summed
       into one update (t5x's meaning; None or 1: whole batches): the
-      activations of one part in memory, the one-batch update.
+      activations of one part in memory, the one-batch update (with
+      MetaBalance too: each share's gradient summed over the parts).
     optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
     learning_rate_schedule: the schedule the optimizer follows (gin: the
       same `@schedules.create_learning_rate_scheduler()` as
@@ -279,7 +280,7 @@ def train(
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f"mesh's {mesh.shape['data']} data shards.")
   num_microbatches = check_num_microbatches(
-      num_microbatches, batch_size // mesh.shape['data'], balancing)
+      num_microbatches, batch_size // mesh.shape['data'])
   if not isinstance(restart_data_on_layout_change, bool):
     raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
                      f'got {restart_data_on_layout_change!r}.')
@@ -320,9 +321,7 @@ def train(
 
 
 def check_num_microbatches(num_microbatches: Optional[int],
-                           shard_batch: int,
-                           balancing: Optional[metabalance.Plan] = None
-                           ) -> int:
+                           shard_batch: int) -> int:
   """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
 
   Args:
@@ -343,12 +342,6 @@ def check_num_microbatches(num_microbatches: Optional[int],
         f'NUM_MICROBATCHES={num_microbatches} does not divide the '
         f'{shard_batch} rows of each data shard (BATCH_SIZE / the mesh\'s '
         'data shards): choose a divisor, or change BATCH_SIZE.')
-  if balancing is not None and num_microbatches > 1:
-    raise ValueError(
-        f'NUM_MICROBATCHES={num_microbatches} with GRADIENT_BALANCING='
-        "'metabalance': MetaBalance takes whole batches (its per-task "
-        'backward passes are not split into parts); set NUM_MICROBATCHES = '
-        'None.')
   return num_microbatches
 
 

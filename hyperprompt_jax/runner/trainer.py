@@ -70,6 +70,22 @@ def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
                           batch['decoder_target_tokens'].shape)
 
 
+def _parts(batch: Mapping[str, Any], n: int) -> dict[str, jax.Array]:
+  """`[B, ...]` -> `[n, B / n, ...]` for every feature: part i holds rows
+  i, n + i, 2n + i, ... (each part keeps the batch's spread over the data
+  shards, so no rows move)."""
+  return {k: jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
+          for k, x in batch.items()}
+
+
+def _zero_sums(num_tasks: int) -> dict[str, jax.Array]:
+  """Zeros of `losses.weighted_sums`' dict."""
+  return {**{k: jnp.zeros((), jnp.float32)
+             for k in ('cross_entropy', 'z_loss', 'hits', 'tokens')},
+          **{k: jnp.zeros((num_tasks,), jnp.float32)
+             for k in ('task_loss', 'task_hits', 'task_tokens')}}
+
+
 def microbatched_grads(model: network.Transformer, params: Any,
                        batch: Mapping[str, Any], rng: jax.Array,
                        z_loss: float, rules: Optional[partitioning.AxisRules],
@@ -89,9 +105,6 @@ def microbatched_grads(model: network.Transformer, params: Any,
   tokens = jnp.maximum(
       batch['decoder_loss_weights'].astype(jnp.float32).sum(), 1.0)
 
-  def parts(x):  # [B, ...] -> [n, B / n, ...]
-    return jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
-
   def part_loss(params, part, rng):
     sums = losses.weighted_sums(
         _logits(model, params, part, rng, rules),
@@ -107,44 +120,64 @@ def microbatched_grads(model: network.Transformer, params: Any,
     return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
   zeros = (jax.tree.map(jnp.zeros_like, params),
-           {**{k: jnp.zeros((), jnp.float32)
-               for k in ('cross_entropy', 'z_loss', 'hits', 'tokens')},
-            **{k: jnp.zeros((model.config.num_tasks,), jnp.float32)
-               for k in ('task_loss', 'task_hits', 'task_tokens')}})
+           _zero_sums(model.config.num_tasks))
   (grads, sums), _ = jax.lax.scan(
-      add_part, zeros, (jnp.arange(n), jax.tree.map(parts, dict(batch))))
+      add_part, zeros, (jnp.arange(n), _parts(batch, n)))
   terms = losses.terms_from_sums(sums)
   return (terms['loss'], terms), grads
+
+
+def _loss_shares(model, params, batch, rng, rules, z_loss, plan, tokens
+                 ) -> tuple[jax.Array, dict]:
+  """`([K + 1] loss shares, losses.weighted_sums)` of `batch` (a batch or a
+  part), each share its tokens' loss sum over `tokens` (the whole batch's
+  real target tokens)."""
+  weights = batch['decoder_loss_weights'].astype(jnp.float32)
+  in_group = metabalance.group_masks(plan, target_task_ids(batch),
+                                     model.config.num_tasks)
+  logits = _logits(model, params, batch, rng, rules)
+  targets = batch['decoder_target_tokens']
+  sums = losses.weighted_sums(logits, targets, weights, z_loss,
+                              target_task_ids(batch), model.config.num_tasks)
+  cross_entropy, z_term = losses.token_losses(logits, targets, z_loss)
+  per_token = (cross_entropy + z_term) * weights
+  return jnp.einsum('bl,blg->g', per_token, in_group) / tokens, sums
 
 
 def balanced_grads(model: network.Transformer, params: Any, balance: Any,
                    batch: Mapping[str, Any], rng: jax.Array, z_loss: float,
                    rules: Optional[partitioning.AxisRules],
-                   plan: metabalance.Plan) -> tuple[Any, Any, dict]:
+                   plan: metabalance.Plan, num_microbatches: int = 1
+                   ) -> tuple[Any, Any, dict]:
   """MetaBalance's gradient: `(grads, new balance state, terms)`.
 
   The loss is split by the task of each target token into the target's and
   each auxiliary's share (each over all real target tokens, so the shares
   sum to the loss); `metabalance.balanced_gradient` balances their
-  gradients.
+  gradients. With `num_microbatches` > 1, each share's gradient is the
+  whole batch's, summed over the parts (`microbatched_grads`' parts and
+  dropout rngs; `metabalance.balanced_gradient_in_parts`), so the step is
+  the one-batch step.
   """
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
+  tokens = jnp.maximum(weights.sum(), 1.0)
   in_group = metabalance.group_masks(plan, target_task_ids(batch),
                                      model.config.num_tasks)
-
-  def shares(params):
-    logits = _logits(model, params, batch, rng, rules)
-    targets = batch['decoder_target_tokens']
-    terms = losses.cross_entropy_with_z_loss(
-        logits, targets, weights, z_loss, target_task_ids(batch),
-        model.config.num_tasks)
-    cross_entropy, z_term = losses.token_losses(logits, targets, z_loss)
-    per_token = (cross_entropy + z_term) * weights
-    return (jnp.einsum('bl,blg->g', per_token, in_group)
-            / jnp.maximum(weights.sum(), 1.0)), terms
-
   present = jnp.einsum('bl,blg->g', weights, in_group) > 0
-  return metabalance.balanced_gradient(shares, params, balance, plan, present)
+  shares = functools.partial(_loss_shares, model, rules=rules, z_loss=z_loss,
+                             plan=plan, tokens=tokens)
+  if num_microbatches == 1:
+    grads, state, sums = metabalance.balanced_gradient(
+        lambda params: shares(params, batch, rng), params, balance, plan,
+        present)
+  else:
+    parts = _parts(batch, num_microbatches)
+    grads, state, sums = metabalance.balanced_gradient_in_parts(
+        lambda params, i: shares(
+            params, jax.tree.map(lambda x: x[i], parts),
+            jax.random.fold_in(rng, i)),
+        num_microbatches, params, balance, plan, present)
+  return grads, state, losses.terms_from_sums(sums)
 
 
 def train_step(model: network.Transformer,
@@ -156,28 +189,26 @@ def train_step(model: network.Transformer,
   """One optimizer step, pure: jit it with the shardings you need. With
   `balancing`, the gradient is MetaBalance's (`balanced_grads`; the state
   holds its moving averages under 'metabalance'); with `num_microbatches`
-  > 1, the batch's gradient is taken part by part (`microbatched_grads`).
+  > 1, the batch's gradient is taken part by part (`microbatched_grads`,
+  or each share's part by part with `balancing`).
 
   A non-finite loss or update leaves the state as it was (so no NaN ever
   reaches a checkpoint; `terms['finite']` says so and the runner stops at
   its next check).
   """
   new = {}
-  if balancing is not None and num_microbatches > 1:
-    raise ValueError('MetaBalance takes whole batches: NUM_MICROBATCHES '
-                     f'= {num_microbatches} with GRADIENT_BALANCING set.')
-  if num_microbatches > 1:
+  if balancing is not None:
+    grads, new[METABALANCE], terms = balanced_grads(
+        model, state['params'], state[METABALANCE], batch, rng, z_loss,
+        rules, balancing, num_microbatches)
+    loss = terms['loss']
+  elif num_microbatches > 1:
     (loss, terms), grads = microbatched_grads(
         model, state['params'], batch, rng, z_loss, rules, num_microbatches)
-  elif balancing is None:
+  else:
     (loss, terms), grads = jax.value_and_grad(loss_fn, argnums=1,
                                               has_aux=True)(
         model, state['params'], batch, rng, z_loss, rules)
-  else:
-    grads, new[METABALANCE], terms = balanced_grads(
-        model, state['params'], state[METABALANCE], batch, rng, z_loss,
-        rules, balancing)
-    loss = terms['loss']
   updates, opt_state = optimizer.update(grads, state['opt_state'],
                                         state['params'])
   new.update({'step': state['step'] + 1,
