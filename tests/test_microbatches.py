@@ -5,6 +5,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import conftest
@@ -139,13 +140,12 @@ def _metabalance_bounds(model):
   one-batch one (`conftest.float32_bound`): a share's gradient is a sum in
   another order (g, the model's reductions); its norm is within g, so an
   auxiliary's scale r·m_tar/m_i + (1 - r) within 2g and the balanced sum
-  within 3g; Adafactor divides by the gradient's own root mean square
-  (3g more): the update within 6g. The moving averages within g."""
+  (an SGD update) within 3g. The moving averages within g."""
   prompts = model.config.hyperprompt
   g = conftest.float32_bound(*conftest.t5_reduction_lengths(
       model.config, 8, LENGTHS['inputs'], LENGTHS['targets'],
       prompts.encoder_prompt_length, prompts.decoder_prompt_length))
-  return {'grads': 3 * g, 'update': 6 * g, 'averages': g}
+  return {'grads': 3 * g, 'averages': g}
 
 
 @pytest.mark.parametrize('packed', [False, True], ids=['unpacked', 'packed'])
@@ -193,9 +193,9 @@ def test_metabalance_in_parts_is_the_one_batch_metabalance(model, params,
 def _balanced_steps(model, params, batches, num_microbatches):
   plan = _plan(model)
   trainer = trainer_lib.Trainer(
-      model, optimizers.make_optimizer(learning_rate=1e-2),
-      partitioning.create_mesh(-1, 1), LENGTHS, z_loss=1e-4, seed=0,
-      balancing=plan, num_microbatches=num_microbatches)
+      model, optax.sgd(1e-2), partitioning.create_mesh(-1, 1), LENGTHS,
+      z_loss=1e-4, seed=0, balancing=plan,
+      num_microbatches=num_microbatches)
   state = trainer.new_state(jax.device_put(params, trainer.param_shardings))
   state, terms = trainer.step(state, trainer.global_batch(batches[0]))
   state = jax.device_get(state)
@@ -211,7 +211,10 @@ def test_metabalance_steps_in_parts_are_the_one_batch_steps(
   """The built-in runner's step (`Trainer`) with MetaBalance and
   NUM_MICROBATCHES = n gives the one-batch MetaBalance step: its
   parameters (rel <= 1e-5 as the issue asks, and the update within the
-  bound of float32 rounding), its moving averages and the logged loss."""
+  bound of float32 rounding), its moving averages and the logged loss.
+  Plain SGD, whose update is linear in the gradient: Adafactor moves an
+  entry whose gradient is ~0 by a full step of the sign rounding gives it
+  (`test_t5x.py` saw one such entry flip)."""
   bounds = _metabalance_bounds(model)
   want, want_averages, want_loss = _balanced_steps(model, params,
                                                    batches[packed], None)
@@ -222,7 +225,7 @@ def test_metabalance_steps_in_parts_are_the_one_batch_steps(
   for k in want:
     conftest.assert_close_in_norm(got[k], want[k], 1e-5, f'{n} parts: {k}')
     conftest.assert_close_in_norm(got[k] - start[k], want[k] - start[k],
-                                  bounds['update'], f'{n} parts: Δ{k}')
+                                  bounds['grads'], f'{n} parts: Δ{k}')
   for k in want_averages:
     conftest.assert_close_in_norm(got_averages[k], want_averages[k],
                                   bounds['averages'], k)

@@ -24,6 +24,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 t5x = pytest.importorskip('t5x')
@@ -225,16 +226,6 @@ def test_t5x_plain_trainer_refuses_metabalance_state():
   batch = _batch(np.random.default_rng(0))
   with pytest.raises(ValueError, match='t5x_model.MetaBalanceTrainer'):
     model.loss_fn(params, batch, None, {'metabalance': {}})
-  # MetaBalance takes whole batches: its trainer refuses microbatches.
-  model.balancing = metabalance.make_plan(
-      metabalance.Settings(target_task='t9'),
-      [f't{i}' for i in range(NUM_TASKS)], ['t0', 't9'],
-      task_params.task_axes(model.module))
-  with pytest.raises(ValueError, match='num_microbatches=2'):
-    t5x_model.MetaBalanceTrainer(
-        model, None, None, eval_names=[], summary_dir=None,
-        train_state_axes=None, rng=jax.random.PRNGKey(0),
-        learning_rate_fn=lambda step: 1e-3, num_microbatches=2)
   # Without mutables, and in t5x's eval step (which passes them), the loss.
   loss, _ = model.loss_fn(params, batch, None)
   np.testing.assert_allclose(
@@ -699,6 +690,67 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
         np.testing.assert_allclose(got_m[k], want_m[k], rtol=1e-5,
                                    err_msg=f'step {step}: {k}')
   trainer.close()
+
+
+def test_t5x_metabalance_in_microbatches_is_the_one_batch_step():
+  """t5x's `MetaBalanceTrainer` with num_microbatches 2 and 4 takes its
+  one-batch step (every share's gradient summed over the parts, each part's
+  loss over the whole batch's NUM_REAL_TARGET_TOKENS): the same parameters
+  and moving averages, two steps, rel <= 1e-5 (the issue's bound; the
+  gradients' float32 rounding is derived in `tests/test_microbatches.py`).
+  Plain SGD, whose update is linear in the gradient: Adafactor moves an
+  entry whose gradient is ~0 by a full step of the sign rounding gives it
+  (one entry of `logits_dense` flips between the orders). Dropout 0: the
+  parts draw other masks than the whole batch. One encoder and one decoder
+  layer."""
+  from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
+
+  vocabulary = seqio.ByteVocabulary()
+  model = t5x_model.TaskIdsEncoderDecoderModel(
+      module=network.Transformer(dataclasses.replace(
+          _tiny_config('hyperprompt_global'), num_encoder_layers=1,
+          num_decoder_layers=1, dropout_rate=0.0)),
+      input_vocabulary=vocabulary, output_vocabulary=vocabulary,
+      optimizer_def=t5x_optimizers.OptaxWrapper(optax.sgd(1e-2)),
+      z_loss=1e-4, loss_normalizing_factor='NUM_REAL_TARGET_TOKENS')
+  model.balancing = metabalance.make_plan(
+      metabalance.Settings(target_task='t9'),
+      [f't{i}' for i in range(NUM_TASKS)], ['t0', 't3', 't9'],
+      task_params.task_axes(model.module))
+  variables = jax.tree.map(np.array, flax.core.unfreeze(
+      model.get_initial_variables(
+          jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
+                                  'decoder_input_tokens': (4, 6)})))
+  rng = np.random.default_rng(5)
+  batches = [_batch(rng) for _ in range(2)]
+  partitioner = t5x_partitioning.PjitPartitioner(
+      num_partitions=1, logical_axis_rules=partitioning.logical_axis_rules())
+
+  def train(num_microbatches):
+    state = t5x_train_state.FlaxOptimTrainState.create(
+        model.optimizer_def, flax.core.freeze(variables))
+    trainer = t5x_model.MetaBalanceTrainer(
+        model, state, partitioner, eval_names=[], summary_dir=None,
+        train_state_axes=partitioner.get_mesh_axes(state),
+        rng=jax.random.PRNGKey(0), learning_rate_fn=lambda step: 1e-2,
+        num_microbatches=num_microbatches)
+    assert isinstance(trainer, t5x_trainer.Trainer)
+    trainer.train(iter(batches), num_steps=len(batches))
+    state = trainer.train_state
+    trainer.close()
+    return (conftest.flat(flax.core.unfreeze(state.params)),
+            conftest.flat(flax.core.unfreeze(
+                state.flax_mutables)[t5x_model.METABALANCE]))
+
+  want, want_m = train(None)
+  for n in (2, 4):
+    got, got_m = train(n)
+    for k in want:
+      conftest.assert_close_in_norm(got[k], want[k], 1e-5, f'{n} parts: {k}')
+    for k in want_m:
+      assert np.all(want_m[k] > 0), k
+      conftest.assert_close_in_norm(got_m[k], want_m[k], 1e-5,
+                                    f'{n} parts: {k}')
 
 
 @pytest.mark.parametrize('packed', [False, True])

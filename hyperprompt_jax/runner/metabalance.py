@@ -414,9 +414,10 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
 def balanced_gradient_in_parts(
     part_shares_fn: Callable[[Any, jax.Array], tuple[jax.Array, Any]],
     num_parts: int, params: Any, state: State, plan: Plan,
-    present: jax.Array) -> tuple[Any, State, Any]:
+    present: jax.Array, merge_aux: Optional[Callable[[Any, Any], Any]] = None
+    ) -> tuple[Any, State, Any]:
   """MetaBalance's gradient of a batch taken in `num_parts` parts
-  (microbatches): `(grads, new_state, aux summed over the parts)`.
+  (microbatches): `(grads, new_state, aux merged over the parts)`.
 
   Each share's gradient is the WHOLE batch's (its parts' gradients summed
   before `add_share` sees it), so the norms are Algorithm 2's and the step
@@ -429,29 +430,34 @@ def balanced_gradient_in_parts(
   Args:
     part_shares_fn: `(params, part index) -> ([K + 1] loss shares of the
       part, aux)`, each share over the whole batch's normaliser so the
-      parts' shares sum to the batch's; aux additive over the parts (sums).
+      parts' shares sum to the batch's.
     num_parts: the number of parts.
     params: the parameters (a nested dict).
     state: the moving averages (`init` over the shared parameters).
     plan: the run's plan.
     present: `[K + 1]` bool, whether each share has tokens in the WHOLE
       batch.
+    merge_aux: `(aux, aux) -> aux` over the parts (None: added leaf by
+      leaf, for sums).
   """
-  aux_shape = jax.eval_shape(part_shares_fn, params, jnp.int32(0))[1]
+  merge_aux = merge_aux or functools.partial(jax.tree.map, jnp.add)
 
   def share_grads(share):
     def part_loss(params, i):
       shares, aux = part_shares_fn(params, i)
       return shares[share], aux
 
-    def add_part(carry, i):
-      grads, aux = jax.grad(part_loss, has_aux=True)(params, i)
-      return jax.tree.map(jnp.add, carry, (grads, aux)), None
+    def part_grads(i):
+      return jax.grad(part_loss, has_aux=True)(params, i)
 
-    zeros = (jax.tree.map(jnp.zeros_like, params),
-             jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_shape))
-    (grads, aux), _ = jax.lax.scan(add_part, zeros,
-                                   jnp.arange(num_parts, dtype=jnp.int32))
+    def add_part(carry, i):
+      grads, aux = part_grads(i)
+      return (jax.tree.map(jnp.add, carry[0], grads),
+              merge_aux(carry[1], aux)), None
+
+    (grads, aux), _ = jax.lax.scan(
+        add_part, part_grads(jnp.int32(0)),
+        jnp.arange(1, num_parts, dtype=jnp.int32))
     return grads, aux
 
   return balance_shares(share_grads, params, state, plan, present)

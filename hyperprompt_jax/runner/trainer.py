@@ -70,7 +70,7 @@ def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
                           batch['decoder_target_tokens'].shape)
 
 
-def _parts(batch: Mapping[str, Any], n: int) -> dict[str, jax.Array]:
+def microbatches(batch: Mapping[str, Any], n: int) -> dict[str, jax.Array]:
   """`[B, ...]` -> `[n, B / n, ...]` for every feature: part i holds rows
   i, n + i, 2n + i, ... (each part keeps the batch's spread over the data
   shards, so no rows move)."""
@@ -122,7 +122,7 @@ def microbatched_grads(model: network.Transformer, params: Any,
   zeros = (jax.tree.map(jnp.zeros_like, params),
            _zero_sums(model.config.num_tasks))
   (grads, sums), _ = jax.lax.scan(
-      add_part, zeros, (jnp.arange(n), _parts(batch, n)))
+      add_part, zeros, (jnp.arange(n), microbatches(batch, n)))
   terms = losses.terms_from_sums(sums)
   return (terms['loss'], terms), grads
 
@@ -171,7 +171,7 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
         lambda params: shares(params, batch, rng), params, balance, plan,
         present)
   else:
-    parts = _parts(batch, num_microbatches)
+    parts = microbatches(batch, num_microbatches)
     grads, state, sums = metabalance.balanced_gradient_in_parts(
         lambda params, i: shares(
             params, jax.tree.map(lambda x: x[i], parts),

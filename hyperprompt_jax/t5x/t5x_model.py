@@ -54,6 +54,7 @@ from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers as hp_optimizers
+from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 
@@ -229,7 +230,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     return super().loss_fn(params, batch, None)
 
   def loss_shares(self, params: PyTree, batch: Mapping[str, jax.Array],
-                  dropout_rng: Optional[jax.Array], in_share: jax.Array
+                  dropout_rng: Optional[jax.Array], in_share: jax.Array,
+                  loss_normalizing_factor: Optional[Any] = None
                   ) -> tuple[jax.Array, Any]:
     """t5x's loss split into shares: `([shares] losses, metrics)`.
 
@@ -243,11 +245,15 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
       dropout_rng: dropout's rng.
       in_share: `[batch, target_length, shares]`, each target token's share
         (`metabalance.group_masks`).
+      loss_normalizing_factor: the factor the losses are divided by (None:
+        `batch`'s; a microbatch takes its whole batch's, `batch_factor`).
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch['decoder_target_tokens']
     factor, weights = t5x_losses.get_loss_normalizing_factor_and_weights(
         self._loss_normalizing_factor, batch)
+    if loss_normalizing_factor is not None:
+      factor = loss_normalizing_factor
     if weights is None:
       weights = jnp.ones(targets.shape, jnp.float32)
 
@@ -270,6 +276,11 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         logits=logits, targets=targets, mask=weights, loss=shares.sum(),
         z_loss=z_shares.sum(), segment_ids=segment_ids)
     return shares, metrics
+
+  def batch_factor(self, batch: Mapping[str, jax.Array]) -> Any:
+    """t5x's loss normalizing factor of a whole batch (None: none)."""
+    return t5x_losses.get_loss_normalizing_factor_and_weights(
+        self._loss_normalizing_factor, batch)[0]
 
   def token_task_ids(self, batch: Mapping[str, jax.Array]) -> jax.Array:
     """`[batch, target_length]`: the task id of each target token (per
@@ -491,9 +502,12 @@ class MetaBalanceTrainer(t5x_trainer.Trainer):
   averages are the train state's flax mutables. A model without a plan
   takes t5x's plain step.
 
-  Raises:
-    ValueError: microbatches with MetaBalance (each microbatch would need its
-      own shares' backward passes; not supported).
+  With `num_microbatches` > 1, each share's gradient is the whole batch's,
+  summed over the parts (`metabalance.balanced_gradient_in_parts`, the
+  built-in runner's parts: `trainer.microbatches`, part i's dropout rng
+  `fold_in(rng, i)`, each part's loss over the whole batch's normalizing
+  factor), so the step is the one-batch step; the metrics are merged over
+  the parts as t5x's own microbatches do.
   """
 
   def __init__(self, model: TaskIdsEncoderDecoderModel, train_state: Any,
@@ -501,11 +515,6 @@ class MetaBalanceTrainer(t5x_trainer.Trainer):
                train_state_axes: Any, rng: jax.Array, learning_rate_fn: Any,
                num_microbatches: Optional[int],
                weight_metrics_computer: Any = None):
-    balancing = getattr(model, 'balancing', None)
-    if balancing is not None and num_microbatches and num_microbatches > 1:
-      raise ValueError(
-          f'MetaBalanceTrainer.num_microbatches={num_microbatches}: '
-          'MetaBalance takes whole batches (num_microbatches = None).')
     super().__init__(
         model=model, train_state=train_state, partitioner=partitioner,
         eval_names=eval_names, summary_dir=summary_dir,
@@ -523,9 +532,25 @@ class MetaBalanceTrainer(t5x_trainer.Trainer):
                                        model.module.config.num_tasks)
     present = jnp.einsum('bl,blg->g', weights, in_share) > 0
     rng = self._get_step_rng(train_state.step)
-    grads, state, metrics = metabalance.balanced_gradient(
-        lambda params: model.loss_shares(params, batch, rng, in_share),
-        flax.core.unfreeze(train_state.params), state, plan, present)
+    params = flax.core.unfreeze(train_state.params)
+    n = self._num_microbatches or 1
+    if n == 1:
+      grads, state, metrics = metabalance.balanced_gradient(
+          lambda params: model.loss_shares(params, batch, rng, in_share),
+          params, state, plan, present)
+    else:
+      parts = trainer_lib.microbatches(batch, n)
+      in_parts = trainer_lib.microbatches({'in_share': in_share}, n)
+      factor = model.batch_factor(batch)
+
+      def part_shares(params, i):
+        return model.loss_shares(
+            params, {k: v[i] for k, v in parts.items()},
+            jax.random.fold_in(rng, i), in_parts['in_share'][i], factor)
+
+      grads, state, metrics = metabalance.balanced_gradient_in_parts(
+          part_shares, n, params, state, plan, present,
+          t5x_trainer.merge_metrics)
     mutables[METABALANCE] = state._asdict()
     if isinstance(train_state.params, flax.core.FrozenDict):
       grads = flax.core.freeze(grads)  # the optimizer's tree structure
