@@ -268,7 +268,8 @@ def command_parser(module_name: str,
 
 
 # Runnable modules that take no argparse flags: the words they accept.
-_FIXED_ARGS = {'paths': ['gin'], 'tasks.fixture_data': []}
+_FIXED_ARGS = {'paths': ['gin'], 'tasks.fixture_data': [],
+               'benchmarks.metabalance_microbatches': []}
 
 _MACRO = re.compile(r'^\s*([A-Z][A-Z0-9_]*)\s*=')
 
