@@ -22,9 +22,11 @@ an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
 
 `add_share` (one share's gradient added to the running total) and
 `balance` (every share's at once) are pure, pytrees in, pytrees out;
-`balanced_gradient` takes the per-share gradients of a loss split by task
-one after the other and balances the shared parameters' with `add_share`,
-for both runners (`trainer.train_step`, and t5x's
+`balance_shares` takes the per-share gradients of a loss split by task
+one after the other and balances the shared parameters' with `add_share`;
+`balanced_gradient` (one batch) and `balanced_gradient_in_parts`
+(microbatches: each share's gradient summed over the parts) feed it, for
+both runners (`trainer.train_step`, and t5x's
 through `t5x_model.MetaBalanceTrainer`). This module is the pure core (jax
 and flax only); `balancing.run_plan` makes a run's plan from its gin
 settings, task list and mixture.
