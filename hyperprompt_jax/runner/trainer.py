@@ -133,12 +133,12 @@ def _loss_shares(model, params, batch, rng, rules, z_loss, plan, tokens
   part), each share its tokens' loss sum over `tokens` (the whole batch's
   real target tokens)."""
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
-  in_group = metabalance.group_masks(plan, target_task_ids(batch),
-                                     model.config.num_tasks)
+  task_ids = target_task_ids(batch)
+  in_group = metabalance.group_masks(plan, task_ids, model.config.num_tasks)
   logits = _logits(model, params, batch, rng, rules)
   targets = batch['decoder_target_tokens']
-  sums = losses.weighted_sums(logits, targets, weights, z_loss,
-                              target_task_ids(batch), model.config.num_tasks)
+  sums = losses.weighted_sums(logits, targets, weights, z_loss, task_ids,
+                              model.config.num_tasks)
   cross_entropy, z_term = losses.token_losses(logits, targets, z_loss)
   per_token = (cross_entropy + z_term) * weights
   return jnp.einsum('bl,blg->g', per_token, in_group) / tokens, sums
