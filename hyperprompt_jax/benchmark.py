@@ -58,6 +58,16 @@ TensorFlow (its flags are the ones marked --mfu, and --variants,
     python -m hyperprompt_jax.benchmark --mfu --model=t5_1_1_base \
         --batch_size=32 --input_length=512 --target_length=32 --steps=5 \
         --warmup_steps=3 --output_json=/tmp/mfu.json
+
+`--tpu_compile` compiles a run's training step and decode for a TPU slice
+(`--topology`) on this host, with no TPU (libtpu, the `[tpu]` extra), and
+prints what each chip would hold and do (`tpu_compile.py`): of the run of
+`--gin_file` (or of each `--setups` name), or, without gin, of the --mfu
+models (--model, --variants, --forms, --batch_size, --mesh_model):
+
+    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3:4x4 \
+        --gin_file=runs/hypergrid_lg_glue_super_glue.gin \
+        --output_json=/tmp/tpu.json
 """
 
 import argparse
@@ -120,8 +130,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       'and the smallest NUM_MICROBATCHES that fits '
                       '--device_memory_gb (memory_table.py)')
   parser.add_argument('--setups', default=None,
-                      help='--memory: setups to measure, comma-separated: run '
-                      'file names (runs/<name>.gin), each optionally with '
+                      help='--memory, --tpu_compile: setups to measure, '
+                      'comma-separated: run file names (runs/<name>.gin), each optionally with '
                       'gin files added after a +, e.g. '
                       'hyperprompt_global_glue+models/t5_1_1_large '
                       '(default: every gin/experiments/ setup)')
@@ -157,44 +167,73 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "
                            "from the device's kind; a CPU has none)")
   parser.add_argument('--output_json', default=None,
-                      help='--mfu: the JSON of the figures, rewritten after '
-                           'each model')
+                      help='--mfu, --tpu_compile: the JSON of the figures, '
+                           'rewritten after each model')
   parser.add_argument('--profile', default=None,
                       help='--mfu: models whose step is traced after timing '
                            'and broken down by XLA op and kernel (names, or '
                            'all)')
+  parser.add_argument(
+      '--tpu_compile', action='store_true',
+      help='compile the training step (and decode) for a TPU slice, no TPU '
+           'needed (benchmarks/tpu_compile.py): per-chip memory against its '
+           'HBM, FLOPs, bytes, collectives, scatters; of the run of '
+           '--gin_file / --setups, or without them of the --mfu models')
+  parser.add_argument('--topology', default='v3:4x4',
+                      help='--tpu_compile: the TPU slice, e.g. v3:4x4, '
+                           'v5e:2x2, v5p:4x4x4 (default: v3:4x4)')
+  parser.add_argument('--mesh_model', type=int, default=1,
+                      help='--tpu_compile without gin: the model axis '
+                           '(MESH_MODEL; default: 1)')
+  parser.add_argument('--num_microbatches', type=int, default=None,
+                      help='--tpu_compile without gin: NUM_MICROBATCHES')
+  parser.add_argument('--eval_batch_size', type=int, default=None,
+                      help='--tpu_compile without gin: rows of the decode '
+                           'to compile too (default: none)')
   parser.add_argument('--profile_dir', default=None,
                       help="--mfu: where the traces go (default: "
                            "'profiles' beside --output_json)")
 
 
-def _mfu(argv: Sequence[str]) -> int:
-  """`--mfu`: its flags parsed and run without gin (an accelerator image may
-  lack it, and the MFU benchmark takes no gin file)."""
+def _without_gin(argv: Sequence[str]) -> int:
+  """`--mfu`, and `--tpu_compile` of the MFU benchmark's models: their flags
+  parsed and run without gin (an accelerator image may lack it, and these
+  take no gin file)."""
   parser = argparse.ArgumentParser(
       prog='python -m hyperprompt_jax.benchmark', description=__doc__,
       formatter_class=argparse.RawTextHelpFormatter)
   add_flags(parser)
   args = parser.parse_args(argv)
+  if args.tpu_compile:
+    from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+    return tpu_compile.run_models(args)
   from hyperprompt_jax.benchmarks import mfu  # pylint: disable=g-import-not-at-top
   return mfu.run(args)
 
 
+def _uses_gin(argv: Sequence[str]) -> bool:
+  return any(a.startswith(('--gin', '--setups')) for a in argv)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
-  if '--mfu' in argv:
-    return _mfu(argv)
+  if '--mfu' in argv or ('--tpu_compile' in argv and not _uses_gin(argv)):
+    return _without_gin(argv)
   # Imported here: gin_utils imports gin, which --mfu does without.
   from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.benchmark', __doc__, argv,
       add_flags=add_flags)
+  if args.tpu_compile:
+    from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+    return tpu_compile.run_gin(args)
   from hyperprompt_jax.benchmarks import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
   return benchmark_lib.run(args)
 
 
 if __name__ == '__main__':
-  if '--mfu' in sys.argv[1:]:
+  if '--mfu' in sys.argv[1:] or ('--tpu_compile' in sys.argv[1:]
+                                 and not _uses_gin(sys.argv[1:])):
     try:
       sys.exit(main())
     except ValueError as e:  # a usage mistake: one line, as gin_utils.run

@@ -4,6 +4,8 @@ import contextlib
 import dataclasses
 import io
 import json
+import subprocess
+import sys
 
 import flax
 import jax
@@ -11,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import conftest
+import multiprocess
 import numpy_hypergrid
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
@@ -279,3 +283,88 @@ def test_parameter_counts_and_ratios(model, d, f):
   max_grid = _summary(model, 'hypergrid_l2', f'GRID_ROWS={d}',
                       f'GRID_COLS={f}')
   print(f'{model} max-grid L2: {max_grid["ratio"]:.4f}x')
+
+
+# The grouped form on a mesh of 4 x 2 CPU devices, in a process of its own
+# (the device count is fixed when JAX starts).
+_GROUPED_ON_A_MESH = '''
+import json
+import jax, numpy as np
+from flax.linen import partitioning as nn_partitioning
+from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.runner import partitioning
+rng = np.random.default_rng(0)
+rows, length, d_in, d_out, s, k_in, k_out = 8, 32, 8, 12, 3, 4, 6
+x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
+kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
+grid = rng.uniform(size=(rows, s, k_in, k_out)).astype(np.float32)
+w = rng.normal(size=(rows, length, d_out)).astype(np.float32)
+segments = np.zeros((rows, length), np.int32)
+for r in range(rows):  # contiguous examples in order, padding last
+  sizes = rng.multinomial(length, [0.25] * 4)
+  segments[r] = np.repeat([1, 2, 3, 0], sizes)
+
+def loss(x, kernel):
+  return (hypergrid.packed_gated_matmul(x, kernel, grid, segments,
+                                        form='grouped') * w).sum()
+
+mesh = partitioning.create_mesh(data=4, model=2)
+rows_split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+with jax.set_mesh(mesh), nn_partitioning.axis_rules(
+    partitioning.logical_axis_rules()):
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)),
+                 in_shardings=(rows_split, whole))
+  compiled = step.lower(x, kernel).compile()
+  value, (dx, dkernel) = compiled(x, kernel)
+print('RESULT', json.dumps({
+    'value': float(value), 'dx': np.asarray(dx).tolist(),
+    'dkernel': np.asarray(dkernel).tolist(),
+    'collective_bytes': sum(c['bytes'] for c in tpu_compile.hlo_summary(
+        compiled.as_text())['collectives'].values()),
+    'segments': segments.tolist(), 'x': x.tolist(), 'kernel': kernel.tolist(),
+    'grid': grid.tolist(), 'w': w.tolist()}))
+'''
+
+
+def test_grouped_form_keeps_each_row_on_its_data_shard():
+  """HyperGrid's grouped form with the batch split over 'data': the value
+  and gradients of `sum(w * out)` are numpy's token-by-token gated matmul
+  (HyperGrid Eq. 5 per segment), and no row crosses the mesh: the
+  program's collectives move less than one shard's rows (the kernel's
+  gradient and the loss are summed; one ragged matmul over the whole batch
+  moves every row to every device: 16x as many bytes here)."""
+  run = subprocess.run([sys.executable, '-c', _GROUPED_ON_A_MESH],
+                       env=multiprocess.env(8), capture_output=True,
+                       text=True, timeout=600)
+  lines = [l for l in run.stdout.splitlines() if l.startswith('RESULT ')]
+  assert lines, run.stderr[-3000:]
+  r = {k: np.asarray(v) for k, v in json.loads(lines[0][7:]).items()}
+  x, kernel, w = r['x'], r['kernel'], r['w']
+  rows, length, d_in = x.shape
+  d_out = kernel.shape[1]
+  assert r['collective_bytes'] < x.nbytes // 2 // 4  # float32 rows / shards
+  # The reference, and the sums of magnitudes its rounding scales with.
+  value = value_size = 0.0
+  dx, dx_size = np.zeros_like(x), np.zeros_like(x)
+  dkernel, dkernel_size = np.zeros_like(kernel), np.zeros_like(kernel)
+  for row in range(rows):
+    for t in range(length):
+      s = r['segments'][row, t]
+      gate = 1 if s == 0 else 1 + numpy_hypergrid.block_repeat(
+          r['grid'][row, s - 1], d_in, d_out)
+      gated = kernel * gate
+      value += x[row, t] @ gated @ w[row, t]
+      value_size += np.abs(x[row, t]) @ np.abs(gated) @ np.abs(w[row, t])
+      dx[row, t] = gated @ w[row, t]
+      dx_size[row, t] = np.abs(gated) @ np.abs(w[row, t])
+      dkernel += np.outer(x[row, t], w[row, t]) * gate
+      dkernel_size += np.abs(np.outer(x[row, t], w[row, t])) * gate
+  tokens = rows * length
+  assert abs(r['value'] - value) <= conftest.float32_bound(
+      d_in, d_out, tokens) * value_size
+  assert (np.abs(r['dx'] - dx)
+          <= conftest.float32_bound(d_out, d_out) * dx_size).all()
+  assert (np.abs(r['dkernel'] - dkernel)
+          <= conftest.float32_bound(tokens, tokens) * dkernel_size).all()

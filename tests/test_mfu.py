@@ -44,7 +44,7 @@ def test_models_are_the_gin_variants(model):
 
 
 def test_length_table_is_the_packing_benchmarks():
-  rates = packing_benchmark._training_rates()  # pylint: disable=protected-access
+  rates = packing_benchmark._training_rates()
   assert {name: (rates[name], *lengths) for name, lengths in
           packing_benchmark.GLUE_SUPER_GLUE_LENGTHS.items()
           } == mfu.GLUE_SUPER_GLUE
@@ -157,12 +157,12 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
 
 def test_forms_pick_the_runs():
   everything = list(mfu.MODELS)
-  assert mfu._runs(['hypergrid_lg', 'adapter'], 'both') == [  # pylint: disable=protected-access
+  assert mfu.runs(['hypergrid_lg', 'adapter'], 'both') == [
       ('mtl', 'auto'), ('hypergrid_lg', 'token_blocks'),
       ('hypergrid_lg', 'grouped'), ('adapter', 'written'),
       ('adapter', 'autodiff')]
-  assert mfu._runs(everything, 'written,grouped') == [  # pylint: disable=protected-access
+  assert mfu.runs(everything, 'written,grouped') == [
       ('mtl', 'auto'), ('global', 'written'), ('hypergrid_lg', 'grouped'),
       ('adapter', 'written'), ('hyperformer_pp', 'written'),
       ('prompt_tuning', 'auto')]
-  assert {form for _, form in mfu._runs(everything, 'auto')} == {'auto'}  # pylint: disable=protected-access
+  assert {form for _, form in mfu.runs(everything, 'auto')} == {'auto'}

@@ -256,13 +256,13 @@ def test_loss_terms_from_sums_by_hand():
 ])
 def test_bad_num_microbatches_are_named(value, shard_batch, message):
   with pytest.raises(ValueError, match=message):
-    train_lib.check_num_microbatches(value, shard_batch)
+    trainer_lib.check_num_microbatches(value, shard_batch)
 
 
 def test_num_microbatches_settings_that_fit():
-  assert train_lib.check_num_microbatches(None, 8) == 1
-  assert train_lib.check_num_microbatches(4, 8) == 4
-  assert train_lib.check_num_microbatches(8, 8) == 8
+  assert trainer_lib.check_num_microbatches(None, 8) == 1
+  assert trainer_lib.check_num_microbatches(4, 8) == 4
+  assert trainer_lib.check_num_microbatches(8, 8) == 8
 
 
 def test_train_refuses_a_bad_num_microbatches_before_compiling(model,

@@ -23,7 +23,7 @@ import pytest
 
 from hyperprompt_jax.model import inputs
 
-pytestmark = pytest.mark.skipif(
+needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec('libtpu') is None,
     reason="libtpu is not installed (pip install -e '.[tpu]')")
 
@@ -34,17 +34,22 @@ HERE = pathlib.Path(__file__).parent
 MODEL_AXES = {'vocab', 'mlp', 'heads', 'joined_kv'}
 
 
-def _compile(out: pathlib.Path, *args: str) -> dict:
-  """Runs `tpu_programs.py out args` and returns its report."""
+def _run(command: list[str], cwd: pathlib.Path) -> str:
+  """Runs a compiling command in a process of its own; its stdout."""
   env = dict(os.environ, TPU_SKIP_MDS_QUERY='1',
              ALLOW_MULTIPLE_LIBTPU_LOAD='1')
   # TPU programs stay out of the session's cache of CPU programs.
   env.pop('JAX_COMPILATION_CACHE_DIR', None)
-  run = subprocess.run(
-      [sys.executable, str(HERE / 'tpu_programs.py'), str(out), *args],
-      cwd=HERE, env=env, capture_output=True, text=True, timeout=1200,
-      check=False)
+  run = subprocess.run([sys.executable, *command], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=1200,
+                       check=False)
   assert run.returncode == 0, run.stderr[-4000:]
+  return run.stdout
+
+
+def _compile(out: pathlib.Path, *args: str) -> dict:
+  """Runs `tpu_programs.py out args` and returns its report."""
+  _run([str(HERE / 'tpu_programs.py'), str(out), *args], HERE)
   return json.loads(out.read_text())
 
 
@@ -58,21 +63,21 @@ def _problems(key: str, program: dict, meshes: dict, batch: int
   memory = program['memory']
   for name, value in (('flops', program['flops']),
                       ('bytes accessed', program['bytes_accessed']),
-                      ('argument bytes', memory['argument_size_in_bytes']),
-                      ('output bytes', memory['output_size_in_bytes']),
-                      ('code bytes', memory['generated_code_size_in_bytes'])):
+                      ('argument bytes', memory['argument']),
+                      ('output bytes', memory['output']),
+                      ('code bytes', memory['generated_code'])):
     if not value or value <= 0:
       problems.append(f'{key}: no {name} ({value})')
-  if memory['temp_size_in_bytes'] < 0:
-    problems.append(f'{key}: temporaries {memory["temp_size_in_bytes"]}')
+  if memory['temp'] < 0:
+    problems.append(f'{key}: temporaries {memory["temp"]}')
   if program['host_callbacks']:
     problems.append(f'{key}: host callbacks {program["host_callbacks"][:4]}')
   used = [a for a in program['arguments'] if not a['pruned']]
   # A chip holds each argument's shard, its minor dimensions padded to the
   # layout's tile.
   tiled = sum(int(np.prod(a['tiled'])) * a['itemsize'] for a in used)
-  if tiled != memory['argument_size_in_bytes']:
-    problems.append(f'{key}: argument bytes {memory["argument_size_in_bytes"]}'
+  if tiled != memory['argument']:
+    problems.append(f'{key}: argument bytes {memory["argument"]}'
                     f' a chip, the shards hold {tiled}')
   split = 0
   for a in used:
@@ -92,6 +97,7 @@ def _problems(key: str, program: dict, meshes: dict, batch: int
   return problems
 
 
+@needs_libtpu
 def test_every_method_compiles_for_a_tpu_slice(tmp_path):
   report = _compile(tmp_path / 'tpu_programs.json')
   controls = report['controls']
@@ -116,6 +122,7 @@ def test_every_method_compiles_for_a_tpu_slice(tmp_path):
       f"[1]['{name}']" for name in inputs.PACKED_MODEL_FEATURES}
 
 
+@needs_libtpu
 def test_t5x_steps_compile_through_t5x_partitioner(tmp_path):
   """t5x's train, eval and predict steps of the adapter, partitioned by
   t5x's own `PjitPartitioner` over the slice with the batch split four
@@ -134,5 +141,85 @@ def test_t5x_steps_compile_through_t5x_partitioner(tmp_path):
       [f'{name}/predict/data4' for name in tpu_programs.T5X_PREDICTED])
   for key, program in programs.items():
     assert 'error' not in program, (key, program.get('error', '')[:600])
-    assert program['flops'] > 0 and program['argument_bytes'] > 0, key
+    assert program['flops'] > 0 and program['memory']['argument'] > 0, key
     assert not program['host_callbacks'], (key, program['host_callbacks'])
+
+
+@needs_libtpu
+def test_the_compile_command_compiles_a_run_as_it_would_train(tmp_path):
+  """`benchmark --tpu_compile` of a gin run: the mesh, microbatches and
+  rows are the run's, and both programs are there with their figures."""
+  out = tmp_path / 'tpu.json'
+  printed = _run(['-m', 'hyperprompt_jax.benchmark', '--tpu_compile',
+                  '--topology=v5e:2x2', '--gin_file=runs/quickstart.gin',
+                  '--gin.MESH_MODEL=2', '--gin.NUM_MICROBATCHES=2',
+                  f'--output_json={out}'], tmp_path)
+  report = json.loads(out.read_text())
+  assert (report['devices'], report['hbm_bytes']) == (4, 16 * 2**30)
+  [setup] = report['setups']
+  assert setup['mesh'] == {'data': 2, 'model': 2}
+  assert setup['num_microbatches'] == 2 and setup['batch_size'] == 32
+  assert setup['label'] == 'MESH_MODEL=2, NUM_MICROBATCHES=2, unpacked'
+  train, decode = setup['programs']['train'], setup['programs']['decode']
+  for program in (train, decode):
+    memory = program['memory']
+    assert memory['total'] == (memory['argument'] + memory['output']
+                               + memory['temp'] - memory['alias'])
+    assert program['fits'] and not program['host_callbacks']
+  # The donated state comes back in place; the decode donates nothing.
+  assert train['memory']['alias'] > 0 and decode['memory']['alias'] == 0
+  # Split parameters and batch: the gradients are summed across chips.
+  assert train['collectives']['all-reduce']['count'] > 0
+  assert 0.5 < train['flops_over_6nd'] < 10
+  # The unpacked run's batch: its task ids, one per row.
+  batch = {a['path'] for a in train['arguments'] if a['path'][:3] == '[1]'}
+  assert "[1]['task_ids']" in batch and len(batch) == 5
+  assert 'quickstart [MESH_MODEL=2, NUM_MICROBATCHES=2, unpacked]' in printed
+
+
+# An optimized module's lines as XLA prints them (shortened), with what
+# `hlo_summary` must find in them, counted by hand.
+_HLO = """\
+ENTRY %main {
+  %all-reduce.1 = f32[768]{0} all-reduce(f32[768]{0} %x), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  %ag-start = (bf16[4,1024]{1,0}, bf16[8,1024]{1,0}) all-gather-start(bf16[4,1024]{1,0} %y), dimensions={0}
+  %ag-done = bf16[8,1024]{1,0} all-gather-done(%ag-start)
+  %scatter.3 = f32[32128,768]{1,0:T(8,128)} scatter(%a, %i, %u), metadata={op_name="jit(step)/scatter-add" source_file="/x/layers.py" source_line=12}
+  %gather.2 = bf16[8,16]{1,0} gather(%t, %i), offset_dims={1}
+  %while.1 = (s32[], /*index=1*/f32[2]{0}) while(%tuple), condition=%c, body=%b
+  ROOT %cc = f32[] custom-call(%z), custom_call_target="xla_python_cpu_callback"
+}
+"""
+
+
+def test_hlo_summary_counts_by_hand():
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  summary = tpu_compile.hlo_summary(_HLO)
+  assert summary['collectives'] == {
+      'all-reduce': {'count': 1, 'bytes': 768 * 4},
+      'all-gather': {'count': 1, 'bytes': (4 + 8) * 1024 * 2}}
+  assert (summary['scatters'], summary['gathers'], summary['loops']) == (
+      1, 1, 1)
+  assert summary['large_scatters'] == [{
+      'shape': 'f32[32128,768]', 'bytes': 32128 * 768 * 4,
+      'from': 'jit(step)/scatter-add (layers.py:12)'}]
+  assert summary['large_gathers'] == []  # 256 bytes
+  assert summary['host_callbacks'] == ['xla_python_cpu_callback']
+
+
+def test_hbm_is_the_chips_over_its_devices():
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+
+  class Device:
+    def __init__(self, kind, coords):
+      self.device_kind, self.coords = kind, coords
+
+  gib = 2**30
+  # TPU v3 shows each chip's two cores as devices: 16 GiB each.
+  v3 = [Device('TPU v3', (x, 0, 0)) for x in (0, 0, 1, 1)]
+  assert tpu_compile.device_hbm_bytes(v3) == 16 * gib
+  v5e = [Device('TPU v5 lite', (x, y, 0)) for x in (0, 1) for y in (0, 1)]
+  assert tpu_compile.device_hbm_bytes(v5e) == 16 * gib
+  assert tpu_compile.device_hbm_bytes([Device('TPU v5', (0, 0, 0))]) == (
+      95 * gib)
+  assert tpu_compile.device_hbm_bytes([Device('cpu', (0,))]) is None

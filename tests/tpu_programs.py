@@ -7,7 +7,8 @@ extras), `jax.experimental.topologies` gives a slice's devices on a
 CPU-only machine and `jit(...).lower(...).compile()` compiles for them: the
 TPU compiler's own program, memory and cost figures.
 
-Programs, each as the built-in runner builds it: the training step of
+Programs, each as the built-in runner builds it (`benchmarks.tpu_compile`,
+the compile command's own functions): the training step of
 `runner.trainer.Trainer` (packed rows, the runner's shardings, checked on
 the host) of every method and the greedy decode of
 `evaluation.predictor.Predictor` of one model per conditioning path, on a
@@ -15,18 +16,17 @@ the host) of every method and the greedy decode of
 over a 'model' axis of 2 (all), and the batch split four ways (`BOTH_MESHES`).
 With `--t5x`, t5x's train, eval and predict steps (`t5x_programs`).
 
-Per program the JSON holds: the compile time, `memory_analysis()`,
-`cost_analysis()` FLOPs and bytes accessed, the host transfers and callback
-custom calls left in the optimized module (`host_callbacks`), and each
-argument's per-chip shard (`arguments`: shape, dtype, the shard's shape,
-the tiled shape as the compiler lays it out, whether it is a parameter and
-which of its dimensions the mesh splits), which the test sums.
+Per program the JSON holds `tpu_compile.figures`: the compile time, the
+memory, FLOPs and bytes accessed, the host transfers and callback custom
+calls left in the optimized module (`host_callbacks`), and each argument's
+per-chip shard (`arguments`: shape, dtype, the shard's shape, the tiled
+shape as the compiler lays it out, a parameter's logical axes), which the
+test sums.
 """
 
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 
@@ -36,15 +36,12 @@ os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata here
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 # pylint: disable=g-import-not-at-top
-import flax
-from flax.linen import partitioning as nn_partitioning
 import jax
-from jax.experimental import topologies
 import jax.numpy as jnp
 import numpy as np
 
 import conftest
-from hyperprompt_jax.evaluation import predictor as predictor_lib
+from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
@@ -80,9 +77,11 @@ MODELS = {
     'hyperprompt_share': _hyperprompt('share'),
     'hyperprompt_sep': _hyperprompt('sep'),
     'hyperprompt_global': _hyperprompt('global'),
-    **{f'hypergrid_{v}_{form}': _hypergrid(v, form)
-       for v in ('l', 'l2', 'lg', 'gl')
-       for form in ('token_blocks', 'grouped')},
+    # The variants differ in their gates, the forms in the packed matmul:
+    # every variant in the default form, one in the other.
+    **{f'hypergrid_{v}_token_blocks': _hypergrid(v, 'token_blocks')
+       for v in ('l', 'l2', 'lg', 'gl')},
+    'hypergrid_lg_grouped': _hypergrid('lg', 'grouped'),
     'output_gating': _hypergrid('output_gating'),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
     'hyperformer_pp': dict(hyperformer=hyperformer.HyperFormerConfig(
@@ -110,13 +109,6 @@ def programs() -> list[tuple[str, str, str]]:
   return out
 
 
-# What a host callback leaves in an optimized TPU module: send / recv host
-# transfers (jax's callbacks on TPU), or a callback custom call (CPU / GPU).
-_HOST_TRANSFER = re.compile(r'is_host_transfer=true')
-_CALLBACK_TARGET = re.compile(
-    r'custom_call_target="([^"]*(?:callback|python)[^"]*)"', re.IGNORECASE)
-
-
 def model_config(name: str) -> network.T5Config:
   """The tiny model with one layer a stack (a TPU compile's time grows
   with the layers; one holds every path of the method)."""
@@ -124,126 +116,21 @@ def model_config(name: str) -> network.T5Config:
                              num_decoder_layers=1, **MODELS[name])
 
 
-def mesh_of(devices, data: int, model: int) -> jax.sharding.Mesh:
-  auto = jax.sharding.AxisType.Auto  # as `partitioning.create_mesh`
-  return jax.sharding.Mesh(np.asarray(devices).reshape(data, model),
-                           ('data', 'model'), axis_types=(auto, auto))
-
-
-def host_callbacks(text: str) -> list[str]:
-  """The host transfers and callback custom calls of an HLO module."""
-  return (_CALLBACK_TARGET.findall(text)
-          + [m.group(0) for m in _HOST_TRANSFER.finditer(text)])
-
-
-def _packed_batch(sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  return {
-      name: jax.ShapeDtypeStruct(
-          (BATCH, LENGTHS['targets' if name.startswith('decoder') else
-                          'inputs']),
-          jnp.float32 if name == 'decoder_loss_weights' else jnp.int32,
-          sharding=sharding)
-      for name in inputs.PACKED_MODEL_FEATURES}
-
-
-def _figures(compiled, seconds: float, args, param_axes) -> dict:
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  if isinstance(cost, list):
-    cost = cost[0]
-  text = compiled.as_text()
-  formats = jax.tree.leaves(compiled.input_formats[0])
-  leaves = jax.tree_util.tree_leaves_with_path(args)
-  assert len(formats) == len(leaves), (len(formats), len(leaves))
-  arguments = []
-  for (path, leaf), fmt in zip(leaves, formats):
-    path = jax.tree_util.keystr(path)
-    argument = {'path': path, 'shape': list(leaf.shape),
-                'dtype': str(leaf.dtype),
-                'itemsize': np.dtype(leaf.dtype).itemsize,
-                'axes': param_axes.get(path)}  # a parameter's logical axes
-    if fmt.layout is None:  # unused: pruned from the program
-      arguments.append(dict(argument, pruned=True))
-      continue
-    shard = fmt.sharding.shard_shape(leaf.shape)  # as the program takes it
-    layout = fmt.layout
-    arguments.append(dict(
-        argument, pruned=False, shard=list(shard),
-        tiled=list(_tiled([shard[i] for i in layout.major_to_minor],
-                          layout.tiling[0] if layout.tiling else ()))))
-  return {
-      'compile_s': seconds,
-      'memory': {k: getattr(memory, k) for k in (
-          'argument_size_in_bytes', 'output_size_in_bytes',
-          'alias_size_in_bytes', 'temp_size_in_bytes',
-          'generated_code_size_in_bytes')},
-      'flops': cost.get('flops'),
-      'bytes_accessed': cost.get('bytes accessed'),
-      'host_callbacks': host_callbacks(text),
-      'arguments': arguments,
-  }
-
-
-def _param_axes(params_axes, prefix) -> dict[str, list]:
-  """keystr of each parameter (under `prefix`) -> its logical axis names."""
-  names = nn_partitioning.get_axis_names(params_axes)
-  return {jax.tree_util.keystr(tuple(prefix) + path): list(axes)
-          for path, axes in jax.tree_util.tree_leaves_with_path(
-              flax.core.unfreeze(names),
-              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
-
-
-def _tiled(physical, tile) -> tuple[int, ...]:
-  """A shape in its layout's order (major to minor) with its minor
-  dimensions rounded up to the layout's tile (a scalar is one element)."""
-  shape = list(physical) or [1]
-  tile = list(tile)[-len(shape):] if tile else []
-  offset = len(shape) - len(tile)
-  for i, t in enumerate(tile):
-    shape[offset + i] = -(-shape[offset + i] // t) * t
-  return tuple(shape)
+def _setup(name: str) -> tpu_compile.Setup:
+  return tpu_compile.Setup(
+      name=name, config=model_config(name), input_length=LENGTHS['inputs'],
+      target_length=LENGTHS['targets'], batch_size=BATCH, pack=True,
+      eval_batch_size=BATCH)
 
 
 def train_step(name: str, mesh: jax.sharding.Mesh) -> dict:
   """The built-in runner's training step on packed rows."""
-  model = network.Transformer(model_config(name))
-  trainer = trainer_lib.Trainer(model, optimizers.make_optimizer(), mesh,
-                                LENGTHS, checked_on_host=True)
-  state = trainer.abstract_state()
-  batch = _packed_batch(trainer.batch_sharding)
-  axes = _param_axes(
-      network.abstract_variables(model, LENGTHS['inputs'],
-                                 LENGTHS['targets'])['params_axes'],
-      (jax.tree_util.SequenceKey(0), jax.tree_util.DictKey('params')))
-  start = time.perf_counter()
-  with jax.set_mesh(mesh):
-    compiled = trainer.step_function().lower(state, batch).compile()
-  return _figures(compiled, time.perf_counter() - start, (state, batch),
-                  axes)
+  return tpu_compile.compile_train(_setup(name), mesh, None)
 
 
 def decode(name: str, mesh: jax.sharding.Mesh) -> dict:
   """The evaluator's greedy decode (`Predictor`)."""
-  model = network.Transformer(model_config(name))
-  abstract = network.abstract_variables(model)
-  predictor = predictor_lib.Predictor(
-      model, abstract['params_axes'], mesh, batch_size=BATCH,
-      max_decode_length=LENGTHS['targets'])
-  params = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      abstract['params'], predictor.param_shardings)
-  tokens = jax.ShapeDtypeStruct((BATCH, LENGTHS['inputs']), jnp.int32,
-                                sharding=predictor.batch_sharding)
-  ids = jax.ShapeDtypeStruct((BATCH,), jnp.int32,
-                             sharding=predictor.batch_sharding)
-  axes = _param_axes(abstract['params_axes'],
-                     (jax.tree_util.SequenceKey(0),))
-  start = time.perf_counter()
-  with jax.set_mesh(mesh):
-    compiled = predictor.decode_function().lower(params, tokens,
-                                                 ids).compile()
-  return _figures(compiled, time.perf_counter() - start,
-                  (params, tokens, ids), axes)
+  return tpu_compile.compile_decode(_setup(name), mesh, None)
 
 
 def controls(devices) -> dict:
@@ -252,7 +139,7 @@ def controls(devices) -> dict:
   the network's in-graph task-id check (`checked_on_host=False`, a
   partitioned host callback) on a split batch, which the TPU compiler
   refuses."""
-  mesh = mesh_of(devices[:1], 1, 1)
+  mesh = partitioning.create_mesh(1, 1, devices=devices[:1])
 
   def with_callback(x):
     jax.debug.callback(lambda v: None, x.max())
@@ -261,16 +148,18 @@ def controls(devices) -> dict:
   x = jax.ShapeDtypeStruct((8, 128), jnp.float32,
                            sharding=jax.sharding.NamedSharding(
                                mesh, jax.sharding.PartitionSpec()))
-  found = host_callbacks(jax.jit(with_callback).lower(x).compile().as_text())
+  found = tpu_compile.host_callbacks(
+      jax.jit(with_callback).lower(x).compile().as_text())
   model = network.Transformer(model_config('mtl'))
-  mesh = mesh_of(devices, *MESHES['data4'])
+  mesh = partitioning.create_mesh(*MESHES['data4'], devices=devices)
   trainer = trainer_lib.Trainer(model, optimizers.make_optimizer(), mesh,
                                 LENGTHS, checked_on_host=False)
   try:
     with jax.set_mesh(mesh):
       trainer.step_function().lower(
           trainer.abstract_state(),
-          _packed_batch(trainer.batch_sharding)).compile()
+          tpu_compile.placed_batch(inputs.PACKED_MODEL_FEATURES, BATCH,
+                                   LENGTHS, trainer.batch_sharding)).compile()
     in_graph_check = None
   except Exception as e:  # pylint: disable=broad-except
     in_graph_check = f'{type(e).__name__}: {e}'
@@ -327,7 +216,7 @@ def t5x_programs(devices) -> dict:
         donate_argnums=(0,) if train else ())
     start = time.perf_counter()
     compiled = step.lower(state_shape, batch).compile()
-    return _t5x_figures(compiled, time.perf_counter() - start)
+    return tpu_compile.figures(compiled, time.perf_counter() - start)
 
   report = {}
   for name in T5X_MODELS + ('unchecked',):
@@ -377,22 +266,8 @@ def t5x_programs(devices) -> dict:
   return report
 
 
-def _t5x_figures(compiled, seconds: float) -> dict:
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  if isinstance(cost, list):
-    cost = cost[0]
-  return {'compile_s': seconds,
-          'argument_bytes': memory.argument_size_in_bytes,
-          'temp_bytes': memory.temp_size_in_bytes,
-          'flops': cost.get('flops'),
-          'bytes_accessed': cost.get('bytes accessed'),
-          'host_callbacks': host_callbacks(compiled.as_text())}
-
-
 def main(out_path: str, names=None) -> None:
-  devices = topologies.get_topology_desc(
-      platform='tpu', topology_name=TOPOLOGY).devices
+  devices = tpu_compile.topology_devices(TOPOLOGY)
   if names == ['--t5x']:  # t5x's steps only
     with open(out_path, 'w') as f:
       json.dump({'topology': TOPOLOGY, 't5x': t5x_programs(devices)}, f,
@@ -406,8 +281,8 @@ def main(out_path: str, names=None) -> None:
     key = f'{name}/{kind}/{mesh_name}'
     build = train_step if kind == 'train' else decode
     try:
-      report['programs'][key] = build(name, mesh_of(devices,
-                                                     *MESHES[mesh_name]))
+      report['programs'][key] = build(name, partitioning.create_mesh(
+          *MESHES[mesh_name], devices=devices))
     except Exception as e:  # pylint: disable=broad-except
       report['programs'][key] = {'error': f'{type(e).__name__}: {e}'}
     print(key, report['programs'][key].get('compile_s'), flush=True)

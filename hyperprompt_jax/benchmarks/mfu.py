@@ -435,7 +435,7 @@ def kernel_times(profile_dir: str, steps: int, top: int = 25
           'top_kernels': table(kernels, kernel_count)}
 
 
-def _runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
+def runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
   """`(model, form)` in the order they run, MTL first: both forms of a
   model of `FORMS` (`forms='both'`), its default ('auto'), or those of its
   forms that the comma-separated `forms` names (its default where it names
@@ -450,6 +450,11 @@ def _runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
       chosen = tuple(f for f in own if f in named) or ('auto',)
     runs.extend((name, form) for form in chosen)
   return runs
+
+
+def label_of(model: str, form: str) -> str:
+  """A model's name in the tables: with its form where one is named."""
+  return model if form == 'auto' else f'{model} [{form}]'
 
 
 def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
@@ -475,7 +480,7 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
   log(f'device: {device.device_kind} ({device.platform}, '
       f'{jax.device_count()} devices; the step runs on one), jax '
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
-  for name, form in _runs(models, forms):
+  for name, form in runs(models, forms):
     cfg = model_config(backbone, name, dtype, form)
     packed = True  # every model packs (`synthetic_rows` can do without)
     slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
@@ -483,7 +488,7 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
                                   cfg.vocab_size, cfg.num_tasks, packed,
                                   slots, max_segments=hypergrid.max_segments(
                                       cfg.hypergrid))
-    label = name if form == 'auto' else f'{name} [{form}]'
+    label = label_of(name, form)
     log(f'{time.strftime("%H:%M:%S")} {label}: compiling '
         f'({"packed" if packed else "unpacked"} rows)')
     trace = (os.path.join(profile_dir, f'{name}_{form}')

@@ -100,6 +100,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax.model import layers
+from hyperprompt_jax.model import task_blocks
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
@@ -501,11 +502,35 @@ def _grouped_gated_matmul(x: Array, kernel: Array, grid: Array,
   weights = jnp.concatenate(
       [(1 + gate) * kernel,
        jnp.broadcast_to(kernel, (batch, 1, d_in, d_out))], axis=1)
-  out = jax.lax.ragged_dot(
-      x.reshape(batch * length, d_in),
-      weights.reshape(batch * (num_segments + 1), d_in, d_out),
-      sizes.reshape(-1).astype(jnp.int32))
-  return out.reshape(batch, length, d_out)
+  return _rowwise_ragged_dot(x, weights, sizes.astype(jnp.int32))
+
+
+def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
+  """Each row's tokens times its own groups' weights: `x [batch, length,
+  d_in]`, `weights [batch, G, d_in, d_out]`, `sizes [batch, G]` ->
+  `[batch, length, d_out]`.
+
+  One `ragged_dot` over the flattened rows, run per shard of the batch
+  where the logical axis 'batch' is split over the mesh (`shard_map`): the
+  group sizes of the whole batch would make GSPMD gather every row onto
+  every chip, and the TPU compiler takes no batch dimension in a ragged
+  matmul (`ragged_dot_general`'s batch dimensions do not compile there).
+  """
+  def flat(x, weights, sizes):
+    rows, length, d_in = x.shape
+    out = jax.lax.ragged_dot(x.reshape(rows * length, d_in),
+                             weights.reshape(-1, *weights.shape[2:]),
+                             sizes.reshape(-1))
+    return out.reshape(rows, length, -1)
+
+  rows = x.shape[0]
+  if task_blocks.batch_shards(rows) == 1:
+    return flat(x, weights, sizes)
+  mesh, batch_axes = task_blocks.batch_split()
+  spec = jax.sharding.PartitionSpec(batch_axes)
+  return jax.shard_map(flat, mesh=mesh, in_specs=(spec, spec, spec),
+                       out_specs=spec, axis_names=set(batch_axes),
+                       check_vma=False)(x, weights, sizes)
 
 
 class OutputGate(nn.Module):

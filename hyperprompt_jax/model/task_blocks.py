@@ -21,6 +21,7 @@ scatter well; 'auto' picks 'written' on CPU and 'autodiff' elsewhere
 """
 
 import math
+from typing import Any, Optional
 
 from flax import struct
 from flax.linen import partitioning as nn_partitioning
@@ -103,22 +104,31 @@ class TaskBlocks:
     return _gather_rows(x, index)
 
 
-def batch_shards(rows: int) -> int:
-  """The data shards a batch of `rows` is split into where the model runs:
-  the mesh axes the logical axis 'batch' maps to under the current axis
-  rules (`flax.linen.partitioning.axis_rules`), in the mesh of
-  `jax.set_mesh` or of t5x's partitioner (`with mesh:`); 1 outside a mesh,
-  or where they do not divide `rows`."""
+def batch_split() -> Optional[tuple[Any, tuple[str, ...]]]:
+  """`(mesh, axes)`: the mesh where the model runs, that of `jax.set_mesh`
+  or of t5x's partitioner (`with mesh:`), and its axes the logical axis
+  'batch' maps to under the current axis rules
+  (`flax.linen.partitioning.axis_rules`); None outside a mesh or where
+  'batch' is not split."""
   mesh = jax.sharding.get_abstract_mesh()
   resources = getattr(pxla, 'thread_resources', None)
   if mesh.empty and resources is not None:
     mesh = resources.env.physical_mesh  # t5x's `with mesh:`
   if mesh.empty:
-    return 1
+    return None
   axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
   if axes is None:
+    return None
+  return mesh, ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+def batch_shards(rows: int) -> int:
+  """The data shards a batch of `rows` is split into where the model runs
+  (`batch_split`); 1 outside a mesh, or where they do not divide `rows`."""
+  split = batch_split()
+  if split is None:
     return 1
-  axes = (axes,) if isinstance(axes, str) else axes
+  mesh, axes = split
   shards = math.prod(mesh.shape[a] for a in axes)
   return shards if rows % shards == 0 else 1
 

@@ -8,12 +8,13 @@ plus the project's new names, replicated by default, so t5x's partitioner and
 the built-in runner shard the network identically.
 """
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import flax
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 import jax
+import numpy as np
 
 from hyperprompt_jax import methods
 
@@ -57,14 +58,18 @@ def parameter_shardings(params_axes, mesh: jax.sharding.Mesh,
                                      rules or logical_axis_rules())
 
 
-def create_mesh(data: int = -1, model: int = 1) -> jax.sharding.Mesh:
-  """A `('data', 'model')` mesh over all devices (`data=-1`: the rest).
+def create_mesh(data: int = -1, model: int = 1,
+                devices: Optional[Sequence[jax.Device]] = None
+                ) -> jax.sharding.Mesh:
+  """A `('data', 'model')` mesh over `devices` (default: all; `data=-1`:
+  the rest).
 
   Axes are `Auto` (GSPMD propagation, as t5x's partitioner), not JAX's
   explicit-sharding mode, which would demand an output sharding for every
-  product whose contracted dimension is sharded.
+  product whose contracted dimension is sharded. `devices` may be a TPU
+  slice's from `jax.experimental.topologies`, to compile for it.
   """
-  n = jax.device_count()
+  n = jax.device_count() if devices is None else len(devices)
   if data == -1:
     if n % model:
       raise ValueError(f'{n} devices do not divide into model={model} parts.')
@@ -73,5 +78,11 @@ def create_mesh(data: int = -1, model: int = 1) -> jax.sharding.Mesh:
     raise ValueError(f'Mesh data={data} x model={model} needs {data * model} '
                      f'devices, found {n}.')
   auto = jax.sharding.AxisType.Auto
-  return jax.make_mesh((data, model), ('data', 'model'),
-                       axis_types=(auto, auto))
+  try:
+    return jax.make_mesh((data, model), ('data', 'model'),
+                         axis_types=(auto, auto), devices=devices)
+  except AssertionError:
+    # JAX orders a TPU v4+ slice's devices by the torus only with one device
+    # a chip (megacore); a slice described a core a device keeps its order.
+    return jax.sharding.Mesh(np.asarray(devices).reshape(data, model),
+                             ('data', 'model'), axis_types=(auto, auto))

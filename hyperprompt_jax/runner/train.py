@@ -279,7 +279,7 @@ def train(
   if batch_size % mesh.shape['data']:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
                      f"mesh's {mesh.shape['data']} data shards.")
-  num_microbatches = check_num_microbatches(
+  num_microbatches = trainer_lib.check_num_microbatches(
       num_microbatches, batch_size // mesh.shape['data'])
   if not isinstance(restart_data_on_layout_change, bool):
     raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
@@ -318,31 +318,6 @@ def train(
   finally:
     if lock:
       lock.release()
-
-
-def check_num_microbatches(num_microbatches: Optional[int],
-                           shard_batch: int) -> int:
-  """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
-
-  Args:
-    num_microbatches: the setting.
-    shard_batch: the rows of one data shard (BATCH_SIZE / the mesh's data
-      shards): every part takes the same number of each shard's rows.
-    balancing: MetaBalance's plan, which takes whole batches.
-  """
-  if num_microbatches is None:
-    return 1
-  if (isinstance(num_microbatches, bool) or
-      not isinstance(num_microbatches, int) or num_microbatches < 1):
-    raise ValueError(f'NUM_MICROBATCHES={num_microbatches!r}: expected None '
-                     'or a positive integer (the parts each batch is taken '
-                     'in).')
-  if shard_batch % num_microbatches:
-    raise ValueError(
-        f'NUM_MICROBATCHES={num_microbatches} does not divide the '
-        f'{shard_batch} rows of each data shard (BATCH_SIZE / the mesh\'s '
-        'data shards): choose a divisor, or change BATCH_SIZE.')
-  return num_microbatches
 
 
 @dataclasses.dataclass

@@ -70,6 +70,30 @@ def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
                           batch['decoder_target_tokens'].shape)
 
 
+def check_num_microbatches(num_microbatches: Optional[int],
+                           shard_batch: int) -> int:
+  """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
+
+  Args:
+    num_microbatches: the setting.
+    shard_batch: the rows of one data shard (BATCH_SIZE / the mesh's data
+      shards): every part takes the same number of each shard's rows.
+  """
+  if num_microbatches is None:
+    return 1
+  if (isinstance(num_microbatches, bool) or
+      not isinstance(num_microbatches, int) or num_microbatches < 1):
+    raise ValueError(f'NUM_MICROBATCHES={num_microbatches!r}: expected None '
+                     'or a positive integer (the parts each batch is taken '
+                     'in).')
+  if shard_batch % num_microbatches:
+    raise ValueError(
+        f'NUM_MICROBATCHES={num_microbatches} does not divide the '
+        f'{shard_batch} rows of each data shard (BATCH_SIZE / the mesh\'s '
+        'data shards): choose a divisor, or change BATCH_SIZE.')
+  return num_microbatches
+
+
 def microbatches(batch: Mapping[str, Any], n: int) -> dict[str, jax.Array]:
   """`[B, ...]` -> `[n, B / n, ...]` for every feature: part i holds rows
   i, n + i, 2n + i, ... (each part keeps the batch's spread over the data

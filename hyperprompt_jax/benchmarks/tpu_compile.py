@@ -1,0 +1,598 @@
+r"""A run's training step and decode compiled for a TPU slice, on a CPU host.
+
+    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3:4x4 \
+        --gin_file=runs/hypergrid_lg_glue_super_glue.gin \
+        [--gin.MESH_MODEL=2] [--gin.NUM_MICROBATCHES=2] \
+        [--gin.REMAT_POLICY="'full'"] [--output_json=tpu.json]
+    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v5e:2x2 \
+        --model=t5_1_1_base --variants=mtl,global,hypergrid_lg --forms=auto \
+        --batch_size=128 [--mesh_model=1] [--num_microbatches=1]
+
+libtpu (`pip install -e '.[tpu]'`) holds the TPU compiler, and
+`jax.experimental.topologies` gives the devices of any slice
+(`v3:4x4`, `v5e:16x16`, `v5p:4x4x4`, ...) with no TPU attached, so
+`jit(step).lower(shapes).compile()` builds the program each chip of the slice
+would run. Nothing is allocated and no data is read.
+
+With `--gin_file`, the setup is the run's: its gin files are parsed as
+`python -m hyperprompt_jax.train` parses them, and the mesh (MESH_DATA x
+MESH_MODEL over the slice's devices), the model (REMAT_POLICY and every
+method setting), the optimizer (`make_optimizer` as bound, frozen embeddings
+included), NUM_MICROBATCHES, MetaBalance (GRADIENT_BALANCING and its
+settings), the rows (PACK, TASK_FEATURE_LENGTHS, BATCH_SIZE) and the
+decode's batch (EVAL_BATCH_SIZE) are the run's. The state and the batch are
+placed as the built-in runner places them (`trainer.Trainer`: parameters by
+their logical axes, the optimizer state where the compiler puts
+`optimizer.init`'s outputs) and its step (`Trainer.step_function`, checked
+on the host) is compiled, then the evaluator's greedy decode
+(`predictor.Predictor`). The gin files import the task registry (seqio,
+TensorFlow) as the run's do.
+
+Without `--gin_file`, the setups are the MFU benchmark's models
+(`mfu.MODELS` at `--model`'s size, `mfu.model_config`), packed rows of
+`--batch_size` at `--input_length` / `--target_length`; this path imports no
+gin, TensorFlow or seqio.
+
+Figures per program, for one chip (the SPMD program every chip runs):
+arguments, outputs, temporaries, aliased (donated) and the total
+(arguments + outputs + temporaries - aliased: XLA's `memory_analysis()`)
+against the chip's HBM (`HBM_GIB`); XLA's FLOPs and bytes accessed
+(`cost_analysis()`; a loop's body is counted once, so where the compiler
+keeps a step's microbatches or MetaBalance's shares as a loop, one part is
+counted: `loops` says how many loops the module holds); for the training step, the FLOPs of every chip over
+6 N D (`mfu.six_nd_flops` of the global batch); the collectives by kind
+(count and bytes); the scatters and gathers left in the optimized module,
+each with its shape and the op that made it; host callbacks; the compile
+time. The JSON (`--output_json`) holds them all and is rewritten after each
+program, so a run cut short keeps what it compiled.
+"""
+
+import collections
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import flax
+from flax.linen import partitioning as nn_partitioning
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hyperprompt_jax.benchmarks import mfu
+from hyperprompt_jax.model import inputs
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import files
+from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import trainer as trainer_lib
+
+GIB = 2**30
+# HBM of one chip in GiB by a lower-case piece of `jax.Device.device_kind`
+# (the first that matches; Google Cloud's TPU pages). A device is a
+# TensorCore where a chip shows two (TPU v3): it has its share.
+HBM_GIB = (
+    ('tpu v3', 32),
+    ('tpu v4', 32),
+    ('tpu v5 lite', 16),  # v5e
+    ('tpu v5', 95),       # v5p
+    ('tpu v6 lite', 32),  # v6e
+)
+# The collective ops of an optimized HLO module (an async pair counts by its
+# start).
+COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
+               'collective-permute', 'all-reduce-start', 'all-gather-start',
+               'collective-permute-start')
+# A gather or scatter under this many bytes is left out of the lists (an
+# index's lookup in a small table; the count still has it).
+LARGE_BYTES = 1 << 20
+
+_INSTRUCTION = re.compile(
+    r'^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*'
+    r'(?P<shape>\(.*?\)|\S+)\s+'
+    r'(?P<op>[a-z][\w\-]*)\(', re.MULTILINE)
+_ARRAY = re.compile(r'\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|'
+                    r'u64|f64|c64|c128|f8e\w+)\[([\d,]*)\]')
+_ITEM_BITS = {'pred': 8, 's4': 4, 'u4': 4, 's8': 8, 'u8': 8, 's16': 16,
+              'u16': 16, 'f16': 16, 'bf16': 16, 's32': 32, 'u32': 32,
+              'f32': 32, 's64': 64, 'u64': 64, 'f64': 64, 'c64': 64,
+              'c128': 128}
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
+# What a host callback leaves in an optimized module: send / recv host
+# transfers (jax's callbacks on TPU), or a callback custom call (CPU, GPU).
+_HOST_TRANSFER = re.compile(r'is_host_transfer=true')
+_CALLBACK_TARGET = re.compile(
+    r'custom_call_target="([^"]*(?:callback|python)[^"]*)"', re.IGNORECASE)
+
+
+def topology_devices(topology: str) -> list[jax.Device]:
+  """The devices of a TPU slice (`'v3:4x4'`), compiled for, not opened."""
+  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata
+  # No TPU is opened, so libtpu's one-process lock (/tmp/libtpu_lockfile)
+  # need not keep another compiling process out.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  if importlib.util.find_spec('libtpu') is None:
+    raise ValueError(f'--topology={topology}: the TPU compiler is not '
+                     "installed: pip install -e '.[tpu]' (it brings libtpu).")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    return list(topologies.get_topology_desc(
+        platform='tpu', topology_name=topology).devices)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f'--topology={topology}: libtpu gives no devices for it ({e}); a '
+        'slice is e.g. v3:4x4, v4:2x2x4, v5e:2x2, v5p:4x4x4, v6e:4x4.'
+    ) from e
+
+
+def device_hbm_bytes(devices: Sequence[jax.Device]) -> Optional[int]:
+  """HBM of one device of the slice: the chip's (`HBM_GIB`) over the
+  devices a chip shows (those at the same coordinates); None for an
+  unknown kind."""
+  kind = devices[0].device_kind.lower()
+  chip = next((gib for piece, gib in HBM_GIB if piece in kind), None)
+  if chip is None:
+    return None
+  coords = {tuple(d.coords) for d in devices}  # a chip's place in the torus
+  return chip * GIB * len(coords) // len(devices)
+
+
+def array_bytes(shape_text: str) -> int:
+  """Bytes of the arrays an HLO shape names (`bf16[8,128]{1,0}`, or a
+  tuple of them)."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(shape_text):
+    count = math.prod(int(d) for d in dims.split(',') if d)
+    total += count * _ITEM_BITS.get(dtype, 8) // 8
+  return total
+
+
+def host_callbacks(text: str) -> list[str]:
+  """The host transfers and callback custom calls of an HLO module."""
+  return (_CALLBACK_TARGET.findall(text)
+          + [m.group(0) for m in _HOST_TRANSFER.finditer(text)])
+
+
+def _where(line: str) -> str:
+  """The jax op and source line an HLO instruction came from."""
+  op = _OP_NAME.search(line)
+  source = _SOURCE.search(line)
+  where = op.group(1) if op else '?'
+  if source:
+    where += f' ({os.path.basename(source.group(1))}:{source.group(2)})'
+  return where
+
+
+def hlo_summary(text: str) -> dict[str, Any]:
+  """What an optimized HLO module does beyond its arithmetic: collectives
+  by kind (`{op: {'count', 'bytes'}}`, bytes of their results), the count
+  of scatters and gathers and the large ones (`LARGE_BYTES`: shape, bytes,
+  the op that made them), its loops (XLA's cost analysis counts a loop's
+  body once), host callbacks."""
+  collectives = collections.defaultdict(lambda: {'count': 0, 'bytes': 0})
+  counts = collections.Counter()
+  large = {'scatter': [], 'gather': []}
+  loops = 0
+  for line in text.splitlines():
+    m = _INSTRUCTION.match(line)
+    if not m:
+      continue
+    op = m.group('op')
+    if op in COLLECTIVES:
+      kind = collectives[op.removesuffix('-start')]
+      kind['count'] += 1
+      kind['bytes'] += array_bytes(m.group('shape'))
+    elif op in large:
+      counts[op] += 1
+      size = array_bytes(m.group('shape'))
+      if size >= LARGE_BYTES:
+        large[op].append({'shape': m.group('shape').split('{')[0],
+                          'bytes': size, 'from': _where(line)})
+    elif op == 'while':
+      loops += 1
+  return {'collectives': dict(collectives),
+          'scatters': counts['scatter'], 'gathers': counts['gather'],
+          'large_scatters': large['scatter'], 'large_gathers': large['gather'],
+          'loops': loops, 'host_callbacks': host_callbacks(text)}
+
+
+def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
+            args: Any = None, param_axes: Optional[dict] = None
+            ) -> dict[str, Any]:
+  """A compiled program's figures for one chip (the module docstring), and
+  with `args` (the abstract arguments it was lowered for) what a chip holds
+  of each (`argument_shards`)."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+    cost = cost[0]
+  sizes = {k: getattr(memory, f'{k}_size_in_bytes') for k in (
+      'argument', 'output', 'alias', 'temp', 'generated_code')}
+  total = (sizes['argument'] + sizes['output'] + sizes['temp']
+           - sizes['alias'])
+  out = {
+      'compile_s': round(seconds, 1),
+      'memory': dict(sizes, total=total),
+      'hbm_bytes': hbm_bytes,
+      'fits': None if hbm_bytes is None else total <= hbm_bytes,
+      'flops': cost.get('flops'),
+      'bytes_accessed': cost.get('bytes accessed'),
+      **hlo_summary(compiled.as_text()),
+  }
+  if args is not None:
+    out['arguments'] = argument_shards(compiled, args, param_axes or {})
+  return out
+
+
+def argument_shards(compiled, args: Any, param_axes: dict[str, list]
+                    ) -> list[dict[str, Any]]:
+  """Per argument leaf: its path, shape, dtype, the logical axes of a
+  parameter (`param_axes`, by path), and as the program takes it on a chip:
+  its shard's shape and the shard laid out (`tiled`: in the layout's order,
+  minor dimensions padded to its tile: what the chip allocates); `pruned`
+  for an argument the program does not use."""
+  formats = jax.tree.leaves(compiled.input_formats[0])
+  leaves = jax.tree_util.tree_leaves_with_path(args)
+  assert len(formats) == len(leaves), (len(formats), len(leaves))
+  out = []
+  for (path, leaf), fmt in zip(leaves, formats):
+    path = jax.tree_util.keystr(path)
+    argument = {'path': path, 'shape': list(leaf.shape),
+                'dtype': str(leaf.dtype),
+                'itemsize': np.dtype(leaf.dtype).itemsize,
+                'axes': param_axes.get(path)}
+    if fmt.layout is None:
+      out.append(dict(argument, pruned=True))
+      continue
+    shard = fmt.sharding.shard_shape(leaf.shape)
+    layout = fmt.layout
+    out.append(dict(
+        argument, pruned=False, shard=list(shard),
+        tiled=list(_tiled([shard[i] for i in layout.major_to_minor],
+                          layout.tiling[0] if layout.tiling else ()))))
+  return out
+
+
+def _tiled(physical, tile) -> tuple[int, ...]:
+  """A shape in its layout's order (major to minor) with its minor
+  dimensions rounded up to the layout's tile (a scalar is one element)."""
+  shape = list(physical) or [1]
+  tile = list(tile)[-len(shape):] if tile else []
+  offset = len(shape) - len(tile)
+  for i, t in enumerate(tile):
+    shape[offset + i] = -(-shape[offset + i] // t) * t
+  return tuple(shape)
+
+
+def param_axes_by_path(params_axes: Any, prefix: Sequence[Any]
+                       ) -> dict[str, list]:
+  """keystr of each parameter (under `prefix`, its place among a program's
+  arguments) -> its logical axis names."""
+  names = nn_partitioning.get_axis_names(params_axes)
+  return {jax.tree_util.keystr(tuple(prefix) + path): list(axes)
+          for path, axes in jax.tree_util.tree_leaves_with_path(
+              flax.core.unfreeze(names),
+              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
+
+
+@dataclasses.dataclass
+class Setup:
+  """What one compile needs: the network, the optimizer, the mesh's axes,
+  the rows and the step's settings (a run's, or an MFU model's)."""
+  name: str
+  config: network.T5Config
+  input_length: int
+  target_length: int
+  batch_size: int
+  pack: bool = True
+  mesh_data: int = -1
+  mesh_model: int = 1
+  num_microbatches: Optional[int] = None
+  eval_batch_size: Optional[int] = None  # None: no decode
+  optimizer: Any = None  # None: `optimizers.make_optimizer()`
+  z_loss: float = 1e-4
+  balancing: Any = None  # a `metabalance.Plan`, or None
+  label: str = ''  # what the setup's settings are, for the table
+
+  @property
+  def lengths(self) -> dict[str, int]:
+    return {'inputs': self.input_length, 'targets': self.target_length}
+
+
+def placed_batch(features: Sequence[str], rows: int, lengths: dict[str, int],
+                 sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes of a model batch of `rows` rows, split by `sharding`."""
+  def shape(name):
+    if name == 'task_ids':
+      return (rows,)
+    return (rows, lengths['targets' if name.startswith('decoder')
+                          else 'inputs'])
+  return {name: jax.ShapeDtypeStruct(shape(name), jnp.int32,
+                                     sharding=sharding) for name in features}
+
+
+def compile_train(setup: Setup, mesh: jax.sharding.Mesh,
+                  hbm_bytes: Optional[int]) -> dict[str, Any]:
+  """The built-in runner's training step of `setup` on `mesh`."""
+  model = network.Transformer(setup.config)
+  trainer = trainer_lib.Trainer(
+      model, setup.optimizer or optimizers.make_optimizer(), mesh,
+      setup.lengths, z_loss=setup.z_loss, balancing=setup.balancing,
+      num_microbatches=setup.num_microbatches, checked_on_host=True)
+  batch = placed_batch(inputs.required_features(setup.pack),
+                       setup.batch_size, setup.lengths, trainer.batch_sharding)
+  state = trainer.abstract_state()
+  abstract = network.abstract_variables(model, setup.input_length,
+                                        setup.target_length)
+  axes = param_axes_by_path(  # the state's parameters: args[0]['params']
+      abstract['params_axes'],
+      (jax.tree_util.SequenceKey(0), jax.tree_util.DictKey('params')))
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    compiled = trainer.step_function().lower(state, batch).compile()
+  out = figures(compiled, time.perf_counter() - start, hbm_bytes,
+                (state, batch), axes)
+  six_nd = mfu.six_nd_flops(trainer.abstract_params, batch)
+  out['six_nd_flops'] = six_nd
+  out['flops_over_6nd'] = (out['flops'] * mesh.size / six_nd
+                           if out['flops'] else None)
+  out['parameters'] = sum(math.prod(a.shape) for a in
+                          jax.tree.leaves(trainer.abstract_params))
+  return out
+
+
+def compile_decode(setup: Setup, mesh: jax.sharding.Mesh,
+                   hbm_bytes: Optional[int]) -> dict[str, Any]:
+  """The evaluator's greedy decode (`predictor.Predictor`) of
+  `setup.eval_batch_size` unpacked rows."""
+  from hyperprompt_jax.evaluation import predictor as predictor_lib  # pylint: disable=g-import-not-at-top
+  model = network.Transformer(setup.config)
+  abstract = network.abstract_variables(model)
+  predictor = predictor_lib.Predictor(
+      model, abstract['params_axes'], mesh, batch_size=setup.eval_batch_size,
+      max_decode_length=setup.target_length)
+  params = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract['params'], predictor.param_shardings)
+  batch = placed_batch(('encoder_input_tokens', 'task_ids'),
+                       setup.eval_batch_size, setup.lengths,
+                       predictor.batch_sharding)
+  args = (params, batch['encoder_input_tokens'], batch['task_ids'])
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    compiled = predictor.decode_function().lower(*args).compile()
+  return figures(compiled, time.perf_counter() - start, hbm_bytes, args,
+                 param_axes_by_path(abstract['params_axes'],
+                                    (jax.tree_util.SequenceKey(0),)))
+
+
+def compile_setup(setup: Setup, devices: Sequence[jax.Device],
+                  log: Callable[[str], None] = lambda _: None
+                  ) -> dict[str, Any]:
+  """Compiles `setup`'s training step (and decode) for `devices`; a program
+  that does not compile gets its error instead of figures."""
+  mesh = partitioning.create_mesh(setup.mesh_data, setup.mesh_model,
+                                  devices=devices)
+  hbm = device_hbm_bytes(devices)
+  report = {'setup': setup.name, 'label': setup.label,
+            'mesh': dict(mesh.shape), 'batch_size': setup.batch_size,
+            'lengths': setup.lengths, 'pack': setup.pack,
+            'num_microbatches': setup.num_microbatches or 1,
+            'remat_policy': setup.config.remat_policy,
+            'metabalance': None if setup.balancing is None else {
+                'auxiliaries': setup.balancing.settings.auxiliaries,
+                'num_auxiliary': setup.balancing.num_auxiliary},
+            'programs': {}}
+  if setup.batch_size % mesh.shape['data']:
+    raise ValueError(f'{setup.name}: BATCH_SIZE={setup.batch_size} does not '
+                     f"divide over the mesh's {mesh.shape['data']} data "
+                     'shards.')
+  trainer_lib.check_num_microbatches(setup.num_microbatches,
+                                     setup.batch_size // mesh.shape['data'])
+  programs = [('train', compile_train)]
+  if setup.eval_batch_size:
+    programs.append(('decode', compile_decode))
+  for kind, build in programs:
+    try:
+      report['programs'][kind] = build(setup, mesh, hbm)
+    except Exception as e:  # pylint: disable=broad-except
+      report['programs'][kind] = {'error': f'{type(e).__name__}: {e}'[:2000]}
+    log(format_program(setup.name, kind,
+                       report['programs'][kind]))
+  return report
+
+
+def format_program(name: str, kind: str, p: dict[str, Any]) -> str:
+  """One line of a program's figures (per chip)."""
+  if 'error' in p:
+    return f'{name} {kind}: does not compile: {p["error"][:300]}'
+  m = p['memory']
+  fit = ('' if p['fits'] is None else
+         f' of {p["hbm_bytes"] / GIB:.0f} GiB ({"fits" if p["fits"] else "DOES NOT FIT"})')
+  collectives = ', '.join(f'{k} {v["count"]} ({v["bytes"] / 1e6:.0f} MB)'
+                          for k, v in sorted(p['collectives'].items()))
+  ratio = p.get('flops_over_6nd')
+  return (f'{name} {kind}: {m["total"] / GIB:.2f} GiB{fit}: arguments '
+          f'{m["argument"] / GIB:.2f}, temporaries {m["temp"] / GIB:.2f}, '
+          f'outputs {m["output"] / GIB:.2f}, aliased {m["alias"] / GIB:.2f}; '
+          f'{(p["flops"] or 0) / 1e12:.3f} TFLOP'
+          + (f' ({ratio:.2f}x 6ND)' if ratio else '')
+          + f', {(p["bytes_accessed"] or 0) / 1e9:.1f} GB accessed; '
+          f'scatters {p["scatters"]}, gathers {p["gathers"]}, loops '
+          f'{p["loops"]}; collectives: {collectives or "none"}; '
+          f'host callbacks {len(p["host_callbacks"])}; compiled in '
+          f'{p["compile_s"]:.0f} s')
+
+
+def format_table(report: dict[str, Any]) -> str:
+  """The setups' training steps side by side (per chip), each against the
+  first setup's."""
+  lines = [f'{report["topology"]}: {report["devices"]} devices of kind '
+           f'{report["device_kind"]}, '
+           + (f'{report["hbm_bytes"] / GIB:.1f} GiB HBM each'
+              if report['hbm_bytes'] else 'HBM unknown'),
+           f'{"setup":<44}{"mesh":>7}{"rows":>6}{"GiB":>7}{"temp":>7}'
+           f'{"TFLOP":>8}{"x":>7}{"GB acc":>8}{"x":>7}{"temp x":>7}'
+           f'{"6ND x":>7}{"fits":>6}']
+  first = None
+  for r in report['setups']:
+    p = r['programs'].get('train', {})
+    mesh = f'{r["mesh"]["data"]}x{r["mesh"]["model"]}'
+    name = r['setup'] + (f' [{r["label"]}]' if r['label'] else '')
+    if 'error' in p or not p:
+      lines.append(f'{name:<44}{mesh:>7}  does not compile')
+      continue
+    first = first or p
+    ratio = lambda k, q=p: q[k] / first[k] if first[k] else float('nan')
+    temp = p['memory']['temp'] / max(first['memory']['temp'], 1)
+    lines.append(
+        f'{name:<44}{mesh:>7}{r["batch_size"]:>6}'
+        f'{p["memory"]["total"] / GIB:>7.2f}{p["memory"]["temp"] / GIB:>7.2f}'
+        f'{p["flops"] / 1e12:>8.2f}{ratio("flops"):>6.3f}x'
+        f'{p["bytes_accessed"] / 1e9:>8.1f}{ratio("bytes_accessed"):>6.2f}x'
+        f'{temp:>6.2f}x{p["flops_over_6nd"]:>7.2f}'
+        f'{"" if p["fits"] is None else ("yes" if p["fits"] else "NO"):>6}')
+  return '\n'.join(lines)
+
+
+def compile_report(topology: str, setups: Sequence[Setup],
+                   output_json: Optional[str] = None,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles every setup for `topology`; the JSON is rewritten after
+  each."""
+  devices = topology_devices(topology)
+  report = {'topology': topology, 'devices': len(devices),
+            'device_kind': devices[0].device_kind,
+            'hbm_bytes': device_hbm_bytes(devices), 'jax': jax.__version__,
+            'setups': []}
+  for setup in setups:
+    report['setups'].append(compile_setup(setup, devices, log))
+    if output_json:
+      files.write_atomically(output_json, json.dumps(report, indent=1))
+  return report
+
+
+def model_setups(backbone: str, variants: Sequence[str], forms: str,
+                 dtype: str, batch_size: int, input_length: int,
+                 target_length: int, mesh_model: int = 1,
+                 num_microbatches: Optional[int] = None,
+                 eval_batch_size: Optional[int] = None) -> list[Setup]:
+  """The MFU benchmark's models (`mfu.MODELS`) as setups: packed rows,
+  MTL first (the tables' reference)."""
+  models = ['mtl'] + [v for v in variants if v != 'mtl']
+  return [Setup(name=mfu.label_of(model, form), config=mfu.model_config(
+                    backbone, model, dtype, form),
+                input_length=input_length, target_length=target_length,
+                batch_size=batch_size, mesh_model=mesh_model,
+                num_microbatches=num_microbatches,
+                eval_batch_size=eval_batch_size)
+          for model, form in mfu.runs(models, forms)]
+
+
+def run_models(args) -> int:
+  """`--tpu_compile` without gin: the MFU benchmark's models."""
+  variants = (list(mfu.MODELS) if args.variants is None
+              else [v for v in args.variants.split(',') if v])
+  bad = sorted(set(variants) - set(mfu.MODELS))
+  if bad:
+    raise ValueError(f'Unknown variants {bad} for --tpu_compile: choose from '
+                     f'{list(mfu.MODELS)}.')
+  setups = model_setups(
+      args.model, variants, args.forms, args.dtype, args.batch_size,
+      args.input_length, args.target_length, args.mesh_model,
+      args.num_microbatches, args.eval_batch_size)
+  return _print(compile_report(args.topology, setups, args.output_json,
+                               log=lambda s: print(s, flush=True)),
+                args.output_json)
+
+
+def _print(report: dict[str, Any], output_json: Optional[str]) -> int:
+  print(format_table(report))
+  if output_json:
+    print(f'JSON: {output_json}')
+  sys.stdout.flush()
+  return 0
+
+
+def _settings_label(setup: Setup) -> str:
+  """The settings that change a step's memory, where not the default."""
+  parts = []
+  if setup.mesh_model != 1:
+    parts.append(f'MESH_MODEL={setup.mesh_model}')
+  if (setup.num_microbatches or 1) > 1:
+    parts.append(f'NUM_MICROBATCHES={setup.num_microbatches}')
+  if setup.config.remat_policy != 'none':
+    parts.append(f'REMAT_POLICY={setup.config.remat_policy}')
+  if setup.balancing is not None:
+    parts.append(f'MetaBalance {setup.balancing.settings.auxiliaries} '
+                 f'K={setup.balancing.num_auxiliary}')
+  if not setup.pack:
+    parts.append('unpacked')
+  return ', '.join(parts)
+
+
+def gin_setup(name: str, gin_files: Sequence[str],
+              bindings: Sequence[str] = (),
+              search_paths: Sequence[str] = ()) -> Setup:
+  """The setup of a run's gin files and bindings, read as
+  `python -m hyperprompt_jax.train` reads them (module docstring). gin is
+  cleared before and after."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import balancing as balancing_lib  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import metabalance  # pylint: disable=g-import-not-at-top
+
+  def macro(key):
+    return gin.query_parameter(f'{key}/macro.value')
+
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(gin_files, bindings, search_paths)
+    model = gin.get_configurable(network.Transformer)()
+    lengths = macro('TASK_FEATURE_LENGTHS')
+    balancing = balancing_lib.run_plan(
+        macro('GRADIENT_BALANCING'),
+        gin.get_configurable(metabalance.Settings)(), model,
+        macro('MIXTURE_OR_TASK_NAME'))
+    try:
+      z_loss = gin.query_parameter('train.train.z_loss')
+    except ValueError:  # not bound: `train`'s default
+      z_loss = 1e-4
+    setup = Setup(
+        name=name, config=model.config, input_length=lengths['inputs'],
+        target_length=lengths['targets'], batch_size=macro('BATCH_SIZE'),
+        pack=macro('PACK'), mesh_data=macro('MESH_DATA'),
+        mesh_model=macro('MESH_MODEL'),
+        num_microbatches=macro('NUM_MICROBATCHES'),
+        eval_batch_size=macro('EVAL_BATCH_SIZE'),
+        optimizer=gin.get_configurable(optimizers.make_optimizer)(),
+        z_loss=z_loss, balancing=balancing)
+  finally:
+    gin.clear_config()
+  setup.label = _settings_label(setup)
+  return setup
+
+
+def run_gin(args) -> int:
+  """`--tpu_compile` of run setups: `--gin_file`s (one setup), or
+  `--setups` (`memory_table.setup_gin_files` names), each with the
+  `--gin.` bindings."""
+  from hyperprompt_jax.benchmarks import memory_table  # pylint: disable=g-import-not-at-top
+  search = [p for p in args.gin_search_paths.split(',') if p]
+  if args.setups:
+    setups = [gin_setup(name, memory_table.setup_gin_files(name),
+                        args.gin_bindings, search)
+              for name in args.setups.split(',') if name]
+  else:
+    setups = [gin_setup('+'.join(os.path.splitext(os.path.basename(f))[0]
+                                 for f in args.gin_file),
+                        args.gin_file, args.gin_bindings, search)]
+  return _print(compile_report(args.topology, setups, args.output_json,
+                               log=lambda s: print(s, flush=True)),
+                args.output_json)
