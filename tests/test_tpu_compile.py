@@ -107,6 +107,11 @@ def test_every_method_compiles_for_a_tpu_slice(tmp_path):
   assert controls['callback_found']
   assert 'Partitioned callback not implemented on tpu' in (
       controls['in_graph_check_error'] or '')
+  # Compiled for a TPU slice, 'auto' picks the TPU's forms, not the CPU's
+  # (the host's backend).
+  assert controls['auto_forms'] == {'platform': 'tpu',
+                                    'gradient_form': 'autodiff',
+                                    'packed_form': 'grouped'}
 
   import tpu_programs  # pylint: disable=g-import-not-at-top
   programs = report['programs']
@@ -180,7 +185,14 @@ def test_the_compile_command_compiles_a_run_as_it_would_train(tmp_path):
 # An optimized module's lines as XLA prints them (shortened), with what
 # `hlo_summary` must find in them, counted by hand.
 _HLO = """\
+%fused_computation.1 (param_0: f32[768]) -> f32[768] {
+  %param_0 = f32[768]{0} parameter(0)
+  ROOT %negate.9 = f32[768]{0} negate(%param_0)
+}
+
 ENTRY %main {
+  %x = f32[768]{0} parameter(0)
+  %fusion.1 = f32[768]{0} fusion(%x), kind=kLoop, calls=%fused_computation.1
   %all-reduce.1 = f32[768]{0} all-reduce(f32[768]{0} %x), channel_id=1, replica_groups={{0,1}}, to_apply=%add
   %ag-start = (bf16[4,1024]{1,0}, bf16[8,1024]{1,0}) all-gather-start(bf16[4,1024]{1,0} %y), dimensions={0}
   %ag-done = bf16[8,1024]{1,0} all-gather-done(%ag-start)
@@ -205,6 +217,12 @@ def test_hlo_summary_counts_by_hand():
       'from': 'jit(step)/scatter-add (layers.py:12)'}]
   assert summary['large_gathers'] == []  # 256 bytes
   assert summary['host_callbacks'] == ['xla_python_cpu_callback']
+  # What the chip schedules, by the bytes of its result and operands; the
+  # instructions inside the fusion are the fusion's.
+  largest = {r['op']: r['bytes'] for r in summary['largest']}
+  assert summary['largest'][0]['op'] == 'scatter'
+  assert largest['fusion'] == largest['all-reduce'] == 768 * 4 * 2
+  assert 'negate' not in largest and 'parameter' not in largest
 
 
 def test_hbm_is_the_chips_over_its_devices():

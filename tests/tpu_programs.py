@@ -48,6 +48,7 @@ from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
+from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import trainer as trainer_lib
@@ -163,7 +164,15 @@ def controls(devices) -> dict:
     in_graph_check = None
   except Exception as e:  # pylint: disable=broad-except
     in_graph_check = f'{type(e).__name__}: {e}'
-  return {'callback_found': found, 'in_graph_check_error': in_graph_check}
+  # The forms 'auto' picks where the model is compiled for the slice
+  # (HyperGrid's at T5.1.1-Base's sizes, 8 segments of 512 tokens).
+  with jax.set_mesh(mesh):
+    forms = {'platform': task_blocks.target_platform(),
+             'gradient_form': task_blocks.resolve_gradient_form('auto'),
+             'packed_form': hypergrid.resolve_packed_form(
+                 'auto', 512, 8, 768, 2048, 32, 128)}
+  return {'callback_found': found, 'in_graph_check_error': in_graph_check,
+          'auto_forms': forms}
 
 
 # t5x's programs (`t5x_programs`): the training step of each model on packed

@@ -103,6 +103,18 @@ _ITEM_BITS = {'pred': 8, 's4': 4, 'u4': 4, 's8': 8, 'u8': 8, 's16': 16,
               'f32': 32, 's64': 64, 'u64': 64, 'f64': 64, 'c64': 64,
               'c128': 128}
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+# A computation's first line (`%fused_computation.3 (param_0: ...) -> ... {`,
+# `ENTRY %main ... {`), the computations an instruction calls, an operand.
+_COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
+_CALLED = re.compile(r'(?:calls|to_apply)=%?([\w.\-]+)')
+_OPERAND = re.compile(r'%([\w.\-]+)')
+_LAYOUT = re.compile(r'\{[^{}]*\}')
+# Instructions that move no data of their own.
+_BOOKKEEPING = frozenset({'parameter', 'constant', 'get-tuple-element',
+                          'tuple', 'bitcast', 'after-all', 'partition-id',
+                          'replica-id', 'copy-done', 'all-gather-done',
+                          'all-reduce-done', 'collective-permute-done',
+                          'while', 'conditional', 'call'})
 _SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
 # What a host callback leaves in an optimized module: send / recv host
 # transfers (jax's callbacks on TPU), or a callback custom call (CPU, GPU).
@@ -159,6 +171,11 @@ def host_callbacks(text: str) -> list[str]:
           + [m.group(0) for m in _HOST_TRANSFER.finditer(text)])
 
 
+def _plain(shape: str) -> str:
+  """An HLO shape without its layouts: `(bf16[8,128], f32[8])`."""
+  return _LAYOUT.sub('', shape)
+
+
 def _where(line: str) -> str:
   """The jax op and source line an HLO instruction came from."""
   op = _OP_NAME.search(line)
@@ -169,20 +186,29 @@ def _where(line: str) -> str:
   return where
 
 
-def hlo_summary(text: str) -> dict[str, Any]:
+def hlo_summary(text: str, top: int = 12) -> dict[str, Any]:
   """What an optimized HLO module does beyond its arithmetic: collectives
   by kind (`{op: {'count', 'bytes'}}`, bytes of their results), the count
   of scatters and gathers and the large ones (`LARGE_BYTES`: shape, bytes,
   the op that made them), its loops (XLA's cost analysis counts a loop's
-  body once), host callbacks."""
+  body once), host callbacks, and the `top` instructions the program
+  schedules (fusions, copies, collectives: not those inside a fusion) that
+  touch the most bytes (`largest`: their result and operands)."""
   collectives = collections.defaultdict(lambda: {'count': 0, 'bytes': 0})
   counts = collections.Counter()
   large = {'scatter': [], 'gather': []}
   loops = 0
+  instructions = []  # (computation, match, line)
+  computation = None
   for line in text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      computation = header.group(1)
+      continue
     m = _INSTRUCTION.match(line)
     if not m:
       continue
+    instructions.append((computation, m, line))
     op = m.group('op')
     if op in COLLECTIVES:
       kind = collectives[op.removesuffix('-start')]
@@ -192,22 +218,47 @@ def hlo_summary(text: str) -> dict[str, Any]:
       counts[op] += 1
       size = array_bytes(m.group('shape'))
       if size >= LARGE_BYTES:
-        large[op].append({'shape': m.group('shape').split('{')[0],
+        large[op].append({'shape': _plain(m.group('shape')),
                           'bytes': size, 'from': _where(line)})
     elif op == 'while':
       loops += 1
   return {'collectives': dict(collectives),
           'scatters': counts['scatter'], 'gathers': counts['gather'],
           'large_scatters': large['scatter'], 'large_gathers': large['gather'],
-          'loops': loops, 'host_callbacks': host_callbacks(text)}
+          'loops': loops, 'host_callbacks': host_callbacks(text),
+          'largest': _largest(instructions, top)}
+
+
+def _largest(instructions, top: int) -> list[dict[str, Any]]:
+  """The scheduled instructions (those of computations no fusion or
+  reduction calls: the entry's, a loop's body) that touch the most bytes:
+  result + operands, a loop's body counted once."""
+  sizes = {m.group('name'): array_bytes(m.group('shape'))
+           for _, m, _ in instructions}
+  inner = set()
+  for _, _, line in instructions:
+    inner.update(_CALLED.findall(line))
+  rows = []
+  for computation, m, line in instructions:
+    op = m.group('op')
+    if computation in inner or op in _BOOKKEEPING:
+      continue
+    operands = line[m.end():].split(')', 1)[0]
+    size = sizes[m.group('name')] + sum(
+        sizes.get(name, 0) for name in _OPERAND.findall(operands))
+    rows.append({'op': op, 'bytes': size,
+                 'shape': _plain(m.group('shape'))[:160],
+                 'from': _where(line)})
+  return sorted(rows, key=lambda r: -r['bytes'])[:top]
 
 
 def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
-            args: Any = None, param_axes: Optional[dict] = None
-            ) -> dict[str, Any]:
+            args: Any = None, param_axes: Optional[dict] = None,
+            hlo_path: Optional[str] = None) -> dict[str, Any]:
   """A compiled program's figures for one chip (the module docstring), and
   with `args` (the abstract arguments it was lowered for) what a chip holds
-  of each (`argument_shards`)."""
+  of each (`argument_shards`). The optimized module's text goes to
+  `hlo_path` where one is given."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
@@ -216,6 +267,9 @@ def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
       'argument', 'output', 'alias', 'temp', 'generated_code')}
   total = (sizes['argument'] + sizes['output'] + sizes['temp']
            - sizes['alias'])
+  text = compiled.as_text()
+  if hlo_path:
+    files.write_atomically(hlo_path, text)
   out = {
       'compile_s': round(seconds, 1),
       'memory': dict(sizes, total=total),
@@ -223,7 +277,7 @@ def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
       'fits': None if hbm_bytes is None else total <= hbm_bytes,
       'flops': cost.get('flops'),
       'bytes_accessed': cost.get('bytes accessed'),
-      **hlo_summary(compiled.as_text()),
+      **hlo_summary(text),
   }
   if args is not None:
     out['arguments'] = argument_shards(compiled, args, param_axes or {})
@@ -318,7 +372,8 @@ def placed_batch(features: Sequence[str], rows: int, lengths: dict[str, int],
 
 
 def compile_train(setup: Setup, mesh: jax.sharding.Mesh,
-                  hbm_bytes: Optional[int]) -> dict[str, Any]:
+                  hbm_bytes: Optional[int], hlo_path: Optional[str] = None
+                  ) -> dict[str, Any]:
   """The built-in runner's training step of `setup` on `mesh`."""
   model = network.Transformer(setup.config)
   trainer = trainer_lib.Trainer(
@@ -337,7 +392,7 @@ def compile_train(setup: Setup, mesh: jax.sharding.Mesh,
   with jax.set_mesh(mesh):
     compiled = trainer.step_function().lower(state, batch).compile()
   out = figures(compiled, time.perf_counter() - start, hbm_bytes,
-                (state, batch), axes)
+                (state, batch), axes, hlo_path)
   six_nd = mfu.six_nd_flops(trainer.abstract_params, batch)
   out['six_nd_flops'] = six_nd
   out['flops_over_6nd'] = (out['flops'] * mesh.size / six_nd
@@ -348,7 +403,8 @@ def compile_train(setup: Setup, mesh: jax.sharding.Mesh,
 
 
 def compile_decode(setup: Setup, mesh: jax.sharding.Mesh,
-                   hbm_bytes: Optional[int]) -> dict[str, Any]:
+                   hbm_bytes: Optional[int], hlo_path: Optional[str] = None
+                   ) -> dict[str, Any]:
   """The evaluator's greedy decode (`predictor.Predictor`) of
   `setup.eval_batch_size` unpacked rows."""
   from hyperprompt_jax.evaluation import predictor as predictor_lib  # pylint: disable=g-import-not-at-top
@@ -369,14 +425,16 @@ def compile_decode(setup: Setup, mesh: jax.sharding.Mesh,
     compiled = predictor.decode_function().lower(*args).compile()
   return figures(compiled, time.perf_counter() - start, hbm_bytes, args,
                  param_axes_by_path(abstract['params_axes'],
-                                    (jax.tree_util.SequenceKey(0),)))
+                                    (jax.tree_util.SequenceKey(0),)),
+                 hlo_path)
 
 
 def compile_setup(setup: Setup, devices: Sequence[jax.Device],
-                  log: Callable[[str], None] = lambda _: None
-                  ) -> dict[str, Any]:
+                  log: Callable[[str], None] = lambda _: None,
+                  hlo_dir: Optional[str] = None) -> dict[str, Any]:
   """Compiles `setup`'s training step (and decode) for `devices`; a program
-  that does not compile gets its error instead of figures."""
+  that does not compile gets its error instead of figures. Each optimized
+  module's text goes to `hlo_dir/<setup> [<label>].<program>.hlo.txt`."""
   mesh = partitioning.create_mesh(setup.mesh_data, setup.mesh_model,
                                   devices=devices)
   hbm = device_hbm_bytes(devices)
@@ -399,8 +457,13 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
   if setup.eval_batch_size:
     programs.append(('decode', compile_decode))
   for kind, build in programs:
+    hlo_path = None
+    if hlo_dir:
+      name = re.sub(r'[^\w.+=,-]+', '_', setup.name + (
+          f' {setup.label}' if setup.label else ''))
+      hlo_path = os.path.join(hlo_dir, f'{name}.{kind}.hlo.txt')
     try:
-      report['programs'][kind] = build(setup, mesh, hbm)
+      report['programs'][kind] = build(setup, mesh, hbm, hlo_path)
     except Exception as e:  # pylint: disable=broad-except
       report['programs'][kind] = {'error': f'{type(e).__name__}: {e}'[:2000]}
     log(format_program(setup.name, kind,
@@ -450,7 +513,8 @@ def format_table(report: dict[str, Any]) -> str:
       continue
     first = first or p
     ratio = lambda k, q=p: q[k] / first[k] if first[k] else float('nan')
-    temp = p['memory']['temp'] / max(first['memory']['temp'], 1)
+    temp = (p['memory']['temp'] / first['memory']['temp']
+            if first['memory']['temp'] >= LARGE_BYTES else float('nan'))
     lines.append(
         f'{name:<44}{mesh:>7}{r["batch_size"]:>6}'
         f'{p["memory"]["total"] / GIB:>7.2f}{p["memory"]["temp"] / GIB:>7.2f}'
@@ -465,14 +529,16 @@ def compile_report(topology: str, setups: Sequence[Setup],
                    output_json: Optional[str] = None,
                    log: Callable[[str], None] = print) -> dict[str, Any]:
   """Compiles every setup for `topology`; the JSON is rewritten after
-  each."""
+  each, the optimized modules written beside it (`<json>_hlo/`)."""
+  hlo_dir = (os.path.splitext(output_json)[0] + '_hlo' if output_json
+             else None)
   devices = topology_devices(topology)
   report = {'topology': topology, 'devices': len(devices),
             'device_kind': devices[0].device_kind,
             'hbm_bytes': device_hbm_bytes(devices), 'jax': jax.__version__,
             'setups': []}
   for setup in setups:
-    report['setups'].append(compile_setup(setup, devices, log))
+    report['setups'].append(compile_setup(setup, devices, log, hlo_dir))
     if output_json:
       files.write_atomically(output_json, json.dumps(report, indent=1))
   return report

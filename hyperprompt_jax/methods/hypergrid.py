@@ -430,7 +430,7 @@ def resolve_packed_form(form: str, length: int, num_segments: int,
   there."""
   if form != 'auto':
     return form
-  if jax.default_backend() == 'cpu':
+  if task_blocks.target_platform() == 'cpu':
     return 'token_blocks'
   token_values = length * min(k_out * d_in, k_in * d_out)
   return 'grouped' if num_segments * d_in * d_out < token_values else (

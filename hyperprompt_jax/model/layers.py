@@ -202,7 +202,8 @@ class RelativePositionBiases(nn.Module):
     )
     form = self.form
     if form == 'auto':
-      form = 'gather' if jax.default_backend() == 'cpu' else 'one_hot'
+      form = ('gather' if task_blocks_lib.target_platform() == 'cpu'
+              else 'one_hot')
     if form == 'gather':
       values = jnp.take(jnp.asarray(table, self.dtype),
                         jnp.asarray(buckets, jnp.int32), axis=1)

@@ -46,10 +46,11 @@ def check_gradient_form(form: str) -> None:
 
 def resolve_gradient_form(form: str) -> str:
   """'written' or 'autodiff' for a `T5Config.gradient_form`: 'auto' is
-  'written' where JAX's default backend is the CPU, else 'autodiff'."""
+  'written' where the model is compiled for a CPU (`target_platform`),
+  else 'autodiff'."""
   check_gradient_form(form)
   if form == 'auto':
-    return 'written' if jax.default_backend() == 'cpu' else 'autodiff'
+    return 'written' if target_platform() == 'cpu' else 'autodiff'
   return form
 
 
@@ -104,17 +105,34 @@ class TaskBlocks:
     return _gather_rows(x, index)
 
 
-def batch_split() -> Optional[tuple[Any, tuple[str, ...]]]:
-  """`(mesh, axes)`: the mesh where the model runs, that of `jax.set_mesh`
-  or of t5x's partitioner (`with mesh:`), and its axes the logical axis
-  'batch' maps to under the current axis rules
-  (`flax.linen.partitioning.axis_rules`); None outside a mesh or where
-  'batch' is not split."""
+def current_mesh() -> Optional[Any]:
+  """The mesh where the model runs: that of `jax.set_mesh`, or of t5x's
+  partitioner (`with mesh:`); None outside a mesh."""
   mesh = jax.sharding.get_abstract_mesh()
   resources = getattr(pxla, 'thread_resources', None)
   if mesh.empty and resources is not None:
     mesh = resources.env.physical_mesh  # t5x's `with mesh:`
-  if mesh.empty:
+  return None if mesh.empty else mesh
+
+
+def target_platform() -> str:
+  """The platform the model is compiled for, which picks its 'auto' forms:
+  the devices' of the mesh it runs on (a TPU slice's when a CPU host
+  compiles for one: `benchmarks/tpu_compile.py`), else JAX's default
+  backend."""
+  mesh = current_mesh()
+  device = None if mesh is None else getattr(
+      mesh, 'abstract_mesh', mesh).abstract_device
+  return jax.default_backend() if device is None else device.platform
+
+
+def batch_split() -> Optional[tuple[Any, tuple[str, ...]]]:
+  """`(mesh, axes)`: the mesh where the model runs (`current_mesh`) and its
+  axes the logical axis 'batch' maps to under the current axis rules
+  (`flax.linen.partitioning.axis_rules`); None outside a mesh or where
+  'batch' is not split."""
+  mesh = current_mesh()
+  if mesh is None:
     return None
   axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
   if axes is None:
