@@ -25,6 +25,7 @@ test sums.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata here
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 # pylint: disable=g-import-not-at-top
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -275,11 +277,69 @@ def t5x_programs(devices) -> dict:
   return report
 
 
+def mtl_and_t5x_network(devices) -> dict:
+  """The training step of MTL (the project's network) and of t5x's
+  `examples/t5` network at T5.1.1-small, bf16, batch 32 of 512 / 32 split
+  four ways, parameters replicated: the same token cross-entropy with
+  z-loss and a plain SGD update around each, compiled for the slice."""
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.benchmarks import mfu  # pylint: disable=g-import-not-at-top
+  size = mfu.BACKBONES['t5_1_1_small']
+  batch, lengths = 32, (512, 32)
+  models = {
+      'mtl': network.Transformer(network.T5Config(
+          **size, dtype='bfloat16', check_traced_task_ids=False)),
+      't5x': t5x_network.Transformer(t5x_network.T5Config(
+          **size, dtype='bfloat16')),  # the same fields
+  }
+  mesh = partitioning.create_mesh(-1, 1, devices=devices)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+
+  def call(name, params, *tokens):
+    task_ids = {'task_ids': jnp.zeros(tokens[0].shape[:1], jnp.int32)}
+    return models[name].apply({'params': params}, *tokens,
+                              enable_dropout=False,
+                              **(task_ids if name == 'mtl' else {}))
+
+  def step(name, params, inputs, decoder_inputs, targets):
+    def loss(params):
+      logits = call(name, params, inputs, decoder_inputs, targets).astype(
+          jnp.float32)
+      log_z = jax.nn.logsumexp(logits, axis=-1)
+      picked = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+      return (log_z - picked + 1e-4 * log_z**2).mean()
+    return jax.tree.map(lambda p, g: p - 1e-3 * g, params,
+                        jax.grad(loss)(params))
+
+  report = {}
+  for name in models:
+    one = [jnp.ones((1, n), jnp.int32) for n in (lengths[0], lengths[1],
+                                                  lengths[1])]
+    params = jax.eval_shape(
+        lambda name=name: models[name].init(jax.random.PRNGKey(0), *one, **(
+            {'task_ids': jnp.zeros((1,), jnp.int32)} if name == 'mtl'
+            else {}), enable_dropout=False))['params']
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=replicated), params)
+    tokens = [jax.ShapeDtypeStruct((batch, n), jnp.int32, sharding=rows)
+              for n in (lengths[0], lengths[1], lengths[1])]
+    start = time.perf_counter()
+    with jax.set_mesh(mesh), nn_partitioning.axis_rules(
+        partitioning.logical_axis_rules()):
+      compiled = jax.jit(functools.partial(step, name), donate_argnums=(0,)
+                         ).lower(params, *tokens).compile()
+    report[name] = tpu_compile.figures(compiled, time.perf_counter() - start)
+    report[name].pop('largest')
+  return report
+
+
 def main(out_path: str, names=None) -> None:
   devices = tpu_compile.topology_devices(TOPOLOGY)
-  if names == ['--t5x']:  # t5x's steps only
+  if names in (['--t5x'], ['--vs_t5x']):  # t5x's steps; MTL against t5x's
+    build = t5x_programs if names == ['--t5x'] else mtl_and_t5x_network
     with open(out_path, 'w') as f:
-      json.dump({'topology': TOPOLOGY, 't5x': t5x_programs(devices)}, f,
+      json.dump({'topology': TOPOLOGY, names[0][2:]: build(devices)}, f,
                 indent=1)
     return
   report = {'topology': TOPOLOGY, 'meshes': MESHES, 'batch': BATCH,
