@@ -166,13 +166,11 @@ def controls(devices) -> dict:
     in_graph_check = None
   except Exception as e:  # pylint: disable=broad-except
     in_graph_check = f'{type(e).__name__}: {e}'
-  # The forms 'auto' picks where the model is compiled for the slice
-  # (HyperGrid's at T5.1.1-Base's sizes, 8 segments of 512 tokens).
+  # The forms 'auto' picks where the model is compiled for the slice.
   with jax.set_mesh(mesh):
     forms = {'platform': task_blocks.target_platform(),
              'gradient_form': task_blocks.resolve_gradient_form('auto'),
-             'packed_form': hypergrid.resolve_packed_form(
-                 'auto', 512, 8, 768, 2048, 32, 128)}
+             'packed_form': hypergrid.resolve_packed_form('auto')}
   return {'callback_found': found, 'in_graph_check_error': in_graph_check,
           'auto_forms': forms}
 

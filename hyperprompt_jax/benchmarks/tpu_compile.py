@@ -39,12 +39,18 @@ arguments, outputs, temporaries, aliased (donated) and the total
 against the chip's HBM (`HBM_GIB`); XLA's FLOPs and bytes accessed
 (`cost_analysis()`; a loop's body is counted once, so where the compiler
 keeps a step's microbatches or MetaBalance's shares as a loop, one part is
-counted: `loops` says how many loops the module holds); for the training step, the FLOPs of every chip over
-6 N D (`mfu.six_nd_flops` of the global batch); the collectives by kind
-(count and bytes); the scatters and gathers left in the optimized module,
-each with its shape and the op that made it; host callbacks; the compile
-time. The JSON (`--output_json`) holds them all and is rewritten after each
-program, so a run cut short keeps what it compiled.
+counted: `loops` says how many loops the module holds); for the training
+step, the FLOPs of every chip over 6 N D (`mfu.six_nd_flops` of the global
+batch); the collectives by kind (count and bytes); the scatters and gathers
+left in the optimized module, the large ones with their shape and the op
+that made them; the instructions that touch the most bytes (`largest`);
+host callbacks; the compile time. The JSON (`--output_json`) holds them all
+and is rewritten after each setup, so a run cut short keeps what it
+compiled; each optimized module's text is written beside it
+(`<json>_hlo/<setup>.<program>.hlo.txt`).
+
+A TPU v3 chip shows its two TensorCores as two devices, each with half the
+chip's HBM: `v3:4x4` is 16 chips, 32 devices of 16 GiB.
 """
 
 import collections

@@ -65,15 +65,16 @@ example's gated weight, by one of two exact forms (`packed_form`):
 - 'token_blocks': the blockwise route with per-token gates, `length *
   min(k_out d_in, k_in d_out)` values a row (32 x 1024 per token for
   T5.1.1-small's `wo`), recomputed in the backward pass; the FLOPs of one
-  plain matmul. XLA:CPU's form: it has no grouped matmul.
+  plain matmul.
 - 'grouped': the folded weights `(1 + psi(grid[s])) ⊙ W`, `S d_in d_out`
-  values a row, and one grouped matmul over the rows' contiguous segments
-  (`jax.lax.ragged_dot`), the FLOPs of one plain matmul where a grouped
-  kernel runs it (GPU, TPU); XLA:CPU computes every group densely.
-'auto' takes 'token_blocks' on CPU and elsewhere the form with fewer values
-(`resolve_packed_form`: the encoder's long rows fold, the decoder's 32
-tokens take token blocks). The L variant and Output Gating gate
-elementwise: a per-token gate vector, no weight.
+  values a row, and one grouped matmul over each data shard's rows
+  (`jax.lax.ragged_dot` under `shard_map`), the FLOPs of one plain matmul
+  where a grouped kernel runs it; XLA:CPU computes every group densely, and
+  the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
+'auto' is 'token_blocks' (`resolve_packed_form`): compiled for a TPU v3
+slice at T5.1.1-Base it beats 'grouped' on FLOPs, bytes and temporaries.
+The L variant and Output Gating gate elementwise: a per-token gate vector,
+no weight.
 
 **Where the equations live.** All of HyperGrid is in this file; the T5
 blocks of `layers.py` know nothing of it. Eqs. 3-5 and the L / scalar
@@ -421,20 +422,12 @@ def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
           'order, and padding (0) last, as the feature converter packs.')
 
 
-def resolve_packed_form(form: str, length: int, num_segments: int,
-                        d_in: int, d_out: int, k_in: int, k_out: int) -> str:
-  """'auto' -> the form that moves fewer bytes (module docstring, "Packed
-  rows"): 'grouped' folds `S d_in d_out` values a row, 'token_blocks'
-  writes `length * min(k_out d_in, k_in d_out)`; XLA:CPU has no grouped
-  matmul (its `ragged_dot` computes every group densely), so 'token_blocks'
-  there."""
-  if form != 'auto':
-    return form
-  if task_blocks.target_platform() == 'cpu':
-    return 'token_blocks'
-  token_values = length * min(k_out * d_in, k_in * d_out)
-  return 'grouped' if num_segments * d_in * d_out < token_values else (
-      'token_blocks')
+def resolve_packed_form(form: str) -> str:
+  """'auto' -> 'token_blocks' on every platform (module docstring, "Packed
+  rows"): XLA:CPU has no grouped matmul, and compiled for TPU at
+  T5.1.1-Base 'grouped' takes more FLOPs, bytes and temporaries
+  (docs/performance.md, "On a TPU slice")."""
+  return 'token_blocks' if form == 'auto' else form
 
 
 def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
@@ -463,8 +456,7 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
   if k_out == 1:  # gate varies along the input only
     gate = per_token(grid[:, :, :, 0], segment_ids)
     return (x * (1 + jnp.repeat(gate, d_in // k_in, axis=-1))) @ kernel
-  if resolve_packed_form(form, x.shape[1], grid.shape[1], d_in, d_out, k_in,
-                         k_out) == 'grouped':
+  if resolve_packed_form(form) == 'grouped':
     return _grouped_gated_matmul(x, kernel, grid, segment_ids)
   return _token_blocks_gated_matmul(x, kernel, grid, segment_ids)
 
