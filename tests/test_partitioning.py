@@ -79,7 +79,8 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     import jax, numpy as np
     from flax.linen import partitioning as nn_partitioning
     from hyperprompt_jax.methods import adapters, hyperprompt
-    from hyperprompt_jax.model import network, task_blocks
+    from hyperprompt_jax.model import network
+    from hyperprompt_jax.t5 import task_blocks
     from hyperprompt_jax.runner import partitioning, trainer
 
     assert jax.device_count() == 8

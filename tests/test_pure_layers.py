@@ -22,8 +22,8 @@ PURE_MODULES = (
     'hyperprompt_jax',
     'hyperprompt_jax.model.network',
     'hyperprompt_jax.model.decoding',
-    'hyperprompt_jax.model.losses',
-    'hyperprompt_jax.model.inputs',
+    'hyperprompt_jax.t5.losses',
+    'hyperprompt_jax.t5.inputs',
     'hyperprompt_jax.methods',
     'hyperprompt_jax.methods.param_groups',
     'hyperprompt_jax.runner.trainer',
@@ -56,7 +56,7 @@ def _imported_names(path: pathlib.Path) -> set[str]:
 
 def test_model_and_methods_import_nothing_above_them():
   bad = {}
-  for folder in ('model', 'methods'):
+  for folder in ('t5', 'methods', 'model'):
     for path in sorted((PACKAGE / folder).glob('*.py')):
       hits = sorted(n for n in _imported_names(path)
                     if any(n == a or n.startswith(a + '.')

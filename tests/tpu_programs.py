@@ -49,11 +49,11 @@ from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import inputs
 
 TOPOLOGY = 'v5e:2x2'
 # (data, model) axes of the meshes over the slice's 4 chips.

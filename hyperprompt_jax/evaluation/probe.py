@@ -22,7 +22,6 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import files
@@ -31,6 +30,7 @@ from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.probe')

@@ -99,7 +99,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax.model import layers
+from hyperprompt_jax.t5 import layers
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')

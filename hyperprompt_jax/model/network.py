@@ -28,8 +28,8 @@ import numpy as np
 
 from hyperprompt_jax import methods
 from hyperprompt_jax.model import conditioning as conditioning_lib
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import task_blocks
 
 Array = jax.Array
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import inputs
+from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.tasks import feature_converter
 
 # Per-token task ids -> the segment ids they follow.
