@@ -193,7 +193,8 @@ def _kwargs(model_dir, **overrides):
       task_feature_lengths=LENGTHS, train_steps=6, batch_size=8,
       save_period=2, keep_checkpoints=1, log_period=1,
       optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
-      learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='glue_rte')
+      learning_rate_schedule=SCHEDULE, evaluation=during_training.EVALUATION,
+      eval_period=2, keep_best_by='glue_rte')
   kwargs.update(overrides)
   return kwargs
 

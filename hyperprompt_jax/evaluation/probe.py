@@ -17,6 +17,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from hyperprompt_jax import files
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
 from hyperprompt_jax.evaluation import infer
@@ -24,7 +25,6 @@ from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
