@@ -66,6 +66,25 @@ def test_model_and_methods_import_nothing_above_them():
   assert not bad
 
 
+# The network's floors, bottom up: each imports only the floors below it
+# (T5's primitives name no method; the methods know no network).
+FLOORS = ('hyperprompt_jax.t5', 'hyperprompt_jax.methods',
+          'hyperprompt_jax.model')
+
+
+def test_the_network_floors_import_down_only():
+  bad = {}
+  for i, floor in enumerate(FLOORS):
+    above = FLOORS[i + 1:]
+    folder = PACKAGE / floor.rsplit('.', 1)[-1]
+    for path in sorted(folder.glob('*.py')):
+      hits = sorted(n for n in _imported_names(path)
+                    if any(n == a or n.startswith(a + '.') for a in above))
+      if hits:
+        bad[str(path.relative_to(ROOT))] = hits
+  assert not bad
+
+
 _SCRIPT = '''
 import importlib.abc
 import sys

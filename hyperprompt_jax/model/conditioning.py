@@ -235,15 +235,14 @@ def check_task_ids(cfg, task_ids, tokens: Array,
 def check_segments(cfg, segment_ids: Optional[Array]) -> None:
   """Packed rows of a model that gates per example (HyperGrid, Output
   Gating): at most `max_segments` examples a row, each contiguous
-  (`hypergrid.check_segments`). Concrete ids are checked on the host;
-  traced ones by the compiled program (the bound only), as task ids are
+  (`inputs.check_segments`). Concrete ids are checked on the host; traced
+  ones by the compiled program (the bound only), as task ids are
   (`check_task_ids`), unless `check_traced_task_ids` is off."""
   bound = hypergrid_lib.max_segments(cfg.hypergrid)
   if segment_ids is None or bound is None or segment_ids.size == 0:
     return
   if not isinstance(segment_ids, jax.core.Tracer):
-    hypergrid_lib.check_segments('segment_ids', np.asarray(segment_ids),
-                                 bound)
+    inputs_lib.check_segments('segment_ids', np.asarray(segment_ids), bound)
   elif cfg.check_traced_task_ids:
     high = jnp.max(segment_ids)
     _raise_in_graph(high > bound,
@@ -251,13 +250,9 @@ def check_segments(cfg, segment_ids: Optional[Array]) -> None:
 
 
 def _check_segment_bound(bound: int, high) -> None:
-  """The compiled side of `check_segments`."""
-  high = int(np.max(high))
-  if high > bound:
-    raise ValueError(
-        f'A packed row holds {high} segments, over MAX_SEGMENTS={bound} '
-        '(HyperGridConfig.max_segments). Pack with the run\'s row format (the '
-        'packer closes a row at the bound) or raise MAX_SEGMENTS.')
+  """The compiled side of `check_segments` (under `vmap`, `high` may come
+  batched)."""
+  inputs_lib.check_segment_bound('segment_ids', int(np.max(high)), bound)
 
 
 def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
