@@ -1,4 +1,4 @@
-"""Task parameters after training: export, import, and growing the task axis.
+"""Task parameters after training: their axes, the artifact, a grown task axis.
 
 What makes these methods attractive is a small set of task parameters on one
 shared backbone. Here they are:
