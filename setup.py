@@ -56,8 +56,8 @@ setuptools.setup(
     packages=[
         'hyperprompt_jax',
         *(f'hyperprompt_jax.{p}' for p in (
-            'model', 'methods', 'runner', 'evaluation', 'task_params', 't5x',
-            'benchmarks')),
+            't5', 'methods', 'model', 'runner', 'evaluation', 'task_params',
+            't5x', 'benchmarks')),
         'hyperprompt_jax.tasks',
         'hyperprompt_jax.gin',
     ],

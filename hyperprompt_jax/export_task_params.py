@@ -39,7 +39,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.export_task_params', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
-  from hyperprompt_jax.task_params import export_task_params as export_lib  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import export_task_params as export_lib  # pylint: disable=g-import-not-at-top
   return export_lib.run(args)
 
 

@@ -50,7 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.import_task_params', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
-  from hyperprompt_jax.task_params import import_task_params as import_lib  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import import_task_params as import_lib  # pylint: disable=g-import-not-at-top
   return import_lib.run(args)
 
 

@@ -30,8 +30,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.train', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
-  from hyperprompt_jax.runner import train as train_lib  # pylint: disable=g-import-not-at-top
-  return train_lib.run(args)
+  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.evaluation import during_training
+  from hyperprompt_jax.runner import train as train_lib
+  # pylint: enable=g-import-not-at-top
+  return train_lib.run(args, evaluation=during_training.EVALUATION)
 
 
 if __name__ == '__main__':

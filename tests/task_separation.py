@@ -16,9 +16,9 @@ import numpy as np
 import optax
 
 from hyperprompt_jax.methods import param_groups
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.t5 import losses
 
 EOS = 1
 FIRST_WORD = 2  # 0 is padding, 1 is EOS

@@ -421,7 +421,7 @@ def test_a_run_packed_by_seqio_does_not_resume_with_best_fit_rows():
   config = _model().config
   data = run_record.data_settings('fixture_glue_proportional',
                                   {'inputs': 64, 'targets': 8}, 8, True, 0)
-  old = {'model': run_record.model_settings(config),
+  old = {'model': network.model_settings(config),
          'data': {k: v for k, v in data.items() if k != 'PACKER'}}
   now = r"'best_fit\(buffer_size=16, choice=scarce_pairs\)'"
   with pytest.raises(checkpoint_manager.ResumeMismatchError,
@@ -451,7 +451,7 @@ def test_forms_and_the_segment_bound_are_not_model_settings():
   config = network.T5Config(**{
       **vars(conftest.T5X_TINY_CONFIG),
       'hypergrid': hypergrid.HyperGridConfig(grid_rows=4, grid_cols=8)})
-  saved = run_record.model_settings(config)
+  saved = network.model_settings(config)
   assert not {'T5Config.gradient_form', 'T5Config.hypergrid.packed_form',
               'T5Config.hypergrid.max_segments'} & set(saved)
   old = {'model': {**saved, 'T5Config.hypergrid.max_segments': '4',

@@ -3,7 +3,7 @@ included (a resume that leaves no score line must still write its file)."""
 
 import os
 
-from hyperprompt_jax.runner import files
+from hyperprompt_jax import files
 
 
 def test_empty_content_replaces_a_file_and_leaves_no_temporary(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.model import network
-from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.t5 import task_blocks
 
 
 def _model(name, form):

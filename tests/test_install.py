@@ -40,6 +40,7 @@ def test_wheel_layout(tmp_path):
   assert 'hyperprompt_jax/gin/tasks/glue.gin' in names
   assert 'hyperprompt_jax/tasks/fixtures/glue_mnli/validation_matched.jsonl' in names
   assert 'hyperprompt_jax/paths.py' in names
+  assert 'hyperprompt_jax/t5/layers.py' in names
   tops = {n.split('/')[0] for n in names}
   assert tops == {'hyperprompt_jax', f'hyperprompt_jax-{hyperprompt_jax.__version__}.dist-info'}
   # The installed paths.gin_dir() looks in the package first.

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hyperprompt_jax.model import losses
+from hyperprompt_jax.t5 import losses
 
 
 def test_cross_entropy_with_z_loss_matches_numpy():

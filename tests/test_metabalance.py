@@ -14,7 +14,6 @@ import pytest
 
 import conftest
 from hyperprompt_jax import task_params
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import checkpoint_manager
@@ -25,6 +24,7 @@ from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import losses
 
 R, BETA, K = 0.7, 0.9, 3
 

@@ -10,7 +10,6 @@ import pytest
 
 import conftest
 from hyperprompt_jax import task_params
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches as batch_lib
 from hyperprompt_jax.runner import input_pipeline
@@ -19,6 +18,7 @@ from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import losses
 
 LENGTHS = {'inputs': 64, 'targets': 8}
 

@@ -10,8 +10,8 @@ import pytest
 import numpy_t5
 from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
-from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
+from hyperprompt_jax.t5 import layers
 
 CFG = T5X_TINY_CONFIG
 

@@ -20,12 +20,12 @@ from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
-from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import losses
+from hyperprompt_jax.t5 import task_blocks
 from hyperprompt_jax.tasks import feature_converter
 
 TASKS = 3
@@ -508,10 +508,11 @@ def _own_task_attention_reference(query, key, value, bias, prefix_key,
                                             (True, 2)])
 def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
     dropout, shards):
-  """Packed rows' prefix (`prefix_blocks`): each query attends over its
-  own task's prompt columns and the tokens under one softmax, and dropout
-  drops the same columns of a row for all its queries (blocks of the whole
-  batch, and per data shard: each row's mask found in its shard)."""
+  """Packed rows' prompts (`hyperprompt.OwnTaskPrompts`, handed to the
+  attention as its `prefix_attention`): each query attends over its own
+  task's prompt columns and the tokens under one softmax, and dropout drops
+  the same columns of a row for all its queries (blocks of the whole batch,
+  and per data shard: each row's mask found in its shard)."""
   rng = np.random.default_rng(3)
   batch, length, heads, head_dim, tasks, prefix = 2, 9, 2, 4, 3, 2
   normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
@@ -529,11 +530,12 @@ def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
       a(query), a(key), a(value), a(bias), dropout_rng=dropout_rng,
       dropout_rate=rate, deterministic=not dropout, prefix_key=a(prefix_key),
       prefix_value=a(prefix_value),
-      prefix_bias=a(logit_bias[None, :, None, None]), prefix_blocks=blocks)
+      prefix_bias=a(logit_bias[None, :, None, None]),
+      prefix_attention=hyperprompt.OwnTaskPrompts(blocks))
   keep = np.ones((batch, heads, 1, tasks * prefix + length))
-  if dropout:  # the mask the attention draws (`layers._dropout_keep`)
-    keep = np.asarray(layers._dropout_keep(dropout_rng, rate, np.float32,
-                                           keep.shape))
+  if dropout:  # the mask the attention draws (`layers.dropout_keep`)
+    keep = np.asarray(layers.dropout_keep(dropout_rng, rate, np.float32,
+                                          keep.shape))
     assert 0 < (keep == 0).mean() < 0.6
   want = _own_task_attention_reference(query, key, value, bias, prefix_key,
                                        prefix_value, logit_bias, task_ids,

@@ -79,7 +79,8 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     import jax, numpy as np
     from flax.linen import partitioning as nn_partitioning
     from hyperprompt_jax.methods import adapters, hyperprompt
-    from hyperprompt_jax.model import network, task_blocks
+    from hyperprompt_jax.model import network
+    from hyperprompt_jax.t5 import placement
     from hyperprompt_jax.runner import partitioning, trainer
 
     assert jax.device_count() == 8
@@ -112,14 +113,14 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     mesh = partitioning.create_mesh(data=8, model=1)
     rules = partitioning.logical_axis_rules()
     data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-    assert task_blocks.batch_shards(16) == 1  # no mesh
+    assert placement.batch_shards(16) == 1  # no mesh
     with jax.set_mesh(mesh), nn_partitioning.axis_rules(rules):
-      assert task_blocks.batch_shards(16) == 8
-      assert task_blocks.batch_shards(12) == 1  # 8 shards do not divide 12
+      assert placement.batch_shards(16) == 8
+      assert placement.batch_shards(12) == 1  # 8 shards do not divide 12
     with warnings.catch_warnings(), nn_partitioning.axis_rules(rules):
       warnings.simplefilter('ignore', DeprecationWarning)
       with mesh:  # t5x's partitioner
-        assert task_blocks.batch_shards(16) == 8
+        assert placement.batch_shards(16) == 8
 
     def compiled_collectives(step, params, batch):
       # The compiled sharded step, and (the kinds of collective, the elements

@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 
 from hyperprompt_jax.evaluation import probe
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
+from hyperprompt_jax.t5 import layers
 
 import conftest
 import numpy_hyperprompt

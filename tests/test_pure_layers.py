@@ -22,8 +22,8 @@ PURE_MODULES = (
     'hyperprompt_jax',
     'hyperprompt_jax.model.network',
     'hyperprompt_jax.model.decoding',
-    'hyperprompt_jax.model.losses',
-    'hyperprompt_jax.model.inputs',
+    'hyperprompt_jax.t5.losses',
+    'hyperprompt_jax.t5.inputs',
     'hyperprompt_jax.methods',
     'hyperprompt_jax.methods.param_groups',
     'hyperprompt_jax.runner.trainer',
@@ -56,11 +56,30 @@ def _imported_names(path: pathlib.Path) -> set[str]:
 
 def test_model_and_methods_import_nothing_above_them():
   bad = {}
-  for folder in ('model', 'methods'):
+  for folder in ('t5', 'methods', 'model'):
     for path in sorted((PACKAGE / folder).glob('*.py')):
       hits = sorted(n for n in _imported_names(path)
                     if any(n == a or n.startswith(a + '.')
                            for a in ABOVE_THE_MODEL))
+      if hits:
+        bad[str(path.relative_to(ROOT))] = hits
+  assert not bad
+
+
+# The network's floors, bottom up: each imports only the floors below it
+# (T5's primitives name no method; the methods know no network).
+FLOORS = ('hyperprompt_jax.t5', 'hyperprompt_jax.methods',
+          'hyperprompt_jax.model')
+
+
+def test_the_network_floors_import_down_only():
+  bad = {}
+  for i, floor in enumerate(FLOORS):
+    above = FLOORS[i + 1:]
+    folder = PACKAGE / floor.rsplit('.', 1)[-1]
+    for path in sorted(folder.glob('*.py')):
+      hits = sorted(n for n in _imported_names(path)
+                    if any(n == a or n.startswith(a + '.') for a in above))
       if hits:
         bad[str(path.relative_to(ROOT))] = hits
   assert not bad

@@ -44,12 +44,12 @@ from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import decoding
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.t5 import losses
 from hyperprompt_jax.t5x import t5x_model
 
 import conftest

@@ -17,12 +17,12 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
+from hyperprompt_jax.runner import export_task_params
 from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
-from hyperprompt_jax.task_params import export_task_params
 
 import conftest
 import task_separation as ts
@@ -443,7 +443,7 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
 def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
   """import_task_params: t5x's layout ({target, state: {step}}), the real t5x
   backbone and the artifact's rows, grown to 5 tasks by 'copy'."""
-  from hyperprompt_jax.task_params import import_task_params  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import import_task_params  # pylint: disable=g-import-not-at-top
   model, trained, artifact = global_on_t5x
   grown = network.Transformer(dataclasses.replace(model.config, num_tasks=5))
   gin.clear_config()

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from hyperprompt_jax.model import inputs
+from hyperprompt_jax.t5 import inputs
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec('libtpu') is None,

@@ -23,7 +23,6 @@ from hyperprompt_jax import tasks
 from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
-from hyperprompt_jax.model import losses
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import gin_utils
@@ -32,6 +31,7 @@ from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import schedules
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import losses
 from hyperprompt_jax.tasks import task_ids
 
 import conftest
@@ -193,7 +193,8 @@ def _kwargs(model_dir, **overrides):
       task_feature_lengths=LENGTHS, train_steps=6, batch_size=8,
       save_period=2, keep_checkpoints=1, log_period=1,
       optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
-      learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='glue_rte')
+      learning_rate_schedule=SCHEDULE, evaluation=during_training.EVALUATION,
+      eval_period=2, keep_best_by='glue_rte')
   kwargs.update(overrides)
   return kwargs
 

@@ -48,12 +48,13 @@ from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
-from hyperprompt_jax.model import task_blocks
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import inputs
+from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import task_blocks
 
 TOPOLOGY = 'v5e:2x2'
 # (data, model) axes of the meshes over the slice's 4 chips.
@@ -168,7 +169,7 @@ def controls(devices) -> dict:
     in_graph_check = f'{type(e).__name__}: {e}'
   # The forms 'auto' picks where the model is compiled for the slice.
   with jax.set_mesh(mesh):
-    forms = {'platform': task_blocks.target_platform(),
+    forms = {'platform': placement.target_platform(),
              'gradient_form': task_blocks.resolve_gradient_form('auto'),
              'packed_form': hypergrid.resolve_packed_form('auto')}
   return {'callback_found': found, 'in_graph_check_error': in_graph_check,

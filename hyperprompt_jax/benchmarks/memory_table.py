@@ -32,11 +32,11 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.benchmarks import timing
-from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.t5 import inputs
 
 GB = 1e9
 

@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import files
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
@@ -63,7 +64,6 @@ from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
 

@@ -70,13 +70,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax import files
 from hyperprompt_jax.benchmarks import mfu
-from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import inputs
 
 GIB = 2**30
 # HBM of one chip in GiB by a lower-case piece of `jax.Device.device_kind`

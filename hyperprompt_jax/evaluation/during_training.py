@@ -36,13 +36,14 @@ import seqio
 import tensorflow as tf
 from orbax.checkpoint import checkpoint_managers
 
+from hyperprompt_jax import files
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
 
@@ -288,3 +289,10 @@ def progress(line: Mapping[str, Any]) -> str:
                  f'{best["step"]}')
   return (f'eval at step {line["step"]}: {len(line["task_scores"])} tasks, '
           + ', '.join(parts) + f' ({line["seconds"]:.1f}s)')
+
+
+# What the train command hands the built-in runner's step loop.
+EVALUATION = train_lib.Evaluation(
+    check_settings=check_settings, check_tasks=check_tasks,
+    evaluator=TrainingEvaluator, keep_best=KeepBest, scalars=scalars,
+    progress=progress)

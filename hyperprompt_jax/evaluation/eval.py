@@ -18,13 +18,13 @@ import scipy.stats
 import seqio
 import tensorflow as tf
 
+from hyperprompt_jax import files
 from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost

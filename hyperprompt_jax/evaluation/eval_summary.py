@@ -71,7 +71,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from hyperprompt_jax.runner import files
+from hyperprompt_jax import files
 from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import task_ids
 

@@ -13,10 +13,10 @@ import gin
 import seqio
 import tensorflow as tf
 
+from hyperprompt_jax import files
 from hyperprompt_jax import paths
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost

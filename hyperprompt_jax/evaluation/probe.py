@@ -17,20 +17,20 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from hyperprompt_jax import files
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import layers
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import files
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.probe')

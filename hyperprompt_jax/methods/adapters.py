@@ -15,7 +15,7 @@ norm there. The task of each example selects its adapters (a gather by
 `task_ids`, so no example pays for another task's adapter); in packed rows
 each token goes through its own task's adapter, the tokens grouped into
 blocks of one task (`LayerAdapters._per_token`,
-`hyperprompt_jax.model.task_blocks`).
+`hyperprompt_jax.t5.task_blocks`).
 
 Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
 (the encoder's attention, the decoder's self-attention) and `mlp`:
@@ -38,8 +38,8 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
 
 Array = jax.Array
 PLACEMENTS = ('both', 'encoder', 'decoder')

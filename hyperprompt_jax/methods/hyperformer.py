@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.methods import adapters
-from hyperprompt_jax.model import layers
+from hyperprompt_jax.t5 import layers
 
 Array = jax.Array
 INIT_STDDEV = 1e-2  # the authors' linear_layer init

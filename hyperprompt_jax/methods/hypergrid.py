@@ -59,8 +59,8 @@ task's embedding queries the layer's attention over [itself; that
 segment's tokens] (one query per segment, each seeing its own key), or its
 first token; the decoder's come from the segment's part of `encoded`.
 `MAX_SEGMENTS` (`max_segments`) bounds S statically: the packer closes a
-row at it, and a row over it is an error (`check_segments`, on the host;
-the compiled program checks traced ids). Each token then meets its own
+row at it, and a row over it is an error (`inputs.check_segments`, on the
+host; the compiled program checks traced ids). Each token then meets its own
 example's gated weight, by one of two exact forms (`packed_form`):
 - 'token_blocks': the blockwise route with per-token gates, `length *
   min(k_out d_in, k_in d_out)` values a row (32 x 1024 per token for
@@ -100,8 +100,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import placement
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
@@ -399,29 +399,6 @@ def max_segments(cfg: Optional[HyperGridConfig]) -> Optional[int]:
   return cfg.max_segments
 
 
-def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
-  """Raises ValueError unless every packed row (`[batch, length]` segment
-  ids, 0 on padding) holds at most `bound` examples, each one contiguous, in
-  order, padding last (as packers make rows; the grouped form needs it)."""
-  segment_ids = np.asarray(segment_ids)
-  for row, ids in enumerate(segment_ids.reshape(-1, segment_ids.shape[-1])):
-    if ids.max(initial=0) > bound:
-      raise ValueError(
-          f'Feature {name!r}: packed row {row} holds segment ids up to '
-          f'{ids.max()}, over MAX_SEGMENTS={bound} (HyperGridConfig.'
-          'max_segments): each example of a row needs its own gated weights. '
-          "Pack with the run's row format (batches.RowFormat.of: the packer "
-          'closes a row at the bound) or raise MAX_SEGMENTS.')
-    real = ids > 0
-    ends = np.flatnonzero(~real)
-    if (np.diff(ids[real]) < 0).any() or (
-        ends.size and real[ends[0]:].any()):
-      raise ValueError(
-          f'Feature {name!r}: packed row {row} has segment ids '
-          f'{ids.tolist()}; HyperGrid needs each example contiguous, in '
-          'order, and padding (0) last, as the feature converter packs.')
-
-
 def resolve_packed_form(form: str) -> str:
   """'auto' -> 'token_blocks' on every platform (module docstring, "Packed
   rows"): XLA:CPU has no grouped matmul, and compiled for TPU at
@@ -441,7 +418,7 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
       kernel.
     segment_ids: `[batch, length]`, 1..S, 0 on padding; for 'grouped' each
       segment's tokens contiguous, in order, padding last (as packers make
-      them; `check_segments`).
+      them; `inputs.check_segments`).
     form: 'token_blocks', 'grouped' or 'auto' (`resolve_packed_form`).
 
   Returns:
@@ -516,9 +493,9 @@ def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
     return out.reshape(rows, length, -1)
 
   rows = x.shape[0]
-  if task_blocks.batch_shards(rows) == 1:
+  if placement.batch_shards(rows) == 1:
     return flat(x, weights, sizes)
-  mesh, batch_axes = task_blocks.batch_split()
+  mesh, batch_axes = placement.batch_split()
   spec = jax.sharding.PartitionSpec(batch_axes)
   return jax.shard_map(flat, mesh=mesh, in_specs=(spec, spec, spec),
                        out_specs=spec, axis_names=set(batch_axes),

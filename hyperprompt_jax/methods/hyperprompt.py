@@ -41,10 +41,11 @@ from typing import Any, Optional
 from flax import linen as nn
 from flax import struct
 import jax
+from jax import lax
 import jax.numpy as jnp
 
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
 
 Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')
@@ -336,12 +337,12 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int, prompt_length: int,
   A packed row holds examples of several tasks and each token must see
   exactly its own task's `l` prompt columns: its queries are laid out by
   task in blocks of one task (`task_blocks`), and each block is scored
-  against its task's prompts only (`layers.dot_product_attention`), l
-  columns a query as unpacked. A block of c queries costs a copy of its
+  against its task's prompts only (`OwnTaskPrompts`), l columns a query as
+  unpacked. A block of c queries costs a copy of its
   task's `2 l` prompt rows, and each task pads up to c - 1 positions:
   blocks of c = sqrt(2 l N / T) (`task_blocks.block_size`; 128 at N =
   4,096, l = 16, T = 8), N a data shard's tokens (blocks per data shard,
-  `task_blocks.batch_shards`), not against all T tasks' `T * l` columns
+  `placement.batch_shards`), not against all T tasks' `T * l` columns
   masked to its own (T times the prompts' work).
 
   Args:
@@ -353,3 +354,138 @@ def prompt_blocks(token_task_ids: Array, num_tasks: int, prompt_length: int,
   return task_blocks_lib.batch_task_blocks(token_task_ids, num_tasks,
                                            2 * prompt_length, gradient_form)
 
+
+@struct.dataclass
+class OwnTaskPrompts:
+  """Packed rows' prompt attention, handed to the T5 attention as its
+  `prefix_attention` (`layers.PrefixAttention`): each query attends over
+  `[its own task's l prompt columns; tokens]`.
+
+  Each block of columns gets its own softmax (the prompts' by
+  `_own_task_prefix`), scaled by its share of the joint normaliser,
+  exp(lse_block - lse), a per-query factor applied to the block's output.
+
+  Attributes:
+    blocks: the queries' task blocks (`prompt_blocks`).
+  """
+
+  blocks: task_blocks_lib.TaskBlocks
+
+  def __call__(self, query: Array, logits: Array, value: Array,
+               prefix_key: Array, prefix_value: Array,
+               prefix_bias: Optional[Array],
+               dropout: Optional[tuple[Array, float]], dtype: Any) -> Array:
+    """Attention over `[own task's prompts; tokens]`.
+
+    Args:
+      query: `[batch, q_length, heads, head_dim]`.
+      logits: the tokens' `[batch, heads, q_length, kv_length]`.
+      value: the tokens' `[batch, kv_length, heads, head_dim]`.
+      prefix_key: every task's prompt keys `[T, l, heads, head_dim]`.
+      prefix_value: `[T, l, heads, head_dim]`.
+      prefix_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
+      dropout: `(rng, rate)` or None.
+      dtype: dtype of the attention weights and output.
+
+    Returns:
+      `[batch, q_length, heads, head_dim]`.
+    """
+    token_weights, token_lse = softmax_and_logsumexp(logits)
+    token_weights = token_weights.astype(dtype)
+    prefix_keep = None
+    if dropout is not None:
+      width = prefix_key.shape[0] * prefix_key.shape[1]
+      keep = layers.dropout_keep(*dropout, dtype, token_weights.shape[:-2]
+                                 + (1, width + token_weights.shape[-1]))
+      prefix_keep, token_keep = keep[..., :width], keep[..., width:]
+      token_weights = token_weights * token_keep
+    prefix_out, prefix_lse = _own_task_prefix(
+        query, prefix_key, prefix_value, prefix_bias, self.blocks,
+        prefix_keep, dtype)
+    lse = jnp.logaddexp(prefix_lse, token_lse)
+    share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
+    out = (layers.attend_values(token_weights, value, dtype).astype(jnp.float32)
+           * share(token_lse)
+           + prefix_out.astype(jnp.float32) * share(prefix_lse))
+    return out.astype(dtype)
+
+
+@jax.custom_jvp
+def softmax_and_logsumexp(x: Array) -> tuple[Array, Array]:
+  """`jax.nn.softmax(x)` over the last axis and its log normaliser
+  `[..., 1]`, with the derivative written out as `jax.nn.softmax`'s is."""
+  top = lax.stop_gradient(x.max(-1, keepdims=True))
+  unnormalized = jnp.exp(x - top)
+  total = unnormalized.sum(-1, keepdims=True)
+  return unnormalized / total, jnp.log(total) + top
+
+
+@softmax_and_logsumexp.defjvp
+def _softmax_and_logsumexp_jvp(primals, tangents):
+  (x_dot,) = tangents
+  y, lse = softmax_and_logsumexp(*primals)
+  lse_dot = (y * x_dot).sum(-1, keepdims=True)
+  return (y, lse), (y * (x_dot - lse_dot), lse_dot)
+
+
+def _own_task_prefix(query: Array, keys: Array, values: Array,
+                     logit_bias: Optional[Array],
+                     blocks: task_blocks_lib.TaskBlocks,
+                     keep: Optional[Array], dtype: Any
+                     ) -> tuple[Array, Array]:
+  """Each query's attention over its own task's prefix columns only.
+
+  The queries are laid out by task (`blocks`), and a block of one task's
+  queries is scored against that task's `l` columns: a query's
+  `[heads, l]` scores, not all T tasks' `T * l` columns masked to its own
+  (T times the prefix's work).
+
+  Args:
+    query: `[batch, q_length, heads, head_dim]`.
+    keys: every task's prefix keys `[T, l, heads, head_dim]`.
+    values: `[T, l, heads, head_dim]`.
+    logit_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
+    blocks: the queries' task blocks (`task_blocks.task_blocks` of each
+      query's task).
+    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]` (a row's
+      mask over every task's columns, broadcast along its queries), or None.
+    dtype: dtype of the attention weights and output.
+
+  Returns:
+    The prefix block's output `[batch, q_length, heads, head_dim]` (its
+    softmax over the `l` columns alone) and that softmax's log normaliser
+    `[batch, heads, q_length, 1]`.
+  """
+  batch, length, heads, head_dim = query.shape
+  num_tasks, prefix = keys.shape[:2]
+  queries = blocks.to_blocks(query.reshape(batch * length, heads * head_dim))
+  num_blocks, block = queries.shape[:2]
+  queries = queries.reshape(num_blocks, block, heads, head_dim)
+  logits = jnp.einsum(
+      'kchd,klhd->khcl', queries,
+      blocks.take(keys).astype(query.dtype))
+  if logit_bias is not None:
+    logits = logits + logit_bias.astype(logits.dtype)
+  weights, lse = softmax_and_logsumexp(logits)  # [K, heads, block, l]
+  weights = weights.astype(dtype)
+  if keep is not None:
+    # Each block position's row in its shard (the padding's is out of
+    # range: 0) and task.
+    shards = blocks.source.shape[0]
+    by_row_task = keep[:, :, 0].reshape(batch, heads, num_tasks, prefix)
+    by_row_task = by_row_task.transpose(0, 2, 1, 3).reshape(
+        shards, batch // shards * num_tasks, heads, prefix)
+    index = (blocks.source // length) * num_tasks + jnp.repeat(
+        blocks.block_tasks, block, axis=1)
+    position_keep = jax.vmap(
+        lambda table, i: table.at[i].get(mode='fill', fill_value=0))(
+            by_row_task, index)
+    weights = weights * position_keep.reshape(
+        num_blocks, block, heads, prefix).transpose(0, 2, 1, 3)
+  out = jnp.einsum(
+      'khcl,klhd->kchd', weights,
+      blocks.take(values).astype(dtype))
+  out = blocks.from_blocks(out.reshape(num_blocks, block, heads * head_dim))
+  lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
+  return (out.reshape(batch, length, heads, head_dim),
+          lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])

@@ -22,7 +22,7 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-from hyperprompt_jax.model import layers
+from hyperprompt_jax.t5 import layers
 
 Array = jax.Array
 

@@ -1,5 +1,5 @@
-"""The T5 network: t5x's T5.1.1 / T5 v1.0 layers (`layers`), the encoder-
-decoder that conditions them on the task (`network`, `conditioning`), its
-batch features (`inputs`), its losses and its decoder (`losses`,
-`decoding`). It imports jax, flax and numpy only, and nothing of the runner,
-evaluation or tasks above it."""
+"""The T5 network with task ids: the encoder-decoder (`network`) that composes
+T5's primitives (`hyperprompt_jax.t5`) with the task-conditioning methods
+(`hyperprompt_jax.methods`) through one conditioning object per layer
+(`conditioning`), and its greedy decoder (`decoding`). It imports jax, flax
+and numpy only, and nothing of the runner, evaluation or tasks above it."""

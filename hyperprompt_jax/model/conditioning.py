@@ -39,9 +39,8 @@ from hyperprompt_jax.methods import hyperformer as hyperformer_lib
 from hyperprompt_jax.methods import hypergrid as hypergrid_lib
 from hyperprompt_jax.methods import hyperprompt as hyperprompt_lib
 from hyperprompt_jax.methods import prompt_tuning as prompt_tuning_lib
-from hyperprompt_jax.model import inputs as inputs_lib
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import inputs as inputs_lib
+from hyperprompt_jax.t5 import layers
 
 Array = jax.Array
 
@@ -49,20 +48,20 @@ Array = jax.Array
 class Prompts(NamedTuple):
   """One layer's attention prefix: keys and values `[batch, l, heads,
   head_dim]` (None at decode steps, where they live in the cache), the
-  optional `[heads]` logit bias and, for packed rows, the queries' task
-  blocks (keys and values then hold every task's prompts, `[T, l, heads,
-  head_dim]`, and each query attends over its own task's)."""
+  optional `[heads]` logit bias and, for packed rows, HyperPrompt's
+  attention over each query's own task's prompts (keys and values then hold
+  every task's prompts, `[T, l, heads, head_dim]`)."""
 
   keys: Optional[Array]
   values: Optional[Array]
   logit_bias: Optional[Array]
-  blocks: Optional[task_blocks_lib.TaskBlocks] = None
+  attention: Optional[hyperprompt_lib.OwnTaskPrompts] = None
 
   def as_kwargs(self) -> dict[str, Any]:
     kwargs = dict(prefix_key=self.keys, prefix_value=self.values,
                   prefix_logit_bias=self.logit_bias)
-    if self.blocks is not None:
-      kwargs['prefix_blocks'] = self.blocks
+    if self.attention is not None:
+      kwargs['prefix_attention'] = self.attention
     return kwargs
 
 
@@ -236,15 +235,14 @@ def check_task_ids(cfg, task_ids, tokens: Array,
 def check_segments(cfg, segment_ids: Optional[Array]) -> None:
   """Packed rows of a model that gates per example (HyperGrid, Output
   Gating): at most `max_segments` examples a row, each contiguous
-  (`hypergrid.check_segments`). Concrete ids are checked on the host;
-  traced ones by the compiled program (the bound only), as task ids are
+  (`inputs.check_segments`). Concrete ids are checked on the host; traced
+  ones by the compiled program (the bound only), as task ids are
   (`check_task_ids`), unless `check_traced_task_ids` is off."""
   bound = hypergrid_lib.max_segments(cfg.hypergrid)
   if segment_ids is None or bound is None or segment_ids.size == 0:
     return
   if not isinstance(segment_ids, jax.core.Tracer):
-    hypergrid_lib.check_segments('segment_ids', np.asarray(segment_ids),
-                                 bound)
+    inputs_lib.check_segments('segment_ids', np.asarray(segment_ids), bound)
   elif cfg.check_traced_task_ids:
     high = jnp.max(segment_ids)
     _raise_in_graph(high > bound,
@@ -252,13 +250,9 @@ def check_segments(cfg, segment_ids: Optional[Array]) -> None:
 
 
 def _check_segment_bound(bound: int, high) -> None:
-  """The compiled side of `check_segments`."""
-  high = int(np.max(high))
-  if high > bound:
-    raise ValueError(
-        f'A packed row holds {high} segments, over MAX_SEGMENTS={bound} '
-        '(HyperGridConfig.max_segments). Pack with the run\'s row format (the '
-        'packer closes a row at the bound) or raise MAX_SEGMENTS.')
+  """The compiled side of `check_segments` (under `vmap`, `high` may come
+  batched)."""
+  inputs_lib.check_segment_bound('segment_ids', int(np.max(high)), bound)
 
 
 def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
@@ -356,12 +350,13 @@ class StackConditioning:
     cache_ready = decode and 'cache' in module.variables
     self._prompts = _generate_prompts(cfg, stack, num_layers,
                                       generate=not cache_ready)
-    self._prompt_blocks = None
+    self._prompt_attention = None
     if packed and self._prompts is not None:
-      self._prompt_blocks = hyperprompt_lib.prompt_blocks(
-          task_ids, cfg.num_tasks,
-          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
-          cfg.gradient_form)
+      self._prompt_attention = hyperprompt_lib.OwnTaskPrompts(
+          hyperprompt_lib.prompt_blocks(
+              task_ids, cfg.num_tasks,
+              hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
+              cfg.gradient_form))
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
                            cache_ready, segment_ids if packed else None,
@@ -395,7 +390,7 @@ class StackConditioning:
       if self.packed:
         # Every task's prompts `[T, l, heads, head_dim]`; each query attends
         # over its own task's (`hyperprompt.prompt_blocks`).
-        prompts = Prompts(keys[m], values[m], bias, self._prompt_blocks)
+        prompts = Prompts(keys[m], values[m], bias, self._prompt_attention)
       else:
         if keys is not None:
           keys, values = hyperprompt_lib.gather_prompts(keys, values, m,

@@ -28,8 +28,8 @@ import numpy as np
 
 from hyperprompt_jax import methods
 from hyperprompt_jax.model import conditioning as conditioning_lib
-from hyperprompt_jax.model import layers
-from hyperprompt_jax.model import task_blocks
+from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import task_blocks
 
 Array = jax.Array
 
@@ -111,6 +111,34 @@ def check_config(cfg: T5Config) -> None:
         '(HyperFormer++) both adapt the same sublayers: include one of '
         'variants/adapter.gin and variants/hyperformer_pp.gin, not both.')
   methods.check(cfg)
+
+
+# T5Config fields that change neither the parameters nor the results, only
+# the memory or time a step takes (or, for MAX_SEGMENTS, which examples
+# share a packed row: the data record's PACKER names it): not recorded, so
+# a run may resume (or a reader load, such as a checkpoint written before
+# the field existed) with another value.
+MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
+                  'T5Config.hypergrid.packed_form',
+                  'T5Config.hypergrid.max_segments')
+
+
+def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
+  """`{'T5Config.num_tasks': '8', 'T5Config.hyperprompt.prompt_length':
+  '16', ...}`: a dataclass config flattened, values as `repr` (memory
+  choices left out): what the run record and a task-parameter artifact
+  record of a model."""
+  out = {}
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    name = f'{prefix}.{field.name}'
+    if name in MEMORY_CHOICES:
+      continue
+    if dataclasses.is_dataclass(value):
+      out.update(model_settings(value, name))
+    else:
+      out[name] = repr(value)
+  return out
 
 
 # jax.checkpoint's policy of each REMAT_POLICY ('none': no remat).

@@ -12,7 +12,7 @@ import numpy as np
 
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
-from hyperprompt_jax.model import inputs
+from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.tasks import feature_converter
 
 # Per-token task ids -> the segment ids they follow.
@@ -135,8 +135,8 @@ def validate_batch(
           name, ids, np.asarray(batch[_TASK_ID_SEGMENTS[name]]))
   if rows.max_examples is not None and inputs.is_packed(batch):
     for name in ('encoder_segment_ids', 'decoder_segment_ids'):
-      hypergrid.check_segments(name, np.asarray(batch[name]),
-                               rows.max_examples)
+      inputs.check_segments(name, np.asarray(batch[name]),
+                            rows.max_examples)
   input_prompt_length = rows.input_prompt_length
   if input_prompt_length and inputs.is_packed(batch):
     positions = np.asarray(batch['encoder_positions'])

@@ -1,19 +1,23 @@
 """The parameters a run starts from (INITIAL_CHECKPOINT_PATH): a t5x or
 built-in checkpoint's, read with orbax, its task rows grown to the run's
-task list and an exported task-parameter artifact placed on its backbone.
-Kept apart from the train step (`trainer`), which imports no checkpoint
-library."""
+task list and an exported task-parameter artifact placed on its backbone;
+how many task rows it trained, and the optimizer that trains only the new
+ones (TRAIN_ONLY_NEW_TASKS). Kept apart from the train step (`trainer`),
+which imports no checkpoint library."""
 
 from typing import Any, Optional, Sequence
 
 from flax import traverse_util
+import gin
 import jax
 import numpy as np
 
 from hyperprompt_jax import task_params
 from hyperprompt_jax.methods import param_groups
+from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.runner import trainer as trainer_lib
 
@@ -45,7 +49,7 @@ def params_from_t5x(
   Returns:
     `(params, fresh, rows)`: the placed parameters, the '/'-paths freshly
     initialised, and the number of task rows the checkpoint (or artifact)
-    was trained for (`task_params.trained_rows`; 0 for a checkpoint
+    was trained for (`trained_rows`; 0 for a checkpoint
     without task parameters).
 
   Raises:
@@ -59,7 +63,7 @@ def params_from_t5x(
     task_params.check(header, trainer.model, task_list, loaded, path)
     loaded = {k: v for k, v in loaded.items()
               if not param_groups.is_task_conditioned(k)} | arrays
-  rows = task_params.trained_rows(trainer.model, path, task_params_path)
+  rows = trained_rows(trainer.model, path, task_params_path)
   axes = task_params.task_axes(trainer.model)
   record = run_record.read(path)
   if record and axes and task_list and not task_params_path:
@@ -104,3 +108,38 @@ def params_from_t5x(
     params[k] = fresh[k] if value is None else jax.device_put(
         np.asarray(value, v.dtype), shardings[k])
   return traverse_util.unflatten_dict(params, sep='/'), missing, rows
+
+
+def trained_rows(model: network.Transformer, checkpoint_path: str,
+                 artifact_path: Optional[str] = None) -> int:
+  """How many task rows of a starting point were trained: its task list's
+  length (an artifact's header, a built-in checkpoint's run record), else
+  (t5x's checkpoints) every row it has, read from its metadata."""
+  if artifact_path:
+    return len(task_params.read(artifact_path)[1]['task_list'])
+  record = run_record.read(checkpoint_path)
+  if record and record.get('task_list'):
+    return len(record['task_list'])
+  shapes = checkpoints.param_shapes(checkpoint_path)
+  rows = [shapes[k][a] for k, a in task_params.task_axes(model).items()
+          if k in shapes]
+  return max(rows, default=0)
+
+
+def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
+                       first_new_row: int = 0):
+  """`optimizer` on the rows `first_new_row:` of every task-indexed
+  parameter only (`optimizers.only_task_rows`); for t5x's gin
+  (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin), where
+  `model` is the gin-configured network."""
+  if model is None:
+    model = gin.get_configurable(network.Transformer)()
+  if isinstance(first_new_row, bool) or not isinstance(first_new_row, int) or (
+      not 0 <= first_new_row < model.config.num_tasks):
+    raise ValueError(
+        f'The first new task row must be an integer in [0, NUM_TASKS='
+        f'{model.config.num_tasks}), got {first_new_row!r}: it is the number '
+        'of tasks the starting checkpoint was trained on.')
+  return optimizers.only_task_rows(
+      optimizer, {k: (axis, first_new_row)
+                  for k, axis in task_params.task_axes(model).items()})

@@ -15,7 +15,6 @@ so a run that fails before saving leaves the record of the run that wrote
 the checkpoints intact.
 """
 
-import dataclasses
 import logging
 import os
 from typing import Any, Mapping, Optional, Sequence
@@ -24,40 +23,14 @@ from etils import epath
 import gin
 import orbax.checkpoint as ocp
 
-from hyperprompt_jax.runner import files
+from hyperprompt_jax import files
+from hyperprompt_jax.model import network
 from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
 from hyperprompt_jax.tasks import packing
 
 VERSION = 1
 
 log = logging.getLogger('hyperprompt_jax.train')
-
-
-# T5Config fields that change neither the parameters nor the results, only
-# the memory or time a step takes (or, for MAX_SEGMENTS, which examples
-# share a packed row: the data record's PACKER names it): not recorded, so
-# a run may resume (or a reader load, such as a checkpoint written before
-# the field existed) with another value.
-_MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
-                   'T5Config.hypergrid.packed_form',
-                   'T5Config.hypergrid.max_segments')
-
-
-def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
-  """`{'T5Config.num_tasks': '8', 'T5Config.hyperprompt.prompt_length':
-  '16', ...}`: a dataclass config flattened, values as `repr` (memory
-  choices left out)."""
-  out = {}
-  for field in dataclasses.fields(config):
-    value = getattr(config, field.name)
-    name = f'{prefix}.{field.name}'
-    if name in _MEMORY_CHOICES:
-      continue
-    if dataclasses.is_dataclass(value):
-      out.update(model_settings(value, name))
-    else:
-      out[name] = repr(value)
-  return out
 
 
 def data_settings(mixture_or_task_name: str,
@@ -97,7 +70,7 @@ def make(model_config: Any, data: Mapping[str, Any], start_step: int,
   trained, `task_params`); `processes` its data layout
   (`multihost.DataLayout.record`)."""
   return {'version': VERSION, 'start_step': start_step,
-          'model': model_settings(model_config), 'data': dict(data),
+          'model': network.model_settings(model_config), 'data': dict(data),
           'task_list': list(task_list),
           'processes': dict(processes or {}),
           'config_gin': gin.config_str(),
@@ -123,10 +96,10 @@ def check_resume(record: Mapping[str, Any], model_config: Any,
   """Raises ResumeMismatchError naming each model or data setting, or task
   id, in which this run differs from the checkpoint's `record`."""
   changes = []
-  now = model_settings(model_config)
+  now = network.model_settings(model_config)
   saved = record.get('model', {})
   for name in sorted(set(now) | set(saved)):
-    if name not in _MEMORY_CHOICES and now.get(name) != saved.get(name):
+    if name not in network.MEMORY_CHOICES and now.get(name) != saved.get(name):
       changes.append(f'{name}: {saved.get(name, "(unset)")} -> '
                      f'{now.get(name, "(unset)")}')
   moved = task_list_change(record.get('task_list') or [], task_list)
@@ -184,12 +157,12 @@ def record_changes(record: Mapping[str, Any], model_config: Any,
                    ignore: Sequence[str] = _READER_CHOICES) -> list[str]:
   """Each model setting (but `ignore`) and task id in which a reader
   differs from the checkpoint's `record`."""
-  now = model_settings(model_config)
+  now = network.model_settings(model_config)
   saved = record.get('model', {})
   changes = [f'{name}: {saved.get(name, "(unset)")} -> '
              f'{now.get(name, "(unset)")}'
              for name in sorted(set(now) | set(saved))
-             if name not in (*ignore, *_MEMORY_CHOICES)
+             if name not in (*ignore, *network.MEMORY_CHOICES)
              and now.get(name) != saved.get(name)]
   moved = task_list_change(record.get('task_list') or [], task_list)
   if moved:

@@ -12,7 +12,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 
 from clu import metric_writers
@@ -22,7 +22,6 @@ import numpy as np
 
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
-from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
@@ -47,6 +46,51 @@ log = logging.getLogger('hyperprompt_jax.train')
 
 class NonFiniteLossError(gin_utils.ReportedError):
   """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """Evaluation during training (EVAL_PERIOD, KEEP_BEST_BY), as the step
+  loop calls it. The train command hands one to `train`
+  (`evaluation.during_training.EVALUATION`): the runner imports nothing of
+  the evaluation above it.
+
+  Attributes:
+    check_settings: `(eval_period, examples_per_task, keep_best_by,
+      batch_size)`: raises ValueError on a setting it cannot use.
+    check_tasks: `(mixture_or_task_name, keep_best_by)`: raises ValueError
+      if the run's tasks have nothing to evaluate or no KEEP_BEST_BY score.
+    evaluator: `(model, mixture_or_task_name, task_feature_lengths, mesh,
+      model_dir, batch_size, examples_per_task, keep_best_by, use_cached)`
+      -> the run's evaluator: `evaluate(step, params)` -> an evaluation's
+      line, `evaluated(step)`, `resume(step)`, `best()`, `best_step()`,
+      `close()`.
+    keep_best: `(best_step)` -> the orbax preservation policy that keeps the
+      checkpoint of `best_step()`.
+    scalars: an evaluation's line -> its TensorBoard scalars.
+    progress: an evaluation's line -> its log line.
+  """
+  check_settings: Callable[..., None]
+  check_tasks: Callable[..., None]
+  evaluator: Callable[..., Any]
+  keep_best: Callable[..., Any]
+  scalars: Callable[[Mapping[str, Any]], dict[str, float]]
+  progress: Callable[[Mapping[str, Any]], str]
+
+
+def _check_evaluation(evaluation: Optional[Evaluation], eval_period,
+                      examples_per_task, keep_best_by, batch_size) -> None:
+  """The evaluation settings, checked by the evaluation handed in; without
+  one, EVAL_PERIOD and KEEP_BEST_BY must be off."""
+  if evaluation is not None:
+    evaluation.check_settings(eval_period, examples_per_task, keep_best_by,
+                              batch_size)
+  elif eval_period is not None or keep_best_by is not None:
+    raise ValueError(
+        f'EVAL_PERIOD={eval_period!r}, KEEP_BEST_BY={keep_best_by!r}: this '
+        'call of train has no evaluation to run. Run the train command '
+        '(python -m hyperprompt_jax.train), or pass train(evaluation='
+        'during_training.EVALUATION).')
 
 
 def _eta(seconds: float) -> str:
@@ -134,10 +178,10 @@ def _check_task_start(initial_checkpoint_path, task_params_path,
 def _first_new_task_row(model, initial_checkpoint_path, task_params_path
                         ) -> int:
   """The first row TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
-  starting point was trained on (`task_params.trained_rows`; read from
+  starting point was trained on (`initial_checkpoint.trained_rows`; read from
   metadata, no array loaded)."""
-  first = task_params.trained_rows(model, initial_checkpoint_path,
-                                   task_params_path)
+  first = initial_checkpoint.trained_rows(model, initial_checkpoint_path,
+                                          task_params_path)
   if first >= model.config.num_tasks:
     raise ValueError(
         f'TRAIN_ONLY_NEW_TASKS: the model has no new task rows (NUM_TASKS='
@@ -147,9 +191,10 @@ def _first_new_task_row(model, initial_checkpoint_path, task_params_path
   return first
 
 
-@gin.configurable(denylist=['model'])
+@gin.configurable(denylist=['model', 'evaluation'])
 def train(
     model: Optional[network.Transformer] = None,
+    evaluation: Optional[Evaluation] = None,
     *,
     model_dir: str = gin.REQUIRED,
     mixture_or_task_name: str = gin.REQUIRED,
@@ -191,6 +236,8 @@ def train(
 
   Args:
     model: the network; None builds `network.Transformer` from gin.
+    evaluation: what evaluates during training (the train command's
+      `during_training.EVALUATION`); None: EVAL_PERIOD must be None.
     model_dir: checkpoints, summaries and the gin config go here.
     mixture_or_task_name: a registered seqio Task / Mixture.
     task_feature_lengths: {'inputs': L_in, 'targets': L_out}.
@@ -236,11 +283,11 @@ def train(
       neither (the optimizer's rate is its own).
     eval_period: decode the validation sets of the run's tasks every this
       many steps and at the last step (t5x's `eval_period`;
-      `during_training`); None: never.
+      `evaluation`); None: never.
     eval_examples_per_task: score the first this many examples of each
       task (None: all, `eval`'s scores).
     eval_batch_size: examples per decode call (as `eval`'s).
-    keep_best_by: a task or average (`during_training`, e.g.
+    keep_best_by: a task or average (`evaluation`'s, e.g.
       'glue_average'): its best-scoring checkpoint is kept beside the last
       `keep_checkpoints`, and named in the run record; every evaluation
       then saves a checkpoint.
@@ -257,8 +304,8 @@ def train(
       batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
       save_period=save_period, keep_checkpoints=keep_checkpoints,
       log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
-  during_training.check_settings(eval_period, eval_examples_per_task,
-                                 keep_best_by, eval_batch_size)
+  _check_evaluation(evaluation, eval_period, eval_examples_per_task,
+                    keep_best_by, eval_batch_size)
   if learning_rate_schedule is not None and not isinstance(
       learning_rate_schedule, schedules.Schedule):
     raise ValueError(
@@ -272,7 +319,7 @@ def train(
   task_ids.check_num_tasks(model.config.num_tasks)
   input_pipeline.check_samplable(mixture_or_task_name)
   if eval_period:
-    during_training.check_tasks(mixture_or_task_name, keep_best_by)
+    evaluation.check_tasks(mixture_or_task_name, keep_best_by)
   balancing = balancing_lib.run_plan(
       gradient_balancing, metabalance_settings, model, mixture_or_task_name)
   mesh = partitioning.create_mesh(mesh_data, mesh_model)
@@ -288,8 +335,8 @@ def train(
   if train_only_new_tasks:
     first_new_row = _first_new_task_row(model, initial_checkpoint_path,
                                         task_params_path)
-    optimizer = task_params.only_new_task_rows(optimizer, model,
-                                               first_new_row)
+    optimizer = initial_checkpoint.only_new_task_rows(optimizer, model,
+                                                      first_new_row)
   # Every process writes its part of each checkpoint.
   multihost.raise_everywhere(
       lambda: paths.check_writable_dir(model_dir, 'MODEL_DIR'), ValueError,
@@ -310,7 +357,8 @@ def train(
       task_start=_TaskStart(task_params_path, growth, first_new_row),
       restart_data_on_layout_change=restart_data_on_layout_change,
       balancing=balancing, num_microbatches=num_microbatches,
-      schedule=learning_rate_schedule, eval_period=eval_period,
+      schedule=learning_rate_schedule, evaluation=evaluation,
+      eval_period=eval_period,
       eval_examples_per_task=eval_examples_per_task,
       eval_batch_size=eval_batch_size, keep_best_by=keep_best_by)
   try:
@@ -344,6 +392,7 @@ class _Run:
   balancing: Optional[metabalance.Plan]
   num_microbatches: int
   schedule: Optional[schedules.Schedule]
+  evaluation: Optional[Evaluation]
   eval_period: Optional[int]
   eval_examples_per_task: Optional[int]
   eval_batch_size: int
@@ -375,13 +424,13 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
              run.batch_size // layout.num_shards, run.batch_size)
   evaluator = None
   if run.eval_period:
-    evaluator = during_training.TrainingEvaluator(
+    evaluator = run.evaluation.evaluator(
         run.model, run.mixture_or_task_name, run.task_feature_lengths,
         run.mesh, run.model_dir, run.eval_batch_size,
         run.eval_examples_per_task, run.keep_best_by, run.use_cached_tasks)
   manager = checkpoint_manager.make_manager(
       run.model_dir, run.save_period, run.keep_checkpoints,
-      during_training.KeepBest(evaluator.best_step)
+      run.evaluation.keep_best(evaluator.best_step)
       if run.keep_best_by else None)
   data = _data_record(run, rows)
   state, iterator = _restore_or_start(run, trainer, manager, dataset, data)
@@ -581,9 +630,9 @@ class _StepLoop:
     if self.saved_step == step:
       self.manager.wait_until_finished()
     line = self.evaluator.evaluate(step, state['params'])
-    self.writer.write_scalars(step, during_training.scalars(line))
+    self.writer.write_scalars(step, self.settings.evaluation.scalars(line))
     self.writer.flush()
-    log.info('%s', during_training.progress(line))
+    log.info('%s', self.settings.evaluation.progress(line))
 
   def _evaluate_missing(self, step: int, state) -> None:
     """A resumed run first scores its checkpoint if the run that saved it
@@ -698,13 +747,15 @@ def _host_params(state) -> Optional[Any]:
   return multihost.host_value(state['params'])
 
 
-def run(args: argparse.Namespace) -> int:
-  """`python -m hyperprompt_jax.train` with its parsed flags."""
+def run(args: argparse.Namespace,
+        evaluation: Optional[Evaluation] = None) -> int:
+  """`python -m hyperprompt_jax.train` with its parsed flags and its
+  evaluation during training."""
   gin_utils.log_to_stdout(log)
   gin_utils.parse_gin_flags(args)
   # Parsing gin computes nothing, so the hosts may join after it.
   multihost.initialize_from_flags(args)
-  result = train()
+  result = train(evaluation=evaluation)
   if result['stopped_by']:
     return preemption.exit_status(result['stopped_by'])
   if math.isnan(result['loss']):  # no step trained (already at the end)

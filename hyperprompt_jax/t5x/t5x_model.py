@@ -48,13 +48,13 @@ from t5x import models
 from t5x import optimizers
 from t5x import trainer as t5x_trainer
 
-from hyperprompt_jax.model import inputs
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers as hp_optimizers
 from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
 

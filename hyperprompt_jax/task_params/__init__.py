@@ -1,4 +1,4 @@
-"""Task parameters after training: export, import, and growing the task axis.
+"""Task parameters after training: their axes, the artifact, a grown task axis.
 
 What makes these methods attractive is a small set of task parameters on one
 shared backbone. Here they are:
@@ -21,7 +21,10 @@ shared backbone. Here they are:
   source task's row (`NEW_TASK_SOURCE`), or 'fresh' (the model's own
   initialisation, as for a new model). Every existing row and the backbone
   are kept as they are;
-- `only_new_task_rows` (in `optimizers`) trains the new rows alone.
+- the runner reads how many rows a checkpoint trained and trains the new
+  rows alone (`runner/initial_checkpoint.py`: `trained_rows`,
+  `only_new_task_rows`); this module reads no checkpoint and builds no
+  optimizer.
 
 Shapes: a task-indexed array has `T` rows on its task axis, e.g. HyperPrompt-
 Global's task embeddings `[T, t']`, prompts `[T, l, d]`, the Vanilla
@@ -38,16 +41,12 @@ from typing import Any, Mapping, Optional, Sequence
 from etils import epath
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
-import gin
 import numpy as np
 
+from hyperprompt_jax import files
 from hyperprompt_jax import methods
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import files
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import run_record
 
 FORMAT = 'hyperprompt_jax.task_params/1'
 TASK_AXIS = 'tasks'
@@ -97,7 +96,7 @@ def backbone_fingerprint(flat: Mapping[str, np.ndarray]) -> str:
 def model_settings(model: network.Transformer) -> dict[str, str]:
   """The T5Config fields that fix what the task parameters mean (all but
   `_RUNTIME_FIELDS`), flattened as in the run record."""
-  return {k: v for k, v in run_record.model_settings(model.config).items()
+  return {k: v for k, v in network.model_settings(model.config).items()
           if k not in _RUNTIME_FIELDS}
 
 
@@ -268,21 +267,6 @@ class Growth:
                        'copies; set both or neither.')
 
 
-def trained_rows(model: network.Transformer, checkpoint_path: str,
-                 artifact_path: Optional[str] = None) -> int:
-  """How many task rows of a starting point were trained: its task list's
-  length (an artifact's header, a built-in checkpoint's run record), else
-  (t5x's checkpoints) every row it has, read from its metadata."""
-  if artifact_path:
-    return len(read(artifact_path)[1]['task_list'])
-  record = run_record.read(checkpoint_path)
-  if record and record.get('task_list'):
-    return len(record['task_list'])
-  shapes = checkpoints.param_shapes(checkpoint_path)
-  rows = [shapes[k][a] for k, a in task_axes(model).items() if k in shapes]
-  return max(rows, default=0)
-
-
 def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
          axes: Mapping[str, int], growth: Growth, trained: int,
          task_list: Sequence[str] = (),
@@ -352,22 +336,3 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
     out[path] = np.concatenate(
         [value.take(range(trained), axis), added.astype(value.dtype)], axis)
   return out
-
-
-def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
-                       first_new_row: int = 0):
-  """`optimizer` on the rows `first_new_row:` of every task-indexed
-  parameter only (`optimizers.only_task_rows`); for t5x's gin
-  (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin), where
-  `model` is the gin-configured network."""
-  if model is None:
-    model = gin.get_configurable(network.Transformer)()
-  if isinstance(first_new_row, bool) or not isinstance(first_new_row, int) or (
-      not 0 <= first_new_row < model.config.num_tasks):
-    raise ValueError(
-        f'The first new task row must be an integer in [0, NUM_TASKS='
-        f'{model.config.num_tasks}), got {first_new_row!r}: it is the number '
-        'of tasks the starting checkpoint was trained on.')
-  return optimizers.only_task_rows(
-      optimizer, {k: (axis, first_new_row)
-                  for k, axis in task_axes(model).items()})

@@ -4,7 +4,7 @@ conditioning of packed rows.
 A packed row holds examples of several tasks, and each token must be
 conditioned by its own example's task. Rather than run every token through
 all T tasks' weights, `task_blocks` sorts each data shard's tokens by task
-into blocks of one task each (`batch_shards`, `block_size`); a block then
+into blocks of one task each (`placement.batch_shards`, `block_size`); a block then
 costs one product with a copy of its task's weights (`take_tasks`), and
 the outputs go back to their tokens.
 Used by the adapters (`methods/adapters.py`, one adapter a token) and by
@@ -21,18 +21,14 @@ scatter well; 'auto' picks 'written' on CPU and 'autodiff' elsewhere
 """
 
 import math
-from typing import Any, Optional
 
 from flax import struct
-from flax.linen import partitioning as nn_partitioning
 import jax
 from jax import lax
 import jax.numpy as jnp
 
-try:  # t5x's `with mesh:` context; deprecated in JAX, absent from later ones
-  from jax.interpreters import pxla  # pylint: disable=g-import-not-at-top
-except ImportError:
-  pxla = None
+from hyperprompt_jax.t5 import placement
+
 
 Array = jax.Array
 GRADIENT_FORMS = ('auto', 'written', 'autodiff')
@@ -46,11 +42,12 @@ def check_gradient_form(form: str) -> None:
 
 def resolve_gradient_form(form: str) -> str:
   """'written' or 'autodiff' for a `T5Config.gradient_form`: 'auto' is
-  'written' where the model is compiled for a CPU (`target_platform`),
+  'written' where the model is compiled for a CPU
+  (`placement.target_platform`),
   else 'autodiff'."""
   check_gradient_form(form)
   if form == 'auto':
-    return 'written' if target_platform() == 'cpu' else 'autodiff'
+    return 'written' if placement.target_platform() == 'cpu' else 'autodiff'
   return form
 
 
@@ -105,52 +102,6 @@ class TaskBlocks:
     return _gather_rows(x, index)
 
 
-def current_mesh() -> Optional[Any]:
-  """The mesh where the model runs: that of `jax.set_mesh`, or of t5x's
-  partitioner (`with mesh:`); None outside a mesh."""
-  mesh = jax.sharding.get_abstract_mesh()
-  resources = getattr(pxla, 'thread_resources', None)
-  if mesh.empty and resources is not None:
-    mesh = resources.env.physical_mesh  # t5x's `with mesh:`
-  return None if mesh.empty else mesh
-
-
-def target_platform() -> str:
-  """The platform the model is compiled for, which picks its 'auto' forms:
-  the devices' of the mesh it runs on (a TPU slice's when a CPU host
-  compiles for one: `benchmarks/tpu_compile.py`), else JAX's default
-  backend."""
-  mesh = current_mesh()
-  device = None if mesh is None else getattr(
-      mesh, 'abstract_mesh', mesh).abstract_device
-  return jax.default_backend() if device is None else device.platform
-
-
-def batch_split() -> Optional[tuple[Any, tuple[str, ...]]]:
-  """`(mesh, axes)`: the mesh where the model runs (`current_mesh`) and its
-  axes the logical axis 'batch' maps to under the current axis rules
-  (`flax.linen.partitioning.axis_rules`); None outside a mesh or where
-  'batch' is not split."""
-  mesh = current_mesh()
-  if mesh is None:
-    return None
-  axes = nn_partitioning.logical_to_mesh_axes(('batch',))[0]
-  if axes is None:
-    return None
-  return mesh, ((axes,) if isinstance(axes, str) else tuple(axes))
-
-
-def batch_shards(rows: int) -> int:
-  """The data shards a batch of `rows` is split into where the model runs
-  (`batch_split`); 1 outside a mesh, or where they do not divide `rows`."""
-  split = batch_split()
-  if split is None:
-    return 1
-  mesh, axes = split
-  shards = math.prod(mesh.shape[a] for a in axes)
-  return shards if rows % shards == 0 else 1
-
-
 def block_size(count: int, num_tasks: int, copied_rows: int) -> int:
   """Positions per block for `count` tokens (a data shard's) of up to
   `num_tasks` tasks, where a block costs a copy of `copied_rows` rows of
@@ -196,7 +147,7 @@ def batch_task_blocks(task_ids: Array, num_tasks: int, copied_rows: int,
   runs: per data shard (`batch_shards`), in blocks of `block_size` for a
   shard's tokens and `copied_rows` rows of weights a block; gathers of
   `gradient_form` (`T5Config.gradient_form`)."""
-  shards = batch_shards(task_ids.shape[0])
+  shards = placement.batch_shards(task_ids.shape[0])
   block = block_size(task_ids.size // shards, num_tasks, copied_rows)
   blocks = task_blocks(task_ids, num_tasks, block, shards)
   return blocks.replace(form=resolve_gradient_form(gradient_form))

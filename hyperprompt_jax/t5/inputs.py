@@ -3,10 +3,12 @@
 An unpacked row holds one example and its task (`task_ids [batch]`); a packed
 row holds several, with segment ids, positions and per-token task ids. The
 training step, the batch checks of the runner and the t5x adapter all read
-these names here, so the model layer owns them.
+these names here, and the rules of packed rows (one task per example, the
+bound on examples per row) are written here once: the runner's host-side
+checks and the network's both call them.
 """
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -62,3 +64,36 @@ def check_one_task_per_segment(name: str, task_ids: np.ndarray,
             f'ids {ids.tolist()}; a packed example has one task. Pack with '
             "the project's feature converter (TaskIdsEncDecFeatureConverter, "
             'pack=True), which gives every token its example\'s id.')
+
+
+def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
+  """Raises ValueError unless every packed row (`[batch, length]` segment
+  ids, 0 on padding) holds at most `bound` examples (MAX_SEGMENTS), each one
+  contiguous, in order, padding last (as packers make rows): the rows of a
+  model that gives each example of a row its own weights."""
+  segment_ids = np.asarray(segment_ids)
+  for row, ids in enumerate(segment_ids.reshape(-1, segment_ids.shape[-1])):
+    check_segment_bound(name, ids.max(initial=0), bound, row)
+    real = ids > 0
+    ends = np.flatnonzero(~real)
+    if (np.diff(ids[real]) < 0).any() or (
+        ends.size and real[ends[0]:].any()):
+      raise ValueError(
+          f'Feature {name!r}: packed row {row} has segment ids '
+          f'{ids.tolist()}; the model needs each example contiguous, in '
+          'order, and padding (0) last, as the feature converter packs.')
+
+
+def check_segment_bound(name: str, high: int, bound: int,
+                        row: Optional[int] = None) -> None:
+  """Raises ValueError if a packed row's highest segment id `high` is over
+  `bound` (MAX_SEGMENTS); `row` None: some row of the batch (the compiled
+  program's check, which sees the batch's highest id only)."""
+  if high > bound:
+    where = 'a packed row' if row is None else f'packed row {row}'
+    raise ValueError(
+        f'Feature {name!r}: {where} holds segment ids up to {high}, over '
+        f'MAX_SEGMENTS={bound} (HyperGridConfig.max_segments): each example '
+        "of a row needs its own gated weights. Pack with the run's row "
+        'format (batches.RowFormat.of: the packer closes a row at the bound) '
+        'or raise MAX_SEGMENTS.')

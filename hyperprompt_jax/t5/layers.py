@@ -7,16 +7,16 @@ checkpoints and t5x's partitioner. These layers therefore re-implement the
 T5.1.1 building blocks so that every parameter has t5x's name, its 2-D storage
 shape (`[embed, joined_kv]`, ...) and its logical axis names.
 
-The modules know nothing of task conditioning, with one generic exception:
-attention takes an optional *key/value prefix*, `[batch, prefix, heads,
-head_dim]` arrays prepended to the projected keys and values (the hook for
-HyperPrompt's hyper-prompts). Prefix columns are always visible: the mask and
-the relative-position bias are extended with ones / zeros for them. Methods
-that change a block subclass it in their own module (`hypergrid.py`'s gated
-MLP and task-query attention) through the small overridable steps below
-(`DenseGeneral.kernel`, `MlpBlock.dense` / `intermediate`,
-`MultiHeadDotProductAttention.projections` / `attend`), keeping t5x's
-parameter names.
+The modules know nothing of task conditioning: they take what a method hands
+them. Attention takes an optional *key/value prefix*, `[batch, prefix, heads,
+head_dim]` arrays prepended to the projected keys and values (memory tokens:
+always visible, no mask and no relative-position bias on them), and, for a
+prefix whose columns the method chooses per query, the method's own
+attention over it (`PrefixAttention`). Methods that change a block subclass
+it in their own module (a gated MLP, a task-query attention) through the
+small overridable steps below (`DenseGeneral.kernel`, `MlpBlock.dense` /
+`intermediate`, `MultiHeadDotProductAttention.projections` / `attend`),
+keeping t5x's parameter names.
 """
 
 import functools
@@ -31,7 +31,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax.model import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import placement
 
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -39,6 +39,13 @@ with_sharding_constraint = nn_partitioning.with_sharding_constraint
 Array = jax.Array
 DType = Any
 Initializer = Callable[..., Array]
+
+# A method's attention over `[prefix; tokens]` for a prefix whose columns it
+# chooses per query: `(query [batch, q_length, heads, head_dim], logits
+# [batch, heads, q_length, kv_length], value [batch, kv_length, heads,
+# head_dim], prefix_key, prefix_value, prefix_bias, dropout (rng, rate) or
+# None, dtype) -> [batch, q_length, heads, head_dim]`.
+PrefixAttention = Callable[..., Array]
 
 # Large negative logit for masked attention columns (as t5x).
 _MASKED_LOGIT = -1e10
@@ -202,7 +209,7 @@ class RelativePositionBiases(nn.Module):
     )
     form = self.form
     if form == 'auto':
-      form = ('gather' if task_blocks_lib.target_platform() == 'cpu'
+      form = ('gather' if placement.target_platform() == 'cpu'
               else 'one_hot')
     if form == 'gather':
       values = jnp.take(jnp.asarray(table, self.dtype),
@@ -277,87 +284,6 @@ PROBE_COLLECTION = 'intermediates'
 ATTENTION_WEIGHTS = 'attention_weights'
 
 
-@jax.custom_jvp
-def softmax_and_logsumexp(x: Array) -> tuple[Array, Array]:
-  """`jax.nn.softmax(x)` over the last axis and its log normaliser
-  `[..., 1]`, with the derivative written out as `jax.nn.softmax`'s is."""
-  top = lax.stop_gradient(x.max(-1, keepdims=True))
-  unnormalized = jnp.exp(x - top)
-  total = unnormalized.sum(-1, keepdims=True)
-  return unnormalized / total, jnp.log(total) + top
-
-
-@softmax_and_logsumexp.defjvp
-def _softmax_and_logsumexp_jvp(primals, tangents):
-  (x_dot,) = tangents
-  y, lse = softmax_and_logsumexp(*primals)
-  lse_dot = (y * x_dot).sum(-1, keepdims=True)
-  return (y, lse), (y * (x_dot - lse_dot), lse_dot)
-
-
-def _own_task_prefix(query: Array, keys: Array, values: Array,
-                     logit_bias: Optional[Array],
-                     blocks: task_blocks_lib.TaskBlocks,
-                     keep: Optional[Array], dtype: DType
-                     ) -> tuple[Array, Array]:
-  """Each query's attention over its own task's prefix columns only.
-
-  The queries are laid out by task (`blocks`), and a block of one task's
-  queries is scored against that task's `l` columns: a query's
-  `[heads, l]` scores, not all T tasks' `T * l` columns masked to its own
-  (T times the prefix's work).
-
-  Args:
-    query: `[batch, q_length, heads, head_dim]`.
-    keys: every task's prefix keys `[T, l, heads, head_dim]`.
-    values: `[T, l, heads, head_dim]`.
-    logit_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
-    blocks: the queries' task blocks (`task_blocks.task_blocks` of each
-      query's task).
-    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]` (a row's
-      mask over every task's columns, broadcast along its queries), or None.
-    dtype: dtype of the attention weights and output.
-
-  Returns:
-    The prefix block's output `[batch, q_length, heads, head_dim]` (its
-    softmax over the `l` columns alone) and that softmax's log normaliser
-    `[batch, heads, q_length, 1]`.
-  """
-  batch, length, heads, head_dim = query.shape
-  num_tasks, prefix = keys.shape[:2]
-  queries = blocks.to_blocks(query.reshape(batch * length, heads * head_dim))
-  num_blocks, block = queries.shape[:2]
-  queries = queries.reshape(num_blocks, block, heads, head_dim)
-  logits = jnp.einsum(
-      'kchd,klhd->khcl', queries,
-      blocks.take(keys).astype(query.dtype))
-  if logit_bias is not None:
-    logits = logits + logit_bias.astype(logits.dtype)
-  weights, lse = softmax_and_logsumexp(logits)  # [K, heads, block, l]
-  weights = weights.astype(dtype)
-  if keep is not None:
-    # Each block position's row in its shard (the padding's is out of
-    # range: 0) and task.
-    shards = blocks.source.shape[0]
-    by_row_task = keep[:, :, 0].reshape(batch, heads, num_tasks, prefix)
-    by_row_task = by_row_task.transpose(0, 2, 1, 3).reshape(
-        shards, batch // shards * num_tasks, heads, prefix)
-    index = (blocks.source // length) * num_tasks + jnp.repeat(
-        blocks.block_tasks, block, axis=1)
-    position_keep = jax.vmap(
-        lambda table, i: table.at[i].get(mode='fill', fill_value=0))(
-            by_row_task, index)
-    weights = weights * position_keep.reshape(
-        num_blocks, block, heads, prefix).transpose(0, 2, 1, 3)
-  out = jnp.einsum(
-      'khcl,klhd->kchd', weights,
-      blocks.take(values).astype(dtype))
-  out = blocks.from_blocks(out.reshape(num_blocks, block, heads * head_dim))
-  lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
-  return (out.reshape(batch, length, heads, head_dim),
-          lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])
-
-
 def dot_product_attention(
     query: Array,
     key: Array,
@@ -372,7 +298,7 @@ def dot_product_attention(
     prefix_key: Optional[Array] = None,
     prefix_value: Optional[Array] = None,
     prefix_bias: Optional[Array] = None,
-    prefix_blocks: Optional[task_blocks_lib.TaskBlocks] = None,
+    prefix_attention: Optional[PrefixAttention] = None,
 ) -> Array:
   """Unscaled dot-product attention (T5 folds 1/sqrt(d_h) into the query init).
 
@@ -380,9 +306,9 @@ def dot_product_attention(
   computed as two blocks that share the softmax's max and normaliser rather
   than over concatenated columns: concatenating copies the `[batch, heads,
   q_length, kv_length]` bias and logits (docs/performance.md, Packing).
-  Packed rows (`prefix_blocks`) score each query against its own task's
-  prefix columns only and combine the two blocks' softmaxes by their log
-  normalisers (`_own_task_prefix`).
+  A prefix whose columns are not one set per row (each query its own
+  columns) comes with the method's own attention over it,
+  `prefix_attention`, which then replaces the joint softmax.
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.
@@ -400,11 +326,11 @@ def dot_product_attention(
       front of `key` (batch 1: the same columns for every row).
     prefix_value: `[batch or 1, prefix, heads, head_dim]`, with `prefix_key`.
     prefix_bias: broadcastable to `[batch, heads, q_length, prefix]`.
-    prefix_blocks: packed rows: the queries' task blocks
-      (`task_blocks.task_blocks` of each query's task). `prefix_key` and
-      `prefix_value` then hold every task's columns, `[T, l, heads,
-      head_dim]`, each query attends over its own task's `l` of them
-      (`_own_task_prefix`) and `prefix_bias` is at most a per-head bias.
+    prefix_attention: the attention over `[prefix; key]` when the method
+      that hands the prefix chooses each query's columns itself (its
+      `prefix_key` / `prefix_value` need not be `[batch, prefix, ...]`);
+      called with the query, the token logits and values, the prefix, the
+      dropout `(rng, rate)` or None and `dtype` (`PrefixAttention`).
 
   Returns:
     `[batch, q_length, heads, head_dim]`.
@@ -417,12 +343,11 @@ def dot_product_attention(
   logits = _attention_logits(query, key, bias)
   dropout = (dropout_rng, dropout_rate) if (
       not deterministic and dropout_rate > 0.0) else None
-  if prefix_blocks is not None:
+  if prefix_attention is not None:
     if on_weights is not None:
       raise ValueError('The attention probe reads unpacked rows only.')
-    return _packed_prefix_attention(
-        query, logits, value, prefix_key, prefix_value, prefix_bias,
-        prefix_blocks, dropout, dtype)
+    return prefix_attention(query, logits, value, prefix_key, prefix_value,
+                            prefix_bias, dropout, dtype)
   if prefix_key is None:
     blocks = [jax.nn.softmax(logits).astype(dtype)]
     values = [value]
@@ -434,13 +359,13 @@ def dot_product_attention(
     on_weights(jnp.concatenate(blocks, axis=-1))
   if dropout is not None:
     widths = [w.shape[-1] for w in blocks]
-    keep = _dropout_keep(*dropout, dtype,
+    keep = dropout_keep(*dropout, dtype,
                          blocks[-1].shape[:-2] + (1, sum(widths)))
     blocks = [w * k for w, k in zip(
         blocks, jnp.split(keep, np.cumsum(widths)[:-1], axis=-1))]
-  out = _attend_values(blocks[0], values[0], dtype)
+  out = attend_values(blocks[0], values[0], dtype)
   for weights, block_values in zip(blocks[1:], values[1:]):
-    out = out + _attend_values(weights, block_values, dtype)
+    out = out + attend_values(weights, block_values, dtype)
   return out
 
 
@@ -458,7 +383,7 @@ def _attention_logits(query: Array, keys: Array,
   return logits
 
 
-def _attend_values(weights: Array, values: Array, dtype: DType) -> Array:
+def attend_values(weights: Array, values: Array, dtype: DType) -> Array:
   """`weights` `[batch, heads, q_length, k_length]` over `values` `[batch or
   1, k_length, heads, head_dim]`: `[batch, q_length, heads, head_dim]`."""
   values = values.astype(dtype)
@@ -480,38 +405,7 @@ def _joint_softmax(prefix_logits: Array, logits: Array, dtype: DType
           (token_exp / total).astype(dtype)]
 
 
-def _packed_prefix_attention(
-    query: Array, logits: Array, value: Array, prefix_key: Array,
-    prefix_value: Array, prefix_bias: Optional[Array],
-    prefix_blocks: task_blocks_lib.TaskBlocks,
-    dropout: Optional[tuple[Array, float]], dtype: DType) -> Array:
-  """Packed rows' attention over `[own task's prefix; tokens]`: each block's
-  own softmax (the prefix's by `_own_task_prefix`), scaled by its share of
-  the joint normaliser, exp(lse_block - lse), a per-query factor applied to
-  the block's output. `logits`: the tokens' `[batch, heads, q_length,
-  kv_length]`; `dropout`: `(rng, rate)` or None; the rest as
-  `dot_product_attention`'s."""
-  token_weights, token_lse = softmax_and_logsumexp(logits)
-  token_weights = token_weights.astype(dtype)
-  prefix_keep = None
-  if dropout is not None:
-    width = prefix_key.shape[0] * prefix_key.shape[1]
-    keep = _dropout_keep(*dropout, dtype, token_weights.shape[:-2]
-                         + (1, width + token_weights.shape[-1]))
-    prefix_keep, token_keep = keep[..., :width], keep[..., width:]
-    token_weights = token_weights * token_keep
-  prefix_out, prefix_lse = _own_task_prefix(
-      query, prefix_key, prefix_value, prefix_bias, prefix_blocks,
-      prefix_keep, dtype)
-  lse = jnp.logaddexp(prefix_lse, token_lse)
-  share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
-  out = (_attend_values(token_weights, value, dtype).astype(jnp.float32)
-         * share(token_lse)
-         + prefix_out.astype(jnp.float32) * share(prefix_lse))
-  return out.astype(dtype)
-
-
-def _dropout_keep(rng: Array, rate: float, dtype: DType,
+def dropout_keep(rng: Array, rate: float, dtype: DType,
                   shape: tuple[int, ...]) -> Array:
   """Attention dropout's keep mask, scaled by 1 / keep probability (shape
   `[batch, heads, 1, columns]`: broadcast along the queries, as t5x's)."""
@@ -567,7 +461,7 @@ class MultiHeadDotProductAttention(nn.Module):
       prefix_key: Optional[Array] = None,
       prefix_value: Optional[Array] = None,
       prefix_logit_bias: Optional[Array] = None,
-      prefix_blocks: Optional[task_blocks_lib.TaskBlocks] = None,
+      prefix_attention: Optional[PrefixAttention] = None,
       decode: bool = False,
       deterministic: bool = False,
   ) -> Array:
@@ -585,10 +479,9 @@ class MultiHeadDotProductAttention(nn.Module):
         `prefix_key`.
       prefix_logit_bias: optional `[heads]` logit bias on the prefix columns
         (zero when None).
-      prefix_blocks: packed rows: the queries' task blocks; `prefix_key`
-        and `prefix_value` then hold every task's prompts `[T, l, heads,
-        head_dim]` and each query attends over its own task's
-        (`dot_product_attention`).
+      prefix_attention: the method's own attention over a prefix whose
+        columns it chooses per query (`dot_product_attention`); not at
+        decode steps.
       decode: use (and on the first call, create) the autoregressive cache.
       deterministic: disables dropout.
 
@@ -598,7 +491,8 @@ class MultiHeadDotProductAttention(nn.Module):
     out, _, _ = self.attend(
         self.projections(inputs_q.shape[-1]), inputs_q, inputs_kv, mask,
         bias, prefix_key=prefix_key, prefix_value=prefix_value,
-        prefix_logit_bias=prefix_logit_bias, prefix_blocks=prefix_blocks,
+        prefix_logit_bias=prefix_logit_bias,
+        prefix_attention=prefix_attention,
         decode=decode, deterministic=deterministic)
     return out
 
@@ -632,15 +526,15 @@ class MultiHeadDotProductAttention(nn.Module):
 
   def attend(self, proj: 'Projections', inputs_q, inputs_kv, mask, bias, *,
              prefix_key=None, prefix_value=None, prefix_logit_bias=None,
-             prefix_blocks=None, decode=False, deterministic=False):
+             prefix_attention=None, decode=False, deterministic=False):
     """`__call__`'s computation; also returns the projected token keys and
     values `[batch, kv_length, heads, head_dim]` (before the cache)."""
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
     if prefix_key is None and prefix_logit_bias is not None and not decode:
       raise ValueError('prefix_logit_bias needs prefix_key / prefix_value.')
-    if prefix_blocks is not None and (decode or prefix_key is None):
-      raise ValueError('prefix_blocks (packed rows) needs prefix_key / '
+    if prefix_attention is not None and (decode or prefix_key is None):
+      raise ValueError('prefix_attention needs prefix_key / '
                        'prefix_value and cannot decode.')
     query = proj.query(inputs_q)
     key = proj.key(inputs_kv)
@@ -662,8 +556,7 @@ class MultiHeadDotProductAttention(nn.Module):
           bias if attention_bias is None else attention_bias + bias
       )
     # The prefix columns get no causal or padding mask and no relative-
-    # position bias: zero, or `prefix_logit_bias [heads]` (packed rows:
-    # `prefix_blocks` gives each token its own task's columns only).
+    # position bias: zero, or `prefix_logit_bias [heads]`.
     prefix_bias = None
     if prefix_logit_bias is not None:
       prefix_bias = prefix_logit_bias.astype(self.dtype)[None, :, None, None]
@@ -688,7 +581,7 @@ class MultiHeadDotProductAttention(nn.Module):
         prefix_key=prefix_key,
         prefix_value=prefix_value,
         prefix_bias=prefix_bias,
-        prefix_blocks=prefix_blocks,
+        prefix_attention=prefix_attention,
     )
     return proj.out(x), token_key, token_value
 
