@@ -258,3 +258,25 @@ def test_hbm_is_the_chips_over_its_devices():
   assert tpu_compile.device_hbm_bytes([Device('TPU v5', (0, 0, 0))]) == (
       95 * gib)
   assert tpu_compile.device_hbm_bytes([Device('cpu', (0,))]) is None
+
+
+_HOST_ROWS = '''
+from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.runner import multihost, partitioning
+devices = tpu_compile.topology_devices('v5e:4x4')  # 4 hosts of 4 chips
+for model in (1, 2):
+  mesh = partitioning.create_mesh(-1, model, devices=devices)
+  layout = multihost.data_layout(mesh)
+  print('RESULT', model, layout.num_shards, sorted(layout.shard_of_process))
+'''
+
+
+@needs_libtpu
+def test_a_multihost_slice_gives_each_host_its_own_rows(tmp_path):
+  """On `v5e:4x4` (4 hosts) JAX's torus order interleaves the hosts along
+  'data'; the runner's mesh keeps each host's devices in one run of rows, so
+  every process reads a data shard of its own (`multihost.data_layout`
+  raised for MESH_MODEL=1 before)."""
+  printed = _run(['-c', _HOST_ROWS], tmp_path)
+  assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
+      'RESULT 1 4 [0, 1, 2, 3]', 'RESULT 2 4 [0, 1, 2, 3]']

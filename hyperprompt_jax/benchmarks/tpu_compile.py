@@ -482,8 +482,9 @@ def format_program(name: str, kind: str, p: dict[str, Any]) -> str:
   if 'error' in p:
     return f'{name} {kind}: does not compile: {p["error"][:300]}'
   m = p['memory']
-  fit = ('' if p['fits'] is None else
-         f' of {p["hbm_bytes"] / GIB:.0f} GiB ({"fits" if p["fits"] else "DOES NOT FIT"})')
+  fit = '' if p['fits'] is None else (
+      f' of {p["hbm_bytes"] / GIB:.0f} GiB '
+      f'({"fits" if p["fits"] else "DOES NOT FIT"})')
   collectives = ', '.join(f'{k} {v["count"]} ({v["bytes"] / 1e6:.0f} MB)'
                           for k, v in sorted(p['collectives'].items()))
   ratio = p.get('flops_over_6nd')
@@ -502,32 +503,38 @@ def format_program(name: str, kind: str, p: dict[str, Any]) -> str:
 def format_table(report: dict[str, Any]) -> str:
   """The setups' training steps side by side (per chip), each against the
   first setup's."""
+  names = [r['setup'] + (f' [{r["label"]}]' if r['label'] else '')
+           for r in report['setups']]
+  width = max([len(n) for n in names] + [5]) + 2
   lines = [f'{report["topology"]}: {report["devices"]} devices of kind '
            f'{report["device_kind"]}, '
            + (f'{report["hbm_bytes"] / GIB:.1f} GiB HBM each'
               if report['hbm_bytes'] else 'HBM unknown'),
-           f'{"setup":<44}{"mesh":>7}{"rows":>6}{"GiB":>7}{"temp":>7}'
+           f'{"setup":<{width}}{"mesh":>7}{"rows":>6}{"GiB":>7}{"temp":>7}'
            f'{"TFLOP":>8}{"x":>7}{"GB acc":>8}{"x":>7}{"temp x":>7}'
            f'{"6ND x":>7}{"fits":>6}']
   first = None
-  for r in report['setups']:
+
+  def ratio(p, key):
+    return p[key] / first[key] if first[key] else float('nan')
+
+  for name, r in zip(names, report['setups']):
     p = r['programs'].get('train', {})
     mesh = f'{r["mesh"]["data"]}x{r["mesh"]["model"]}'
-    name = r['setup'] + (f' [{r["label"]}]' if r['label'] else '')
     if 'error' in p or not p:
-      lines.append(f'{name:<44}{mesh:>7}  does not compile')
+      lines.append(f'{name:<{width}}{mesh:>7}  does not compile')
       continue
     first = first or p
-    ratio = lambda k, q=p: q[k] / first[k] if first[k] else float('nan')
     temp = (p['memory']['temp'] / first['memory']['temp']
             if first['memory']['temp'] >= LARGE_BYTES else float('nan'))
+    fits = '' if p['fits'] is None else ('yes' if p['fits'] else 'NO')
     lines.append(
-        f'{name:<44}{mesh:>7}{r["batch_size"]:>6}'
+        f'{name:<{width}}{mesh:>7}{r["batch_size"]:>6}'
         f'{p["memory"]["total"] / GIB:>7.2f}{p["memory"]["temp"] / GIB:>7.2f}'
-        f'{p["flops"] / 1e12:>8.2f}{ratio("flops"):>6.3f}x'
-        f'{p["bytes_accessed"] / 1e9:>8.1f}{ratio("bytes_accessed"):>6.2f}x'
-        f'{temp:>6.2f}x{p["flops_over_6nd"]:>7.2f}'
-        f'{"" if p["fits"] is None else ("yes" if p["fits"] else "NO"):>6}')
+        f'{p["flops"] / 1e12:>8.2f}{ratio(p, "flops"):>6.3f}x'
+        f'{p["bytes_accessed"] / 1e9:>8.1f}'
+        f'{ratio(p, "bytes_accessed"):>6.2f}x'
+        f'{temp:>6.2f}x{p["flops_over_6nd"]:>7.2f}{fits:>6}')
   return '\n'.join(lines)
 
 
@@ -601,9 +608,10 @@ def _settings_label(setup: Setup) -> str:
     parts.append(f'NUM_MICROBATCHES={setup.num_microbatches}')
   if setup.config.remat_policy != 'none':
     parts.append(f'REMAT_POLICY={setup.config.remat_policy}')
-  if setup.balancing is not None:
-    parts.append(f'MetaBalance {setup.balancing.settings.auxiliaries} '
-                 f'K={setup.balancing.num_auxiliary}')
+  if setup.balancing is not None:  # 'all' sums the auxiliaries as one
+    each = setup.balancing.settings.auxiliaries == 'each'
+    parts.append(f"MetaBalance {setup.balancing.settings.auxiliaries}"
+                 + (f' K={setup.balancing.num_auxiliary}' if each else ''))
   if not setup.pack:
     parts.append('unpacked')
   return ', '.join(parts)

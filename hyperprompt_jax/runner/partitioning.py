@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import methods
+from hyperprompt_jax.runner import multihost
 
 AxisRules = Sequence[tuple[str, str | None]]
 
@@ -79,10 +80,21 @@ def create_mesh(data: int = -1, model: int = 1,
                      f'devices, found {n}.')
   auto = jax.sharding.AxisType.Auto
   try:
-    return jax.make_mesh((data, model), ('data', 'model'),
+    mesh = jax.make_mesh((data, model), ('data', 'model'),
                          axis_types=(auto, auto), devices=devices)
   except AssertionError:
     # JAX orders a TPU v4+ slice's devices by the torus only with one device
     # a chip (megacore); a slice described a core a device keeps its order.
-    return jax.sharding.Mesh(np.asarray(devices).reshape(data, model),
-                             ('data', 'model'), axis_types=(auto, auto))
+    mesh = None
+  try:
+    if mesh is not None:
+      multihost.data_layout(mesh)
+      return mesh
+  except ValueError:
+    pass  # the torus order interleaves hosts along 'data' (v5e:4x4)
+  # Each host's devices together, in a contiguous run of 'data' (as t5x's
+  # `get_mesh` keeps them): what every process's data shard needs.
+  ordered = sorted(jax.devices() if devices is None else devices,
+                   key=lambda d: (d.process_index, d.id))
+  return jax.sharding.Mesh(np.asarray(ordered).reshape(data, model),
+                           ('data', 'model'), axis_types=(auto, auto))
