@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import optimizers
@@ -125,10 +126,9 @@ def smallest_fitting(peak_of: Callable[[int], int], batch: int,
 def abstract_batch(batch: int, input_length: int, target_length: int,
                    pack: bool) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes of a model batch of `batch` rows."""
-  lengths = {'encoder': input_length, 'decoder': target_length}
-  return {name: jax.ShapeDtypeStruct(
-      (batch,) if name == 'task_ids' else (batch, lengths[name.split('_')[0]]),
-      jnp.int32) for name in inputs.required_features(pack)}
+  return tpu_compile.placed_batch(
+      inputs.required_features(pack), batch,
+      {'inputs': input_length, 'targets': target_length})
 
 
 def saved_bytes(config: network.T5Config, batch: int, input_length: int,

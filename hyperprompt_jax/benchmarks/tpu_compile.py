@@ -366,8 +366,9 @@ class Setup:
 
 
 def placed_batch(features: Sequence[str], rows: int, lengths: dict[str, int],
-                 sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The shapes of a model batch of `rows` rows, split by `sharding`."""
+                 sharding: Any = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes of a model batch of `rows` rows (int32), split by
+  `sharding` (None: unplaced)."""
   def shape(name):
     if name == 'task_ids':
       return (rows,)

@@ -82,19 +82,24 @@ def create_mesh(data: int = -1, model: int = 1,
   try:
     mesh = jax.make_mesh((data, model), ('data', 'model'),
                          axis_types=(auto, auto), devices=devices)
-  except AssertionError:
-    # JAX orders a TPU v4+ slice's devices by the torus only with one device
-    # a chip (megacore); a slice described a core a device keeps its order.
-    mesh = None
-  try:
-    if mesh is not None:
-      multihost.data_layout(mesh)
+    if _rows_by_host(mesh):
       return mesh
-  except ValueError:
-    pass  # the torus order interleaves hosts along 'data' (v5e:4x4)
+    # Else the torus order interleaves hosts along 'data' (v5e:4x4).
+  except AssertionError:
+    pass  # a TPU v4+ slice described a core a device: JAX orders only chips
   # Each host's devices together, in a contiguous run of 'data' (as t5x's
   # `get_mesh` keeps them): what every process's data shard needs.
   ordered = sorted(jax.devices() if devices is None else devices,
                    key=lambda d: (d.process_index, d.id))
   return jax.sharding.Mesh(np.asarray(ordered).reshape(data, model),
                            ('data', 'model'), axis_types=(auto, auto))
+
+
+def _rows_by_host(mesh: jax.sharding.Mesh) -> bool:
+  """Whether every process's devices hold whole, contiguous rows of the
+  batch (`multihost.data_layout` takes the mesh)."""
+  try:
+    multihost.data_layout(mesh)
+  except ValueError:
+    return False
+  return True
