@@ -54,26 +54,13 @@ class Setup:
   pack: bool
 
 
-def setup_gin_files(name: str) -> list[str]:
-  """The gin files of a setup name: `<run>` is `runs/<run>.gin`;
-  `<run>+<file>[+<file>...]` adds gin files after it, as `--gin_file` would
-  (`hyperprompt_global_glue+models/t5_1_1_large`: the run at Large, the
-  experiments' documented way to change the model size)."""
-  run, *extra = name.split('+')
-  if not run or not all(extra):
-    raise ValueError(f'Setup {name!r}: expected <run>[+<gin file>...], e.g. '
-                     'hyperprompt_global_glue+models/t5_1_1_large.')
-  return [f'runs/{run}.gin'] + [
-      f if f.endswith('.gin') else f'{f}.gin' for f in extra]
-
-
 def read_setup(name: str) -> Setup:
-  """The setup of `name` (`setup_gin_files`). gin is cleared before and
+  """The setup of `name` (`tpu_compile.setup_gin_files`). gin is cleared before and
   after (the run file's bindings, its task list among them, must not
   outlive it)."""
   gin.clear_config()
   try:
-    gin_utils.parse_gin(setup_gin_files(name), [])
+    gin_utils.parse_gin(tpu_compile.setup_gin_files(name), [])
     lengths = gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value')
     return Setup(
         name=name, config=gin.get_configurable(network.T5Config)(),

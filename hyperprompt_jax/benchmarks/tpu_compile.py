@@ -365,6 +365,19 @@ class Setup:
     return {'inputs': self.input_length, 'targets': self.target_length}
 
 
+def setup_gin_files(name: str) -> list[str]:
+  """The gin files of a setup name: `<run>` is `runs/<run>.gin`;
+  `<run>+<file>[+<file>...]` adds gin files after it, as `--gin_file` would
+  (`hyperprompt_global_glue+models/t5_1_1_large`: the run at Large, the
+  experiments' documented way to change the model size)."""
+  run, *extra = name.split('+')
+  if not run or not all(extra):
+    raise ValueError(f'Setup {name!r}: expected <run>[+<gin file>...], e.g. '
+                     'hyperprompt_global_glue+models/t5_1_1_large.')
+  return [f'runs/{run}.gin'] + [
+      f if f.endswith('.gin') else f'{f}.gin' for f in extra]
+
+
 def placed_batch(features: Sequence[str], rows: int, lengths: dict[str, int],
                  sharding: Any = None) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes of a model batch of `rows` rows (int32), split by
@@ -662,12 +675,11 @@ def gin_setup(name: str, gin_files: Sequence[str],
 
 def run_gin(args) -> int:
   """`--tpu_compile` of run setups: `--gin_file`s (one setup), or
-  `--setups` (`memory_table.setup_gin_files` names), each with the
+  `--setups` (`setup_gin_files` names), each with the
   `--gin.` bindings."""
-  from hyperprompt_jax.benchmarks import memory_table  # pylint: disable=g-import-not-at-top
   search = [p for p in args.gin_search_paths.split(',') if p]
   if args.setups:
-    setups = [gin_setup(name, memory_table.setup_gin_files(name),
+    setups = [gin_setup(name, setup_gin_files(name),
                         args.gin_bindings, search)
               for name in args.setups.split(',') if name]
   else:
