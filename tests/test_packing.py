@@ -56,6 +56,9 @@ PACKING_VARIANTS = {
     'hyperprompt_sep_encoder': _hyperprompt('sep', 'encoder'),
     'hyperprompt_global': _hyperprompt('global',
                                        cross_attention_prompts=True),
+    # The other packed form: every task's prompts, the others masked.
+    'hyperprompt_global_all_tasks': _hyperprompt(
+        'global', cross_attention_prompts=True, packed_form='all_tasks'),
     'prompt_tuning': dict(prompt_tuning=prompt_tuning.PromptTuningConfig(
         prompt_length=PROMPT_TUNING_LENGTH)),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
@@ -505,14 +508,16 @@ def _own_task_attention_reference(query, key, value, bias, prefix_key,
 
 
 @pytest.mark.parametrize('dropout,shards', [(False, 1), (True, 1),
-                                            (True, 2)])
+                                            (True, 2), (False, None),
+                                            (True, None)])
 def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
     dropout, shards):
   """Packed rows' prompts (`hyperprompt.OwnTaskPrompts`, handed to the
   attention as its `prefix_attention`): each query attends over its own
   task's prompt columns and the tokens under one softmax, and dropout drops
-  the same columns of a row for all its queries (blocks of the whole batch,
-  and per data shard: each row's mask found in its shard)."""
+  the same columns of a row for all its queries; in task blocks of the
+  whole batch, and per data shard (each row's mask found in its shard), and
+  scored against all tasks' columns, the others masked (`shards` None)."""
   rng = np.random.default_rng(3)
   batch, length, heads, head_dim, tasks, prefix = 2, 9, 2, 4, 3, 2
   normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
@@ -522,8 +527,12 @@ def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
                               for _ in range(2))
   bias, logit_bias = normal(batch, heads, length, length), normal(heads)
   task_ids = rng.integers(0, tasks, (batch, length))
-  blocks = task_blocks.task_blocks(jax.numpy.asarray(task_ids), tasks, 2,
-                                   shards)
+  if shards is None:
+    own_task = hyperprompt.OwnTaskPrompts(
+        query_tasks=jax.numpy.asarray(task_ids))
+  else:
+    own_task = hyperprompt.OwnTaskPrompts(task_blocks.task_blocks(
+        jax.numpy.asarray(task_ids), tasks, 2, shards))
   rate, dropout_rng = (0.3, jax.random.PRNGKey(5)) if dropout else (0., None)
   a = jax.numpy.asarray
   got = layers.dot_product_attention(
@@ -531,7 +540,7 @@ def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
       dropout_rate=rate, deterministic=not dropout, prefix_key=a(prefix_key),
       prefix_value=a(prefix_value),
       prefix_bias=a(logit_bias[None, :, None, None]),
-      prefix_attention=hyperprompt.OwnTaskPrompts(blocks))
+      prefix_attention=own_task)
   keep = np.ones((batch, heads, 1, tasks * prefix + length))
   if dropout:  # the mask the attention draws (`layers.dropout_keep`)
     keep = np.asarray(layers.dropout_keep(dropout_rng, rate, np.float32,

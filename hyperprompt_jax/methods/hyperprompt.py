@@ -50,6 +50,7 @@ from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
 Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')
 PLACEMENTS = ('both', 'encoder', 'decoder')
+PACKED_FORMS = ('auto', 'task_blocks', 'all_tasks')
 
 # The method's face (read by `methods.REGISTRY`): the T5Config field that
 # holds its config, its parameter scopes and logical axis names, the gin
@@ -82,6 +83,12 @@ class HyperPromptConfig:
   # EXPERIMENTAL (not in the paper): also prepend each decoder layer's
   # hyper-prompts to its encoder-decoder attention keys / values.
   cross_attention_prompts: bool = False
+  # How packed rows' queries reach their own task's prompts (same values
+  # and gradients; `resolve_packed_form`): 'task_blocks' lays the queries
+  # out in blocks of one task, 'all_tasks' scores every
+  # query against all T tasks' prompts and masks the others (T * l
+  # columns), 'auto' picks by the platform compiled for.
+  packed_form: str = 'auto'
 
 
 def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
@@ -92,6 +99,9 @@ def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
   if cfg.placement not in PLACEMENTS:
     raise ValueError(f'HyperPromptConfig.placement (PLACEMENT) must be one of '
                      f'{PLACEMENTS}, got {cfg.placement!r}.')
+  if cfg.packed_form not in PACKED_FORMS:
+    raise ValueError(f'HyperPromptConfig.packed_form={cfg.packed_form!r}; '
+                     f'expected one of {list(PACKED_FORMS)}.')
   for name in ('encoder_prompt_length', 'decoder_prompt_length'):
     if getattr(cfg, name) < 0:
       raise ValueError(f'HyperPromptConfig.{name} must be >= 0, got '
@@ -329,30 +339,43 @@ def gather_prompts(keys: Array, values: Array, layer: int,
           jnp.take(values[layer], task_ids, axis=0))
 
 
-def prompt_blocks(token_task_ids: Array, num_tasks: int, prompt_length: int,
-                  gradient_form: str = 'auto'
-                  ) -> task_blocks_lib.TaskBlocks:
-  """The task blocks of packed rows' queries, shared by a stack's layers.
+def resolve_packed_form(form: str) -> str:
+  """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`."""
+  if form not in PACKED_FORMS:
+    raise ValueError(f'HyperPromptConfig.packed_form={form!r}; expected one '
+                     f'of {list(PACKED_FORMS)}.')
+  return 'task_blocks' if form == 'auto' else form
+
+
+def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
+                            prompt_length: int, packed_form: str = 'auto',
+                            gradient_form: str = 'auto') -> 'OwnTaskPrompts':
+  """Packed rows' prompt attention, shared by a stack's layers, in
+  `packed_form` (`HyperPromptConfig.packed_form`).
 
   A packed row holds examples of several tasks and each token must see
-  exactly its own task's `l` prompt columns: its queries are laid out by
-  task in blocks of one task (`task_blocks`), and each block is scored
-  against its task's prompts only (`OwnTaskPrompts`), l columns a query as
-  unpacked. A block of c queries costs a copy of its
-  task's `2 l` prompt rows, and each task pads up to c - 1 positions:
-  blocks of c = sqrt(2 l N / T) (`task_blocks.block_size`; 128 at N =
-  4,096, l = 16, T = 8), N a data shard's tokens (blocks per data shard,
-  `placement.batch_shards`), not against all T tasks' `T * l` columns
-  masked to its own (T times the prompts' work).
+  exactly its own task's `l` prompt columns. 'task_blocks' lays its
+  queries out by task in blocks of one task (`task_blocks`) and scores
+  each block against its task's prompts only, l columns a query as
+  unpacked: a block of c queries costs a copy of its task's `2 l` prompt
+  rows, and each task pads up to c - 1 positions: blocks of c = sqrt(2 l N
+  / T) (`task_blocks.block_size`; 128 at N = 4,096, l = 16, T = 8), N a
+  data shard's tokens (blocks per data shard, `placement.batch_shards`).
+  'all_tasks' scores each query against all T tasks' `T * l` columns and
+  masks all but its own: T times the prompts' work, but no permutation of
+  the queries.
 
   Args:
     token_task_ids: int32 `[batch, length]`, each token's task.
     num_tasks: T.
     prompt_length: l.
+    packed_form: `HyperPromptConfig.packed_form`.
     gradient_form: `T5Config.gradient_form` of the blocks' gathers.
   """
-  return task_blocks_lib.batch_task_blocks(token_task_ids, num_tasks,
-                                           2 * prompt_length, gradient_form)
+  if resolve_packed_form(packed_form) == 'all_tasks':
+    return OwnTaskPrompts(query_tasks=token_task_ids)
+  return OwnTaskPrompts(blocks=task_blocks_lib.batch_task_blocks(
+      token_task_ids, num_tasks, 2 * prompt_length, gradient_form))
 
 
 @struct.dataclass
@@ -362,14 +385,18 @@ class OwnTaskPrompts:
   `[its own task's l prompt columns; tokens]`.
 
   Each block of columns gets its own softmax (the prompts' by
-  `_own_task_prefix`), scaled by its share of the joint normaliser,
-  exp(lse_block - lse), a per-query factor applied to the block's output.
+  `_own_task_prefix` or `_all_tasks_prefix`), scaled by its share of the
+  joint normaliser, exp(lse_block - lse), a per-query factor applied to the
+  block's output. Made by `packed_prompt_attention`.
 
   Attributes:
-    blocks: the queries' task blocks (`prompt_blocks`).
+    blocks: the queries' task blocks ('task_blocks' form), or None.
+    query_tasks: int32 `[batch, q_length]`, each query's task ('all_tasks'
+      form), or None.
   """
 
-  blocks: task_blocks_lib.TaskBlocks
+  blocks: Optional[task_blocks_lib.TaskBlocks] = None
+  query_tasks: Optional[Array] = None
 
   def __call__(self, query: Array, logits: Array, value: Array,
                prefix_key: Array, prefix_value: Array,
@@ -399,9 +426,14 @@ class OwnTaskPrompts:
                                  + (1, width + token_weights.shape[-1]))
       prefix_keep, token_keep = keep[..., :width], keep[..., width:]
       token_weights = token_weights * token_keep
-    prefix_out, prefix_lse = _own_task_prefix(
-        query, prefix_key, prefix_value, prefix_bias, self.blocks,
-        prefix_keep, dtype)
+    if self.blocks is not None:
+      prefix_out, prefix_lse = _own_task_prefix(
+          query, prefix_key, prefix_value, prefix_bias, self.blocks,
+          prefix_keep, dtype)
+    else:
+      prefix_out, prefix_lse = _all_tasks_prefix(
+          query, prefix_key, prefix_value, prefix_bias, self.query_tasks,
+          prefix_keep, dtype)
     lse = jnp.logaddexp(prefix_lse, token_lse)
     share = lambda block_lse: jnp.swapaxes(jnp.exp(block_lse - lse), 1, 2)
     out = (layers.attend_values(token_weights, value, dtype).astype(jnp.float32)
@@ -489,3 +521,50 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
   lse = blocks.from_blocks(lse[..., 0].transpose(0, 2, 1))  # [N, heads]
   return (out.reshape(batch, length, heads, head_dim),
           lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])
+
+
+# The logit of another task's prompt column ('all_tasks'): finite, so that
+# a query of no task (padding) gets no NaN; its exp underflows to 0 in
+# float32 and bfloat16 next to any real logit.
+_MASKED_LOGIT = -1e10
+
+
+def _all_tasks_prefix(query: Array, keys: Array, values: Array,
+                      logit_bias: Optional[Array], query_tasks: Array,
+                      keep: Optional[Array], dtype: Any
+                      ) -> tuple[Array, Array]:
+  """Each query's attention over its own task's prefix columns, scored
+  against all T tasks' `T * l` columns with the other tasks' masked out:
+  the same softmax as `_own_task_prefix`'s, without laying the queries out
+  by task.
+
+  Args:
+    query: `[batch, q_length, heads, head_dim]`.
+    keys: every task's prefix keys `[T, l, heads, head_dim]`.
+    values: `[T, l, heads, head_dim]`.
+    logit_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
+    query_tasks: int32 `[batch, q_length]`, each query's task.
+    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]`, or None.
+    dtype: dtype of the attention weights and output.
+
+  Returns:
+    The prefix block's output `[batch, q_length, heads, head_dim]` and its
+    softmax's log normaliser `[batch, heads, q_length, 1]`.
+  """
+  num_tasks, prefix, heads, head_dim = keys.shape
+  columns = num_tasks * prefix
+  logits = jnp.einsum(
+      'bqhd,khd->bhqk', query,
+      keys.reshape(columns, heads, head_dim).astype(query.dtype))
+  if logit_bias is not None:
+    logits = logits + logit_bias.astype(logits.dtype)
+  own = query_tasks[:, None, :, None] == jnp.repeat(
+      jnp.arange(num_tasks, dtype=query_tasks.dtype), prefix)
+  logits = jnp.where(own, logits, jnp.asarray(_MASKED_LOGIT, logits.dtype))
+  weights, lse = softmax_and_logsumexp(logits)  # [batch, heads, q, T * l]
+  weights = weights.astype(dtype)
+  if keep is not None:
+    weights = weights * keep
+  out = jnp.einsum('bhqk,khd->bqhd', weights,
+                   values.reshape(columns, heads, head_dim).astype(dtype))
+  return out, lse

@@ -18,7 +18,7 @@ Task ids come in two shapes. Unpacked rows (one example per row): `[batch]`.
 Packed rows (several examples per row, `segment_ids` given): per token,
 `[batch, length]` like the tokens, one id per segment; each token is then
 conditioned by its own example's task: its task's prompt columns only (the
-queries laid out in blocks of one task, `hyperprompt.prompt_blocks`), its
+queries laid out in blocks of one task, `hyperprompt.packed_prompt_attention`), its
 task's adapter, its task's soft prompt in the slots the packer reserved, its
 example's HyperGrid / Output Gating gates (one conditioning vector per
 segment, from that segment's tokens only; at most
@@ -352,11 +352,10 @@ class StackConditioning:
                                       generate=not cache_ready)
     self._prompt_attention = None
     if packed and self._prompts is not None:
-      self._prompt_attention = hyperprompt_lib.OwnTaskPrompts(
-          hyperprompt_lib.prompt_blocks(
-              task_ids, cfg.num_tasks,
-              hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
-              cfg.gradient_form))
+      self._prompt_attention = hyperprompt_lib.packed_prompt_attention(
+          task_ids, cfg.num_tasks,
+          hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack),
+          cfg.hyperprompt.packed_form, cfg.gradient_form)
     self._adapters = _adapter_weights(cfg, stack, num_layers)
     self._gating = _gating(cfg, stack, task_ids, token_valid, decode,
                            cache_ready, segment_ids if packed else None,
@@ -389,7 +388,7 @@ class StackConditioning:
       bias = None if logit_bias is None else logit_bias[m]
       if self.packed:
         # Every task's prompts `[T, l, heads, head_dim]`; each query attends
-        # over its own task's (`hyperprompt.prompt_blocks`).
+        # over its own task's (`hyperprompt.packed_prompt_attention`).
         prompts = Prompts(keys[m], values[m], bias, self._prompt_attention)
       else:
         if keys is not None:

@@ -119,6 +119,7 @@ def check_config(cfg: T5Config) -> None:
 # a run may resume (or a reader load, such as a checkpoint written before
 # the field existed) with another value.
 MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
+                  'T5Config.hyperprompt.packed_form',
                   'T5Config.hypergrid.packed_form',
                   'T5Config.hypergrid.max_segments')
 
