@@ -20,8 +20,9 @@ Values are not judged where they are placeholders (`...`, `<dir>`, `$VAR`);
 flags in `[...]` (optional) are checked like the others. Nothing is compiled
 or trained. The documents also must not cite the papers by internal file and
 line, their links must resolve, the paths and `hyperprompt_jax.` names in
-their inline code must exist, and the README must show CI's install and test
-lines.
+their inline code must exist, the README must show CI's install and test
+lines, docs/layout.md's tree must name every source file, and docs/gin.md
+or docs/t5x.md every run file.
 """
 
 import argparse
@@ -616,6 +617,21 @@ def test_layout_lists_every_file():
            and '__pycache__' not in p.parts}
   unnamed = sorted(files - named)
   assert not unnamed, f'docs/layout.md does not name: {unnamed}'
+
+
+def test_gin_and_t5x_docs_name_every_run_file():
+  """Every file of gin/runs/ and gin/t5x/ is named in docs/gin.md or
+  docs/t5x.md, or is a paper setup (`<method>_<benchmark>.gin`, one per
+  file of gin/experiments/)."""
+  named = {path for doc in ('gin.md', 't5x.md')
+           for _, span in _names(ROOT / 'docs' / doc)
+           if span.endswith('.gin') for path in _expand_braces(span)}
+  setups = {p.name for p in (GIN_DIR / 'experiments').glob('*.gin')}
+  unnamed = sorted(
+      f'{folder}/{p.name}' for folder in ('runs', 't5x')
+      for p in (GIN_DIR / folder).glob('*.gin')
+      if f'{folder}/{p.name}' not in named and p.name not in setups)
+  assert not unnamed, f'neither docs/gin.md nor docs/t5x.md names {unnamed}'
 
 
 # ---------------------------------------------------------------------------
