@@ -20,8 +20,9 @@ Values are not judged where they are placeholders (`...`, `<dir>`, `$VAR`);
 flags in `[...]` (optional) are checked like the others. Nothing is compiled
 or trained. The documents also must not cite the papers by internal file and
 line, their links must resolve, the paths and `hyperprompt_jax.` names in
-their inline code must exist, and the README must show CI's install and test
-lines.
+their inline code must exist, the README must show CI's install and test
+lines, docs/layout.md's tree must name every source file, and docs/gin.md
+or docs/t5x.md every run file.
 """
 
 import argparse
@@ -560,6 +561,79 @@ def test_dotted_names_exist(doc):
   assert not missing, missing
 
 
+_LAYOUT_WORD = re.compile(
+    r'((?:[\w.-]+/)*[\w.-]+(?:/|\.(?:py|sh|md|toml))|\.ci/run)(,\s*|\s+|$)')
+_SOURCE_GLOBS = ('hyperprompt_jax/**/*.py', 'tasks/**/*.py', 'launch/*.py',
+                 'tools/*', '*.py', '*.toml', '.ci/run')
+
+
+def layout_names(text: str) -> tuple[set[str], set[str]]:
+  """(the paths docs/layout.md's tree lists as entries, every path it names).
+
+  An entry starts a line of the tree: a file or folder, or a comma-separated
+  list of files, at most two spaces deeper than its folder's entry (deeper
+  lines continue a description). Within a line, a bare `name.py` names a
+  file of the folder the line is under."""
+  _, _, rest = text.partition('```\n')
+  tree, _, _ = rest.partition('```')
+  entries, named, folders = set(), set(), []  # folders: (indent, 'x/')
+  for line in tree.splitlines():
+    indent = len(line) - len(line.lstrip())
+    body = line.strip()
+    words = []
+    if not folders or indent <= folders[-1][0] + 2:
+      while body:
+        match = _LAYOUT_WORD.match(body)
+        if not match:
+          break
+        words.append(match.group(1))
+        body = body[match.end():]
+        if not match.group(2).startswith(','):
+          break
+    if words:
+      while folders and folders[-1][0] >= indent:
+        folders.pop()
+    prefix = ''.join(f for _, f in folders)
+    entries.update(prefix + w for w in words)
+    if len(words) == 1 and words[0].endswith('/'):
+      folders.append((indent, words[0]))
+      prefix += words[0]
+    for word in re.findall(r'(?<![\w./-])([\w./-]+\.(?:py|sh))\b', body):
+      named.add(word if '/' in word else prefix + word)
+  return entries, entries | named
+
+
+def test_layout_lists_every_file():
+  """docs/layout.md's tree names every source file (packages' `__init__.py`
+  aside) where it lives, and every entry it lists exists."""
+  entries, named = layout_names(
+      (ROOT / 'docs' / 'layout.md').read_text(encoding='utf-8'))
+  assert len(entries) > 50, sorted(entries)
+  missing = sorted(p for p in entries if not (ROOT / p).exists())
+  assert not missing, f'docs/layout.md lists what does not exist: {missing}'
+  files = {p.relative_to(ROOT).as_posix()
+           for pattern in _SOURCE_GLOBS for p in ROOT.glob(pattern)
+           if p.is_file() and p.name != '__init__.py'
+           and '__pycache__' not in p.parts}
+  unnamed = sorted(files - named)
+  assert not unnamed, f'docs/layout.md does not name: {unnamed}'
+
+
+def test_gin_and_t5x_docs_name_every_run_file():
+  """Every file of gin/runs/ and gin/t5x/ is named in docs/gin.md or
+  docs/t5x.md, or is a paper setup (`<method>_<benchmark>.gin`, one per
+  file of gin/experiments/)."""
+  named = {path for doc in ('gin.md', 't5x.md')
+           for _, span in _names(ROOT / 'docs' / doc)
+           if span.endswith('.gin') for path in _expand_braces(span)}
+  setups = {p.name for p in (GIN_DIR / 'experiments').glob('*.gin')}
+  unnamed = sorted(
+      f'{folder}/{p.name}' for folder in ('runs', 't5x')
+      for p in (GIN_DIR / folder).glob('*.gin')
+      if f'{folder}/{p.name}' not in named and p.name not in setups)
+  assert not unnamed, f'neither docs/gin.md nor docs/t5x.md names {unnamed}'
+
+
 # ---------------------------------------------------------------------------
 # The checks catch what they are for.
 
@@ -618,3 +692,28 @@ def test_fine_commands_pass(tmp_path, monkeypatch):
   assert commands[0].args[-1] == '[--gin.SEED=1]'
   for command in commands:
     check_command(command, monkeypatch, tmp_path)
+
+
+def test_layout_names_read_the_tree():
+  text = """Intro `x.py`.
+
+```
+setup.py, pyproject.toml  the package
+hyperprompt_jax/
+  train.py, eval.py
+                    the commands; paths.py is named in passing
+  runner/           the runner
+    trainer.py        the step (its twin, tests/test_train.py)
+launch/             start a run: gpu.py, local.py
+tools/run.sh        a script
+```
+"""
+  entries, named = layout_names(text)
+  assert entries == {
+      'setup.py', 'pyproject.toml', 'hyperprompt_jax/',
+      'hyperprompt_jax/train.py', 'hyperprompt_jax/eval.py',
+      'hyperprompt_jax/runner/', 'hyperprompt_jax/runner/trainer.py',
+      'launch/', 'tools/run.sh'}
+  assert named - entries == {
+      'hyperprompt_jax/paths.py', 'tests/test_train.py', 'launch/gpu.py',
+      'launch/local.py'}

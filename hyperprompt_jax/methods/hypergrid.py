@@ -535,7 +535,8 @@ def _cached(module: nn.Module, name: str, compute: Callable[[], Array],
 
 class GatedDenseGeneral(layers.DenseGeneral):
   """`layers.DenseGeneral` with the per-example gated kernel of Eq. 7,
-  `x ((1 + psi(grid)) ⊙ W)`; the same `kernel` parameter."""
+  `x ((1 + psi(grid)) ⊙ W)`; the same `kernel` parameter. `__call__` is the
+  base's with its changed lines marked `# NEW`."""
 
   grid: Optional[Array] = None  # [batch, (S,) k_in, k_out], kernel-oriented
   segment_ids: Optional[Array] = None  # packed rows: [batch, length]
@@ -544,7 +545,7 @@ class GatedDenseGeneral(layers.DenseGeneral):
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
     """`[batch, length, d_in]` -> `[batch, length, d_out]`."""
-    if (inputs.ndim != 3 or not isinstance(self.features, int)
+    if (inputs.ndim != 3 or not isinstance(self.features, int)  # NEW
         or self.axis not in (-1, 2)):
       raise ValueError('A HyperGrid gate needs a 2-D kernel applied to '
                        '[batch, length, features] inputs.')
@@ -591,13 +592,13 @@ class GatedMlpBlock(layers.MlpBlock):
     gate = self.gates.output_gate
     if gate is None:
       return x
-    if self.gates.segment_ids is None:  # NEW
+    if self.gates.segment_ids is None:
       return x * gate.astype(x.dtype)[:, None, :]
     return x * per_token(gate.astype(x.dtype), self.gates.segment_ids)
 
   def dense(self, name: str, features: int,
             kernel_axes: tuple[str, str]) -> nn.Module:
-    grid = self.gates.wo_grid if name == 'wo' else self.gates.wi_grid  # NEW
+    grid = self.gates.wo_grid if name == 'wo' else self.gates.wi_grid
     if grid is None:
       return super().dense(name, features, kernel_axes)
     return GatedDenseGeneral(features, dtype=self.dtype,
@@ -637,7 +638,8 @@ class TaskQueryAttention(layers.MultiHeadDotProductAttention):
     out, token_key, token_value = self.attend(
         proj, inputs_q, inputs_kv, mask, bias, deterministic=deterministic,
         **prefix)
-    per_segment = task_query.ndim == 3  # NEW: Eq. 6
+    # Eq. 6: the task queries over [themselves; the tokens].
+    per_segment = task_query.ndim == 3
     tq = task_query if per_segment else task_query[:, None, :]
     token_visible = (task_key_valid if per_segment
                      else task_key_valid[:, None, :])
