@@ -144,3 +144,21 @@ def test_the_training_step_runs_without_tensorflow_seqio_orbax_or_gin():
                           timeout=300)
   assert result.returncode == 0, result.stderr[-4000:]
   assert 'stepped' in result.stdout
+
+
+# What the TPU compile command's decode needs (the Predictor's decode
+# function and its batch checks): also none of `BLOCKED`.
+_DECODE_SCRIPT = _SCRIPT.split('above = ', 1)[0] + "print('imported')\n"
+
+
+def test_the_decode_and_the_tpu_compile_import_no_tensorflow_seqio_or_gin():
+  script = _DECODE_SCRIPT.format(
+      blocked=BLOCKED, modules=('hyperprompt_jax.runner.batches',
+                                'hyperprompt_jax.evaluation.predictor',
+                                'hyperprompt_jax.benchmarks.tpu_compile'))
+  result = subprocess.run([sys.executable, '-c', textwrap.dedent(script)],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert 'imported' in result.stdout

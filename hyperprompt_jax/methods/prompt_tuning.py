@@ -24,6 +24,11 @@ import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
 
+# The placeholder token of a packed example's reserved soft-prompt slots
+# (the feature converter writes it, the model overwrites its embedding): any
+# valid (non-padding) id.
+PROMPT_SLOT_TOKEN = 1
+
 Array = jax.Array
 
 # The method's face (read by `methods.REGISTRY`): the T5Config field that

@@ -13,7 +13,6 @@ import numpy as np
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.t5 import inputs
-from hyperprompt_jax.tasks import feature_converter
 
 # Per-token task ids -> the segment ids they follow.
 _TASK_ID_SEGMENTS = {'encoder_task_ids': 'encoder_segment_ids',
@@ -55,8 +54,11 @@ class RowFormat:
     """The model features a batch of these rows carries."""
     return inputs.required_features(self.packed)
 
-  def converter(self) -> feature_converter.TaskIdsEncDecFeatureConverter:
-    """The seqio feature converter that makes these rows."""
+  def converter(self) -> Any:
+    """The seqio feature converter that makes these rows
+    (`TaskIdsEncDecFeatureConverter`; imported here, so that checking
+    batches needs no seqio or TensorFlow)."""
+    from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
     return feature_converter.TaskIdsEncDecFeatureConverter(
         pack=self.packed, input_prompt_length=self.input_prompt_length,
         max_examples_per_row=self.max_examples)
@@ -143,7 +145,7 @@ def validate_batch(
     slots = (positions < input_prompt_length) & (
         np.asarray(batch['encoder_segment_ids']) > 0)
     tokens = np.asarray(batch['encoder_input_tokens'])[slots]
-    if (tokens != feature_converter.PROMPT_SLOT_TOKEN).any():
+    if (tokens != prompt_tuning.PROMPT_SLOT_TOKEN).any():
       raise ValueError(
           f'Packed rows lack the {input_prompt_length} Prompt-Tuning slots in '
           'front of each example (the soft prompt would overwrite real '
