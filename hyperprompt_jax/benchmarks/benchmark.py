@@ -6,7 +6,6 @@ steps, MetaBalance, microbatches and remat, packing, memory. Its command:
 import argparse
 import dataclasses
 import os
-import re
 import statistics
 import time
 from typing import Sequence
@@ -20,6 +19,7 @@ import numpy as np
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
+from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import memory_table
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.benchmarks import param_table
@@ -48,19 +48,6 @@ VARIANT_FILES = {_variant_name(f): f for f in methods.variant_files()}
 VARIANTS = tuple(VARIANT_FILES)
 
 
-def paper_task_file(variant_file: str) -> str:
-  """The task file of the first paper setup (gin/experiments/) that runs
-  `variant_file`: its task list sets the variant's T (HyperPrompt and the
-  baselines: 8, one GLUE or SuperGLUE run; HyperGrid: 16, both)."""
-  experiments = os.path.join(paths.gin_dir(), 'experiments')
-  for name in sorted(os.listdir(experiments)):
-    with open(os.path.join(experiments, name)) as f:
-      text = f.read()
-    if f"include '{variant_file}'" in text:
-      return re.search(r"include '(tasks/[^']+)'", text).group(1)
-  raise ValueError(f'No paper setup in {experiments} includes {variant_file}.')
-
-
 def variant_config(base: network.T5Config, variant: str,
                    placement: str) -> network.T5Config:
   """`base` with the task conditioning of `variant` ('mtl' or one of
@@ -72,7 +59,8 @@ def variant_config(base: network.T5Config, variant: str,
     return dataclasses.replace(base, **off)
   if variant not in VARIANT_FILES:
     raise ValueError(f'Unknown variant {variant!r}: choose from {VARIANTS}.')
-  files = [VARIANT_FILES[variant], paper_task_file(VARIANT_FILES[variant])]
+  files = [VARIANT_FILES[variant],
+           gin_literals.paper_task_file(VARIANT_FILES[variant])]
   gin.clear_config()
   gin.add_config_file_search_path(paths.gin_dir())
   gin.parse_config_files_and_bindings(
