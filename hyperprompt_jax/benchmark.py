@@ -75,7 +75,9 @@ import sys
 from typing import Optional, Sequence
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def _add_step_time_flags(parser: argparse.ArgumentParser) -> None:
+  """The step-time benchmark (the default) and what the others share:
+  batches, lengths, variants, timing rounds."""
   parser.add_argument('--batch_sizes', default='4,8,16')
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--target_length', type=int, default=32)
@@ -88,6 +90,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help="HyperPrompt's prompt placement (default: both)")
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=3)
+
+
+def _add_side_by_side_flags(parser: argparse.ArgumentParser) -> None:
+  """The other side-by-side benchmarks, each at the first batch size."""
   parser.add_argument(
       '--gated_matmul', action='store_true',
       help="only time HyperGrid's blockwise and fold routes of a gated wo "
@@ -103,6 +109,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--table_model', default='models/t5_1_1_base.gin',
                       help='model gin file of the --table parameter and '
                            'FLOPs columns')
+  parser.add_argument('--flops_batch_size', type=int, default=128,
+                      help="batch of the FLOPs count (the papers' 128): "
+                           'per-task parts are computed once per batch')
   parser.add_argument(
       '--decode', action='store_true',
       help='time one incremental decode step of each model against its '
@@ -124,6 +133,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       'and REMAT_POLICY none, minimal, full side by side '
                       '(seconds and peak memory against 1 / none) at the '
                       'first batch size')
+
+
+def _add_memory_flags(parser: argparse.ArgumentParser) -> None:
+  """--memory: the paper setups' step memory."""
   parser.add_argument('--memory', action='store_true',
                       help="each paper setup's training step at its batch: "
                       'per-device peak memory without / with full remat, '
@@ -141,16 +154,18 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--device_memory_gb', default='80,40',
                       help='--memory: device memories to fit, GB '
                       '(default: 80,40)')
-  parser.add_argument('--flops_batch_size', type=int, default=128,
-                      help="batch of the FLOPs count (the papers' 128): "
-                           'per-task parts are computed once per batch')
+
+
+def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
+  """--mfu: model FLOPs utilisation, without gin."""
   parser.add_argument(
       '--mfu', action='store_true',
       help='model FLOPs utilisation of each model\'s training step on this '
            'device (benchmarks/mfu.py); no gin, no TensorFlow')
   parser.add_argument('--model', default='t5_1_1_base',
-                      help='--mfu: the backbone, t5_1_1_tiny / small / base '
-                           '/ large (default: t5_1_1_base)')
+                      help='--mfu: the backbone, a gin/models file name, '
+                           'e.g. t5_1_1_tiny, t5_1_1_large (default: '
+                           't5_1_1_base)')
   parser.add_argument('--dtype', default='bfloat16',
                       help='--mfu: activation dtype (default: bfloat16)')
   parser.add_argument('--batch_size', type=int, default=32,
@@ -173,6 +188,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help='--mfu: models whose step is traced after timing '
                            'and broken down by XLA op and kernel (names, or '
                            'all)')
+  parser.add_argument('--profile_dir', default=None,
+                      help="--mfu: where the traces go (default: "
+                           "'profiles' beside --output_json)")
+
+
+def _add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
+  """--tpu_compile: a step compiled for a TPU slice."""
   parser.add_argument(
       '--tpu_compile', action='store_true',
       help='compile the training step (and decode) for a TPU slice, no TPU '
@@ -190,9 +212,16 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--eval_batch_size', type=int, default=None,
                       help='--tpu_compile without gin: rows of the decode '
                            'to compile too (default: none)')
-  parser.add_argument('--profile_dir', default=None,
-                      help="--mfu: where the traces go (default: "
-                           "'profiles' beside --output_json)")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+  """Every benchmark's flags (the ones a benchmark does not read are
+  ignored)."""
+  _add_step_time_flags(parser)
+  _add_side_by_side_flags(parser)
+  _add_memory_flags(parser)
+  _add_mfu_flags(parser)
+  _add_tpu_compile_flags(parser)
 
 
 def _without_gin(argv: Sequence[str]) -> int:

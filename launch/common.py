@@ -96,6 +96,14 @@ def gin_string(macro: str, value: str) -> str:
   return f"--gin.{macro}='{value}'"
 
 
+def make_parser(script: str, description: str) -> argparse.ArgumentParser:
+  """The parser of `python launch/<script>`: its docstring as --help, every
+  flag written in full (no abbreviations)."""
+  return argparse.ArgumentParser(
+      prog=f'python launch/{script}', description=description,
+      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+
+
 def add_install_flags(parser: argparse.ArgumentParser, package: str,
                       where: str, package_note: str = '') -> None:
   """--install, --package and --python: what is installed on `where` (e.g.

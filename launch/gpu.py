@@ -92,9 +92,7 @@ def commands(args: argparse.Namespace) -> list[common.Command]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python launch/gpu.py', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+  parser = common.make_parser('gpu.py', __doc__)
   parser.add_argument('--host', action='append',
                       help='USER@MACHINE to run on over ssh (default: this '
                       'machine); repeat it to run one process on each host')

@@ -20,7 +20,6 @@ streams here and the script exits with its exit code. `--dry-run` prints the
 command and runs nothing.
 """
 
-import argparse
 import os
 import sys
 from typing import Optional, Sequence
@@ -36,9 +35,7 @@ QUICKSTART_GIN = {
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python launch/local.py', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+  parser = common.make_parser('local.py', __doc__)
   parser.add_argument('--python', default=sys.executable,
                       help='the interpreter with the package installed '
                       '(default: this one, %(default)s)')

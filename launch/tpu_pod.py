@@ -86,9 +86,7 @@ def commands(args: argparse.Namespace) -> list[common.Command]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python launch/tpu_pod.py', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+  parser = common.make_parser('tpu_pod.py', __doc__)
   parser.add_argument('--tpu', required=True, help='the TPU VM (pod) name')
   parser.add_argument('--zone', required=True, help='e.g. us-central2-b')
   parser.add_argument('--project', help='Google Cloud project (default: '

@@ -39,7 +39,8 @@ seqio offers no packer to plug in, and no tf.data transform packs
 best-fit; this module is the one piece of packing the project writes.
 """
 
-from typing import Mapping, Optional
+import dataclasses
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -102,6 +103,186 @@ def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
       tf.reduce_max(tf.where(ok, -room(paired), -np.inf), axis=1))
 
 
+def _check_arguments(spec: Mapping[str, tf.TensorSpec],
+                     feature_lengths: Mapping[str, int], buffer_size: int,
+                     max_examples: Optional[int]) -> None:
+  """Raises ValueError on arguments `best_fit_pack` cannot pack with."""
+  if (isinstance(buffer_size, bool) or not isinstance(buffer_size, int)
+      or buffer_size < 1):
+    raise ValueError(f'buffer_size must be an int >= 1, got {buffer_size!r}.')
+  if max_examples is not None and (
+      isinstance(max_examples, bool) or not isinstance(max_examples, int)
+      or max_examples < 1):
+    raise ValueError(
+        f'max_examples must be None or an int >= 1, got {max_examples!r}.')
+  for k in sorted(feature_lengths):
+    if k not in spec:
+      raise ValueError(f'Feature {k!r} is not in the dataset (it has '
+                       f'{sorted(spec)}).')
+    if not spec[k].shape.is_compatible_with([None]):
+      raise ValueError(f'Packed features must be one-dimensional; {k!r} has '
+                       f'shape {spec[k].shape}.')
+    if feature_lengths[k] < 1:
+      raise ValueError(f'Feature {k!r} has row length {feature_lengths[k]}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Packer:
+  """The scan of `best_fit_pack`: its static layout and its step, in
+  pieces. Its methods are TF ops and static Python: AutoGraph has nothing
+  to convert (and re-reads their source from disk to try).
+
+  Attributes:
+    keys: the packed features, sorted.
+    lengths: each feature's row length.
+    dtypes: each feature's dtype.
+    buffer_size: the buffer's slots, b.
+    max_examples: at most this many examples a row (None: no bound).
+  """
+  keys: tuple[str, ...]
+  lengths: tuple[int, ...]
+  dtypes: tuple[tf.dtypes.DType, ...]
+  buffer_size: int
+  max_examples: Optional[int]
+
+  def initial_state(self) -> dict[str, Any]:
+    """The empty buffer and open row: `buffer` `{k: [b, n_k]}`,
+    `buffer_lengths` `[b, features]`, `buffered` `[b]` bool, `row`,
+    `segment_ids`, `positions` `{k: [n_k]}`, `used` `[features]`, the open
+    row's `examples`; each slot's `arrival` index `[b]` (ties go to the
+    oldest), and the stream's examples (`seen`) and summed lengths
+    (`seen_lengths` `[features]`) so far (its demand)."""
+    b, features = self.buffer_size, list(zip(self.keys, self.lengths,
+                                             self.dtypes))
+    return {
+        'buffer': {k: tf.zeros([b, n], dtype) for k, n, dtype in features},
+        'buffer_lengths': tf.zeros([b, len(self.keys)], tf.int32),
+        'buffered': tf.zeros([b], tf.bool),
+        'row': {k: tf.zeros([n], dtype) for k, n, dtype in features},
+        'segment_ids': {k: tf.zeros([n], tf.int32) for k, n, _ in features},
+        'positions': {k: tf.zeros([n], tf.int32) for k, n, _ in features},
+        'used': tf.zeros([len(self.keys)], tf.int32),
+        'examples': tf.constant(0, tf.int32),
+        'arrival': tf.zeros([b], tf.int64),
+        'seen': tf.constant(0, tf.int64),
+        'seen_lengths': tf.zeros([len(self.keys)], tf.int64),
+    }
+
+  def _insert(self, state: dict, example: Mapping[str, tf.Tensor],
+              insert: tf.Tensor) -> dict:
+    """`state` with the example in the first free slot where `insert` (one
+    is free: the buffer never holds more than b - 1 between steps)."""
+    b = self.buffer_size
+    slot = tf.argmin(tf.cast(state['buffered'], tf.int32),
+                     output_type=tf.int32)
+    example_lengths = tf.stack([tf.shape(example[k])[0] for k in self.keys])
+    into_slot = tf.logical_and(insert, tf.range(b) == slot)
+    buffer = {k: tf.where(into_slot[:, None],
+                          tf.pad(example[k], [[0, n - tf.shape(example[k])[0]]]
+                                 )[None], state['buffer'][k])
+              for k, n in zip(self.keys, self.lengths)}
+    return {
+        **state, 'buffer': buffer,
+        'buffer_lengths': tf.where(into_slot[:, None], example_lengths[None],
+                                   state['buffer_lengths']),
+        'buffered': tf.logical_or(state['buffered'], into_slot),
+        'arrival': tf.where(into_slot, state['seen'], state['arrival']),
+        'seen': state['seen'] + tf.cast(insert, tf.int64),
+        'seen_lengths': state['seen_lengths'] + tf.cast(
+            example_lengths, tf.int64) * tf.cast(insert, tf.int64),
+    }
+
+  def _fits(self, state: dict) -> tf.Tensor:
+    """`[b]` bool: the buffered examples the open row has room for."""
+    capacity = tf.constant(self.lengths, tf.int32)
+    fits = tf.logical_and(
+        state['buffered'],
+        tf.reduce_all(state['used'][None] + state['buffer_lengths']
+                      <= capacity, axis=1))
+    if self.max_examples is not None:  # a full row takes no more examples
+      fits = tf.logical_and(fits, state['examples'] < self.max_examples)
+    return fits
+
+  @staticmethod
+  def _emptied(state: dict, close: tf.Tensor) -> dict:
+    """`state` with the open row emptied where `close`."""
+    keep = tf.logical_not(close)
+    empty = lambda v: tf.where(keep, v, tf.zeros_like(v))
+    return {
+        **state,
+        **{part: {k: empty(v) for k, v in state[part].items()}
+           for part in ('row', 'segment_ids', 'positions')},
+        'used': empty(state['used']),
+        'examples': tf.where(keep, state['examples'], 0),
+    }
+
+  def _chosen(self, state: dict, fits: tf.Tensor) -> tf.Tensor:
+    """The slot whose example moves: the best-scored that fits (`_scores`),
+    the oldest of a tie."""
+    capacity = tf.constant(self.lengths, tf.int32)
+    score = _scores(state['buffer_lengths'], state['buffered'],
+                    capacity - state['used'],
+                    _feature_weights(state['seen_lengths'], state['seen'],
+                                     list(self.lengths)),
+                    list(self.lengths))
+    best = tf.reduce_max(tf.where(fits, score, -np.inf))
+    tied = tf.logical_and(fits, tf.equal(score, best))
+    return tf.argmin(tf.where(tied, state['arrival'],
+                              np.iinfo(np.int64).max), output_type=tf.int32)
+
+  def _moved(self, state: dict, chosen: tf.Tensor, move: tf.Tensor) -> dict:
+    """`state` with the `chosen` slot's example appended to the open row
+    (where `move`) as its next segment."""
+    chosen_lengths = state['buffer_lengths'][chosen] * tf.cast(move, tf.int32)
+    row, segment_ids, positions = (dict(state[part]) for part in (
+        'row', 'segment_ids', 'positions'))
+    used, examples = state['used'], state['examples']
+    for i, (k, n) in enumerate(zip(self.keys, self.lengths)):
+      index = tf.range(n)
+      start, end = used[i], used[i] + chosen_lengths[i]
+      span = tf.logical_and(index >= start, index < end)
+      # Buffered examples are zero-padded, so shifting one by `start` along
+      # the row puts it at [start, end) (end <= n: it fits).
+      row[k] = tf.where(span, tf.roll(state['buffer'][k][chosen], start,
+                                      axis=0), row[k])
+      segment_ids[k] = tf.where(span, examples + 1, segment_ids[k])
+      positions[k] = tf.where(span, index - start, positions[k])
+    return {
+        **state,
+        'buffered': tf.logical_and(
+            state['buffered'], tf.logical_not(tf.logical_and(
+                move, tf.range(self.buffer_size) == chosen))),
+        'row': row, 'segment_ids': segment_ids, 'positions': positions,
+        'used': used + chosen_lengths,
+        'examples': examples + tf.cast(move, tf.int32),
+    }
+
+  def step(self, state: dict, element: tuple[Mapping[str, tf.Tensor],
+                                             tf.Tensor]):
+    """One scan step: the example (or a flush) into the buffer; once the
+    buffer is full (or flushing), one example moves into the row: the
+    best-scored that fits, else the row closes and the best-scored starts
+    the next. Returns `(state, (closed, the closed row))`."""
+    example, is_flush = element
+    state = self._insert(state, example, tf.logical_not(is_flush))
+    count = tf.reduce_sum(tf.cast(state['buffered'], tf.int32))
+    move = tf.logical_or(tf.equal(count, self.buffer_size),
+                         tf.logical_and(is_flush, count > 0))
+    fits = self._fits(state)
+    close = tf.logical_and(state['examples'] > 0, tf.logical_or(
+        tf.logical_and(move, tf.logical_not(tf.reduce_any(fits))),
+        tf.logical_and(is_flush, tf.equal(count, 0))))
+    emitted = {**state['row'],
+               **{f'{k}_segment_ids': v
+                  for k, v in state['segment_ids'].items()},
+               **{f'{k}_positions': v for k, v in state['positions'].items()}}
+    state = self._emptied(state, close)
+    # A closed row is empty again, and every buffered example fits it.
+    fits = tf.logical_or(fits, tf.logical_and(close, state['buffered']))
+    state = self._moved(state, self._chosen(state, fits), move)
+    return state, (close, emitted)
+
+
 def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
                   buffer_size: int = BUFFER_SIZE,
                   max_examples: Optional[int] = None) -> tf.data.Dataset:
@@ -123,146 +304,26 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
     positions, `k`'s dtype for `k`; each `[feature_lengths[k]]`). A finite
     `dataset` ends with its last, partly filled rows.
   """
-  if (isinstance(buffer_size, bool) or not isinstance(buffer_size, int)
-      or buffer_size < 1):
-    raise ValueError(f'buffer_size must be an int >= 1, got {buffer_size!r}.')
-  if max_examples is not None and (
-      isinstance(max_examples, bool) or not isinstance(max_examples, int)
-      or max_examples < 1):
-    raise ValueError(
-        f'max_examples must be None or an int >= 1, got {max_examples!r}.')
   spec = dataset.element_spec
-  keys = sorted(feature_lengths)
-  for k in keys:
-    if k not in spec:
-      raise ValueError(f'Feature {k!r} is not in the dataset (it has '
-                       f'{sorted(spec)}).')
-    if not spec[k].shape.is_compatible_with([None]):
-      raise ValueError(f'Packed features must be one-dimensional; {k!r} has '
-                       f'shape {spec[k].shape}.')
-    if feature_lengths[k] < 1:
-      raise ValueError(f'Feature {k!r} has row length {feature_lengths[k]}.')
-  lengths = [int(feature_lengths[k]) for k in keys]
-  capacity = tf.constant(lengths, tf.int32)
-  b = buffer_size
+  _check_arguments(spec, feature_lengths, buffer_size, max_examples)
+  keys = tuple(sorted(feature_lengths))
+  packer = _Packer(keys, tuple(int(feature_lengths[k]) for k in keys),
+                   tuple(spec[k].dtype for k in keys), buffer_size,
+                   max_examples)
 
-  # The functions below are TF ops and static Python: AutoGraph has nothing
-  # to convert (and re-reads their source from disk to try).
   @tf.autograph.experimental.do_not_convert
   def trimmed(ex):
-    return {k: ex[k][:n] for k, n in zip(keys, lengths)}, tf.constant(False)
+    return ({k: ex[k][:n] for k, n in zip(keys, packer.lengths)},
+            tf.constant(False))
 
   # After the last example, buffer_size + 1 flush steps move every buffered
   # example into rows and close the last one (an infinite stream never gets
   # there).
   flush = tf.data.Dataset.from_tensors(
       ({k: tf.zeros([0], spec[k].dtype) for k in keys}, tf.constant(True))
-  ).repeat(b + 1)
+  ).repeat(buffer_size + 1)
   stream = dataset.map(trimmed, num_parallel_calls=tf.data.AUTOTUNE
                        ).concatenate(flush)
-
-  initial = {
-      'buffer': {k: tf.zeros([b, n], spec[k].dtype)
-                 for k, n in zip(keys, lengths)},
-      'buffer_lengths': tf.zeros([b, len(keys)], tf.int32),
-      'buffered': tf.zeros([b], tf.bool),
-      'row': {k: tf.zeros([n], spec[k].dtype) for k, n in zip(keys, lengths)},
-      'segment_ids': {k: tf.zeros([n], tf.int32)
-                      for k, n in zip(keys, lengths)},
-      'positions': {k: tf.zeros([n], tf.int32) for k, n in zip(keys, lengths)},
-      'used': tf.zeros([len(keys)], tf.int32),
-      'examples': tf.constant(0, tf.int32),
-      # Arrival index of each slot's example (ties go to the oldest), and
-      # the stream's examples and summed lengths so far (its demand).
-      'arrival': tf.zeros([b], tf.int64),
-      'seen': tf.constant(0, tf.int64),
-      'seen_lengths': tf.zeros([len(keys)], tf.int64),
-  }
-
-  @tf.autograph.experimental.do_not_convert
-  def step(state, element):
-    example, is_flush = element
-    buffer, buffer_lengths = state['buffer'], state['buffer_lengths']
-    buffered = state['buffered']
-    # 1. The example goes into the first free slot (one is free: the buffer
-    #    never holds more than buffer_size - 1 between steps).
-    insert = tf.logical_not(is_flush)
-    slot = tf.argmin(tf.cast(buffered, tf.int32), output_type=tf.int32)
-    example_lengths = tf.stack([tf.shape(example[k])[0] for k in keys])
-    into_slot = tf.logical_and(insert, tf.range(b) == slot)
-    buffer = {k: tf.where(into_slot[:, None],
-                          tf.pad(example[k], [[0, n - tf.shape(example[k])[0]]]
-                                 )[None], buffer[k])
-              for k, n in zip(keys, lengths)}
-    buffer_lengths = tf.where(into_slot[:, None], example_lengths[None],
-                              buffer_lengths)
-    buffered = tf.logical_or(buffered, into_slot)
-    arrival = tf.where(into_slot, state['seen'], state['arrival'])
-    seen = state['seen'] + tf.cast(insert, tf.int64)
-    seen_lengths = state['seen_lengths'] + tf.cast(
-        example_lengths, tf.int64) * tf.cast(insert, tf.int64)
-    count = tf.reduce_sum(tf.cast(buffered, tf.int32))
-
-    # 2. Once the buffer is full (or flushing), one example moves into the
-    #    row: the best-scored that fits, else the row closes and the
-    #    best-scored starts the next.
-    move = tf.logical_or(tf.equal(count, b),
-                         tf.logical_and(is_flush, count > 0))
-    used = state['used']
-    fits = tf.logical_and(
-        buffered, tf.reduce_all(used[None] + buffer_lengths <= capacity,
-                                axis=1))
-    if max_examples is not None:  # a full row takes no more examples
-      fits = tf.logical_and(fits, state['examples'] < max_examples)
-    row_open = state['examples'] > 0
-    close = tf.logical_and(row_open, tf.logical_or(
-        tf.logical_and(move, tf.logical_not(tf.reduce_any(fits))),
-        tf.logical_and(is_flush, tf.equal(count, 0))))
-    emitted = {**state['row'],
-               **{f'{k}_segment_ids': v
-                  for k, v in state['segment_ids'].items()},
-               **{f'{k}_positions': v for k, v in state['positions'].items()}}
-    keep = tf.logical_not(close)
-    row = {k: tf.where(keep, v, tf.zeros_like(v))
-           for k, v in state['row'].items()}
-    segment_ids = {k: tf.where(keep, v, tf.zeros_like(v))
-                   for k, v in state['segment_ids'].items()}
-    positions = {k: tf.where(keep, v, tf.zeros_like(v))
-                 for k, v in state['positions'].items()}
-    used = tf.where(keep, used, tf.zeros_like(used))
-    examples = tf.where(keep, state['examples'], 0)
-
-    # A closed row is empty again, and every buffered example fits it.
-    fits = tf.logical_or(fits, tf.logical_and(close, buffered))
-    score = _scores(buffer_lengths, buffered, capacity - used,
-                    _feature_weights(seen_lengths, seen, lengths), lengths)
-    best = tf.reduce_max(tf.where(fits, score, -np.inf))
-    tied = tf.logical_and(fits, tf.equal(score, best))
-    chosen = tf.argmin(tf.where(tied, arrival, np.iinfo(np.int64).max),
-                       output_type=tf.int32)
-    chosen_lengths = buffer_lengths[chosen] * tf.cast(move, tf.int32)
-    for i, (k, n) in enumerate(zip(keys, lengths)):
-      index = tf.range(n)
-      start, end = used[i], used[i] + chosen_lengths[i]
-      span = tf.logical_and(index >= start, index < end)
-      # Buffered examples are zero-padded, so shifting one by `start` along
-      # the row puts it at [start, end) (end <= n: it fits).
-      row[k] = tf.where(span, tf.roll(buffer[k][chosen], start, axis=0),
-                        row[k])
-      segment_ids[k] = tf.where(span, examples + 1, segment_ids[k])
-      positions[k] = tf.where(span, index - start, positions[k])
-    new_state = {
-        'buffer': buffer,
-        'buffer_lengths': buffer_lengths,
-        'buffered': tf.logical_and(
-            buffered, tf.logical_not(
-                tf.logical_and(move, tf.range(b) == chosen))),
-        'row': row, 'segment_ids': segment_ids, 'positions': positions,
-        'used': used + chosen_lengths,
-        'examples': examples + tf.cast(move, tf.int32),
-        'arrival': arrival, 'seen': seen, 'seen_lengths': seen_lengths,
-    }
-    return new_state, (close, emitted)
 
   @tf.autograph.experimental.do_not_convert
   def closed(close, unused_row):
@@ -272,4 +333,6 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
   def row_of(unused_close, row):
     return row
 
-  return stream.scan(initial, step).filter(closed).map(row_of)
+  step = tf.autograph.experimental.do_not_convert(packer.step)
+  return stream.scan(packer.initial_state(), step).filter(closed).map(
+      row_of)

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import T5X_TINY_CONFIG
 from hyperprompt_jax.benchmarks import benchmark
+from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.model import network
@@ -156,7 +157,7 @@ def test_packing_rows():
   # dominate the draw.
   tasks = [t for _, _, t in packing_benchmark.example_lengths(
       'glue_super_glue', 4000)]
-  names = list(packing_benchmark.GLUE_SUPER_GLUE_LENGTHS)
+  names = list(length_estimates.GLUE_SUPER_GLUE)
   share = np.mean([names[t] in ('glue_qqp', 'glue_mnli') for t in tasks])
   assert 0.64 < share < 0.70, share
 

@@ -1,6 +1,7 @@
 """Evaluation over checkpoint directories, summaries, t5x's metrics files,
 inference, and bad input."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import sklearn.metrics
 
 from hyperprompt_jax import tasks
 from hyperprompt_jax import eval as eval_command
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import infer as infer_lib
@@ -63,9 +65,11 @@ def run_dir(tmp_path_factory):
 def evaluated(run_dir):
   out = run_dir.parent / 'eval_out'
   summary = eval_lib.evaluate(
-      _model(), checkpoint_path=str(run_dir), eval_output_dir=str(out),
-      mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS,
-      batch_size=32, majority_baseline=True)
+      _model(), job=checkpoint_job.CheckpointJob(
+          checkpoint_path=str(run_dir), output_dir=str(out),
+          mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS,
+          batch_size=32),
+      majority_baseline=True)
   return summary, out
 
 
@@ -107,10 +111,10 @@ def test_evaluation_of_a_checkpoint_directory(evaluated, run_dir, capsys):
 def test_metrics_equal_an_independent_computation_from_predictions(
     evaluated, run_dir, tmp_path):
   summary, _ = evaluated
-  written = infer_lib.infer(
-      _model(), checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
+  written = infer_lib.infer(_model(), job=checkpoint_job.CheckpointJob(
+      checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
       output_dir=str(tmp_path), mixture_or_task_name=MIXTURE,
-      task_feature_lengths=LENGTHS, batch_size=32)
+      task_feature_lengths=LENGTHS, batch_size=32))
   records = {task: [json.loads(l) for l in open(path)]
              for task, path in written.items()}
   got = summary['steps'][str(LAST)]['metrics']
@@ -132,9 +136,11 @@ def test_metrics_equal_an_independent_computation_from_predictions(
 
 def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
   written = infer_lib.infer(
-      _model(), checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
-      output_dir=str(tmp_path), mixture_or_task_name='fixture_glue_rte',
-      task_feature_lengths=LENGTHS, batch_size=16, num_examples=20)
+      _model(), job=checkpoint_job.CheckpointJob(
+          checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
+          output_dir=str(tmp_path), mixture_or_task_name='fixture_glue_rte',
+          task_feature_lengths=LENGTHS, batch_size=16),
+      num_examples=20)
   assert list(written) == ['fixture_glue_rte']
   assert os.path.basename(written['fixture_glue_rte']) == (
       f'fixture_glue_rte-{LAST}.jsonl')
@@ -242,11 +248,15 @@ def test_majority_scores_by_hand():
 # ---------------------------------------------------------------- bad input --
 
 def _evaluate(tmp_path, **overrides):
-  kwargs = dict(checkpoint_path=str(tmp_path), eval_output_dir=str(
-      tmp_path / 'out'), mixture_or_task_name=MIXTURE,
-                task_feature_lengths=LENGTHS)
-  kwargs.update(overrides)
-  return eval_lib.evaluate(_model(), **kwargs)
+  """`evaluate` of the fixture mixture; `overrides` of the job's fields
+  and of evaluate's own arguments."""
+  fields = {f.name for f in dataclasses.fields(checkpoint_job.CheckpointJob)}
+  job = dict(checkpoint_path=str(tmp_path), output_dir=str(tmp_path / 'out'),
+             mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS)
+  job.update({k: v for k, v in overrides.items() if k in fields})
+  return eval_lib.evaluate(
+      _model(), job=checkpoint_job.CheckpointJob(**job),
+      **{k: v for k, v in overrides.items() if k not in fields})
 
 
 def test_empty_checkpoint_directory_is_a_clear_error(tmp_path):
@@ -331,12 +341,12 @@ def test_unwritable_output_dir_is_a_clear_error(run_dir, tmp_path):
   blocker.write_text('x')
   with pytest.raises(ValueError, match='EVAL_OUTPUT_DIR .* is not writable'):
     _evaluate(tmp_path, checkpoint_path=str(run_dir),
-              eval_output_dir=str(blocker / 'out'))
+              output_dir=str(blocker / 'out'))
   with pytest.raises(ValueError, match='INFER_OUTPUT_DIR .* is not writable'):
-    infer_lib.infer(_model(),
-                    checkpoint_path=str(run_dir / f'checkpoint_{FIRST}'),
-                    output_dir=str(blocker / 'out'),
-                    mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS)
+    infer_lib.infer(_model(), job=checkpoint_job.CheckpointJob(
+        checkpoint_path=str(run_dir / f'checkpoint_{FIRST}'),
+        output_dir=str(blocker / 'out'), mixture_or_task_name=MIXTURE,
+        task_feature_lengths=LENGTHS))
 
 
 def test_metrics_dir_without_metrics_is_a_clear_error(tmp_path):

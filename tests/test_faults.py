@@ -20,6 +20,7 @@ import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import tasks
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.model import network
@@ -390,10 +391,10 @@ def test_eval_refuses_a_checkpoint_read_as_another_model_or_task_list(
   model = _model()
   relu = network.Transformer(dataclasses.replace(
       model.config, mlp_activations=('relu', 'linear')))
-  kwargs = dict(checkpoint_path=checkpoint,
-                eval_output_dir=str(tmp_path / 'eval'),
-                mixture_or_task_name='fixture_glue_rte',
-                task_feature_lengths=LENGTHS, batch_size=4)
+  kwargs = dict(job=checkpoint_job.CheckpointJob(
+      checkpoint_path=checkpoint, output_dir=str(tmp_path / 'eval'),
+      mixture_or_task_name='fixture_glue_rte', task_feature_lengths=LENGTHS,
+      batch_size=4))
   with pytest.raises(run_record.RecordMismatchError,
                      match=r"T5Config.mlp_activations: \('gelu', 'linear'\) "
                      r"-> \('relu', 'linear'\).*allow_mismatch=True"):

@@ -10,6 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import leaderboard
 from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import fixture_data
@@ -88,10 +89,11 @@ def test_the_command_on_the_fixtures_test_splits(tmp_path):
                                 ('fixture_super_glue_multirc', 1.0),
                                 ('fixture_super_glue_record', 1.0)])
   try:
-    summary = leaderboard.write_files(
-        model, checkpoint_path=str(tmp_path / 'checkpoint_3'),
+    summary = leaderboard.write_files(model, job=checkpoint_job.CheckpointJob(
+        checkpoint_path=str(tmp_path / 'checkpoint_3'),
         output_dir=str(tmp_path / 'out'), mixture_or_task_name=mixture,
-        task_feature_lengths={'inputs': 128, 'targets': 8}, batch_size=8)
+        task_feature_lengths={'inputs': 128, 'targets': 8}, split='test',
+        batch_size=8))
   finally:
     gin.clear_config()
   out = tmp_path / 'out'
@@ -124,7 +126,9 @@ def test_a_mixture_without_server_tasks_is_refused(tmp_path):
     leaderboard.write_files(
         network.Transformer(conftest.T5X_TINY_CONFIG.__class__(
             **{**vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8})),
-        checkpoint_path=str(tmp_path / 'checkpoint_1'),
-        output_dir=str(tmp_path / 'out'),
-        mixture_or_task_name='fixture_super_glue_wsc_simple_train',
-        task_feature_lengths={'inputs': 64, 'targets': 8})
+        job=checkpoint_job.CheckpointJob(
+            checkpoint_path=str(tmp_path / 'checkpoint_1'),
+            output_dir=str(tmp_path / 'out'),
+            mixture_or_task_name='fixture_super_glue_wsc_simple_train',
+            task_feature_lengths={'inputs': 64, 'targets': 8},
+            split='test'))

@@ -17,10 +17,13 @@ import pytest
 
 from hyperprompt_jax import paths
 from hyperprompt_jax.benchmarks import benchmark
+from hyperprompt_jax.benchmarks import gin_literals
+from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import mfu
-from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
+from hyperprompt_jax.tasks import glue
+from hyperprompt_jax.tasks import super_glue
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -43,11 +46,25 @@ def test_models_are_the_gin_variants(model):
       benchmark.variant_config(base, model, 'both'))
 
 
-def test_length_table_is_the_packing_benchmarks():
-  rates = packing_benchmark._training_rates()
-  assert {name: (rates[name], *lengths) for name, lengths in
-          packing_benchmark.GLUE_SUPER_GLUE_LENGTHS.items()
-          } == mfu.GLUE_SUPER_GLUE
+def test_length_estimates_weigh_tasks_by_their_training_examples():
+  rates = {s.name: s.rate for s in (*glue.GLUE, *super_glue.SUPER_GLUE)}
+  assert {name: examples for name, (examples, _, _) in
+          length_estimates.GLUE_SUPER_GLUE.items()} == {
+              name: rates[name] for name in length_estimates.GLUE_SUPER_GLUE}
+
+
+def test_gin_literals_refuses_what_needs_gin(tmp_path, monkeypatch):
+  (tmp_path / 'models').mkdir()
+  (tmp_path / 'models' / 'x.gin').write_text(
+      "include 'models/y.gin'\nN = %M\nnetwork.T5Config.emb_dim = %N\n")
+  (tmp_path / 'models' / 'y.gin').write_text(
+      'M = 4\nnetwork.T5Config:\n  mlp_dim = [1,\n    2]\n')
+  monkeypatch.setattr(paths, 'gin_dir', lambda: str(tmp_path))
+  with pytest.raises(ValueError, match=r"y.gin:4: '2\]' is not a one-line"):
+    gin_literals.read('models/x.gin')
+  (tmp_path / 'models' / 'y.gin').write_text('M = 4\n')
+  assert gin_literals.read('models/x.gin') == {
+      'network.T5Config': {'emb_dim': 4}}
 
 
 @pytest.mark.parametrize('slots', [0, 12])

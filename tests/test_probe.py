@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import probe
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
@@ -212,11 +213,12 @@ def test_probe_command_writes_json_and_plots(tmp_path):
         tmp_path / 'run' / f'checkpoint_{step}' / 'state',
         {'params': params, 'step': np.int32(step)})
   summary = probe.probe(
-      model, checkpoint_path=str(tmp_path / 'run'),
-      output_dir=str(tmp_path / 'out'),
-      mixture_or_task_name='fixture_glue_rte',
-      task_feature_lengths={'inputs': 64, 'targets': 8}, num_examples=5,
-      batch_size=4)
+      model, job=checkpoint_job.CheckpointJob(
+          checkpoint_path=str(tmp_path / 'run'),
+          output_dir=str(tmp_path / 'out'),
+          mixture_or_task_name='fixture_glue_rte',
+          task_feature_lengths={'inputs': 64, 'targets': 8}, batch_size=4),
+      num_examples=5)
   written = json.loads((tmp_path / 'out' / 'probe.json').read_text())
   assert written == json.loads(json.dumps(summary))
   assert sorted(written['steps']) == ['10', '20']

@@ -20,6 +20,7 @@ import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import tasks
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import during_training
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
@@ -273,9 +274,10 @@ def test_scores_during_training_equal_eval_of_the_same_checkpoints(
       json.loads, (model_dir / during_training.SCORES_FILE).open())}
   assert sorted(lines) == [2, 4, 6]
   summary = eval_lib.evaluate(
-      _model(), checkpoint_path=str(model_dir),
-      eval_output_dir=str(tmp_path / 'eval'), mixture_or_task_name=MIXTURE,
-      task_feature_lengths=LENGTHS, selection='last')
+      _model(), job=checkpoint_job.CheckpointJob(
+          checkpoint_path=str(model_dir), output_dir=str(tmp_path / 'eval'),
+          mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS),
+      selection='last')
   assert summary['steps']  # the checkpoints KEEP_CHECKPOINTS left
   for step, evaluated in summary['steps'].items():
     line = lines[int(step)]

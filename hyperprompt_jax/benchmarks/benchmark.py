@@ -6,7 +6,6 @@ steps, MetaBalance, microbatches and remat, packing, memory. Its command:
 import argparse
 import dataclasses
 import os
-import re
 import statistics
 import time
 from typing import Sequence
@@ -20,6 +19,7 @@ import numpy as np
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
+from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import memory_table
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.benchmarks import param_table
@@ -48,19 +48,6 @@ VARIANT_FILES = {_variant_name(f): f for f in methods.variant_files()}
 VARIANTS = tuple(VARIANT_FILES)
 
 
-def paper_task_file(variant_file: str) -> str:
-  """The task file of the first paper setup (gin/experiments/) that runs
-  `variant_file`: its task list sets the variant's T (HyperPrompt and the
-  baselines: 8, one GLUE or SuperGLUE run; HyperGrid: 16, both)."""
-  experiments = os.path.join(paths.gin_dir(), 'experiments')
-  for name in sorted(os.listdir(experiments)):
-    with open(os.path.join(experiments, name)) as f:
-      text = f.read()
-    if f"include '{variant_file}'" in text:
-      return re.search(r"include '(tasks/[^']+)'", text).group(1)
-  raise ValueError(f'No paper setup in {experiments} includes {variant_file}.')
-
-
 def variant_config(base: network.T5Config, variant: str,
                    placement: str) -> network.T5Config:
   """`base` with the task conditioning of `variant` ('mtl' or one of
@@ -72,7 +59,8 @@ def variant_config(base: network.T5Config, variant: str,
     return dataclasses.replace(base, **off)
   if variant not in VARIANT_FILES:
     raise ValueError(f'Unknown variant {variant!r}: choose from {VARIANTS}.')
-  files = [VARIANT_FILES[variant], paper_task_file(VARIANT_FILES[variant])]
+  files = [VARIANT_FILES[variant],
+           gin_literals.paper_task_file(VARIANT_FILES[variant])]
   gin.clear_config()
   gin.add_config_file_search_path(paths.gin_dir())
   gin.parse_config_files_and_bindings(
@@ -348,8 +336,9 @@ def _memory_table(args: argparse.Namespace) -> int:
   return 0
 
 
-def run(args: argparse.Namespace) -> int:
-  """`python -m hyperprompt_jax.benchmark` with its parsed flags."""
+def _variants(args: argparse.Namespace) -> list[str]:
+  """The --variants named (default: all), after the checks of --variants
+  and --placement."""
   if args.variants is None:
     variants = list(VARIANTS)
   else:
@@ -361,6 +350,117 @@ def run(args: argparse.Namespace) -> int:
   if args.placement not in hyperprompt.PLACEMENTS:
     raise ValueError(f'--placement={args.placement}: choose from '
                      f'{hyperprompt.PLACEMENTS}.')
+  return variants
+
+
+def _print_gated_matmul(args: argparse.Namespace, base: network.T5Config,
+                        batch_size: int) -> None:
+  """--gated_matmul: HyperGrid's two routes of a gated wo, by length."""
+  routes = gated_matmul_routes(batch_size,
+                               [1, 8, 32, 128, args.input_length],
+                               base.emb_dim, base.mlp_dim, 32, 128)
+  print(f'{"length":>6}{"blockwise ms":>14}{"fold ms":>10}  rule picks  '
+        'faster')
+  for r in routes:
+    print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
+          f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
+          f'{r["faster"]}')
+
+
+def _print_packing(args: argparse.Namespace, base: network.T5Config,
+                   variants: Sequence[str], batch_size: int) -> None:
+  """--packing: packed against unpacked rows, per length distribution."""
+  # Imported here: it builds on this module's timing helpers (and reads
+  # its data with TensorFlow).
+  gin_utils.import_tensorflow_quietly()
+  configs = {'mtl': variant_config(base, 'mtl', args.placement)}
+  for name in variants:
+    configs[name] = variant_config(base, name, args.placement)
+  print(f'devices: {jax.devices()}')
+  tables = packing_benchmark.packing_benchmark(
+      configs, batch_size, args.input_length, args.target_length,
+      args.lengths.split(','), args.rounds, args.steps)
+  for distribution, rows in tables.items():
+    print(f'{distribution} lengths: batch {batch_size} rows of '
+          f'{args.input_length} / {args.target_length} tokens')
+    print(packing_benchmark.format_packing(rows))
+
+
+def _print_metabalance(args: argparse.Namespace, base: network.T5Config,
+                       batch_size: int) -> None:
+  """--metabalance: the step with MetaBalance beside the plain one."""
+  rows = metabalance_benchmark(
+      variant_config(base, 'mtl', args.placement), batch_size,
+      [int(t) for t in args.metabalance.split(',')], args.input_length,
+      args.target_length, args.rounds, args.steps)
+  print(f'devices: {jax.devices()}')
+  print(f'training step: batch {batch_size}, input '
+        f'{args.input_length}, target {args.target_length}; MetaBalance: '
+        'target = task 0, auxiliaries = the other T - 1')
+  print(f'{"T":>3}  {"gradient":<9}{"s/step":>9}{"x plain":>9}'
+        f'{"peak GB":>9}{"x plain":>9}')
+  for r in rows:
+    print(f'{r["num_tasks"]:>3}  {r["gradient"]:<9}'
+          f'{r["seconds_per_step"]:>9.3f}{r["ratio_to_plain"]:>8.2f}x'
+          f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
+
+
+def _print_remat_microbatches(args: argparse.Namespace,
+                              base: network.T5Config,
+                              batch_size: int) -> None:
+  """--remat_microbatches: MTL's step per NUM_MICROBATCHES and REMAT_POLICY."""
+  rows = remat_microbatches_benchmark(
+      variant_config(base, 'mtl', args.placement), batch_size,
+      args.input_length, args.target_length, args.rounds, args.steps)
+  print(f'devices: {jax.devices()}')
+  print(f'training step (MTL): batch {batch_size}, input '
+        f'{args.input_length}, target {args.target_length}')
+  print(f'{"parts":>5}  {"remat":<8}{"s/step":>9}{"x plain":>9}'
+        f'{"peak GB":>9}{"x plain":>9}{"temp GB":>9}{"x plain":>9}'
+        f'{"saved GB":>9}{"x plain":>9}')
+  for r in rows:
+    print(f'{r["num_microbatches"]:>5}  {r["remat_policy"]:<8}'
+          f'{r["seconds_per_step"]:>9.3f}{r["ratio"]:>8.2f}x'
+          f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio"]:>8.2f}x'
+          f'{r["temp_bytes"] / 1e9:>9.2f}{r["temp_ratio"]:>8.2f}x'
+          f'{r["saved_bytes"] / 1e9:>9.2f}{r["saved_ratio"]:>8.2f}x')
+
+
+def _print_decode(args: argparse.Namespace, base: network.T5Config,
+                  variants: Sequence[str], batch_size: int) -> None:
+  """--decode: one incremental decode step of each model against MTL's."""
+  rows = decode_benchmark(base, batch_size, variants, args.placement,
+                          args.input_length, args.target_length,
+                          args.rounds, args.steps)
+  print(f'devices: {jax.devices()}')
+  print(f'decode step: batch {batch_size}, input {args.input_length}, '
+        f'cache {args.target_length}')
+  print(f'{"model":<15}{"ms/step":>10}{"step / MTL":>12}')
+  for r in rows:
+    print(f'{r["model"]:<15}{1000 * r["seconds_per_step"]:>10.2f}'
+          f'{r["ratio_to_mtl"]:>11.3f}x')
+
+
+def _print_table(args: argparse.Namespace, base: network.T5Config,
+                 table_base: network.T5Config, variants: Sequence[str],
+                 batch_size: int) -> None:
+  """--table: parameters and FLOPs of --table_model beside step times."""
+  rows = variant_table(base, table_base, variants, args.placement,
+                       args.input_length, args.target_length,
+                       batch_size, args.flops_batch_size, args.rounds,
+                       args.steps)
+  print(f'devices: {jax.devices()}')
+  timed_model = ', '.join(args.gin_file or ['models/t5_1_1_small.gin'])
+  print(f'#params, FLOPs: {args.table_model}, input {args.input_length}, '
+        f'target {args.target_length}, FLOPs batch '
+        f'{args.flops_batch_size}; step time: {timed_model}, batch '
+        f'{batch_size}')
+  print(format_table(rows))
+
+
+def run(args: argparse.Namespace) -> int:
+  """`python -m hyperprompt_jax.benchmark` with its parsed flags."""
+  variants = _variants(args)
   if args.flops_batch_size <= 0:
     raise ValueError('--flops_batch_size must be positive.')
   if args.memory:
@@ -378,93 +478,21 @@ def run(args: argparse.Namespace) -> int:
   base = gin.get_configurable(network.Transformer)().config
   batch_sizes = [int(b) for b in args.batch_sizes.split(',')]
   if args.gated_matmul:
-    routes = gated_matmul_routes(batch_sizes[0],
-                                 [1, 8, 32, 128, args.input_length],
-                                 base.emb_dim, base.mlp_dim, 32, 128)
-    print(f'{"length":>6}{"blockwise ms":>14}{"fold ms":>10}  rule picks  '
-          'faster')
-    for r in routes:
-      print(f'{r["length"]:>6}{1000 * r["blockwise_seconds"]:>14.2f}'
-            f'{1000 * r["fold_seconds"]:>10.2f}  {r["rule"]:<10}  '
-            f'{r["faster"]}')
-    return 0
-  if args.packing:
-    # Imported here: it builds on this module's timing helpers (and reads
-    # its data with TensorFlow).
-    gin_utils.import_tensorflow_quietly()
-    configs = {'mtl': variant_config(base, 'mtl', args.placement)}
-    for name in variants:
-      configs[name] = variant_config(base, name, args.placement)
+    _print_gated_matmul(args, base, batch_sizes[0])
+  elif args.packing:
+    _print_packing(args, base, variants, batch_sizes[0])
+  elif args.metabalance:
+    _print_metabalance(args, base, batch_sizes[0])
+  elif args.remat_microbatches:
+    _print_remat_microbatches(args, base, batch_sizes[0])
+  elif args.decode:
+    _print_decode(args, base, variants, batch_sizes[0])
+  elif args.table:
+    _print_table(args, base, table_base, variants, batch_sizes[0])
+  else:
+    rows = benchmark(base, batch_sizes, variants, args.placement,
+                     args.input_length, args.target_length, args.rounds,
+                     args.steps)
     print(f'devices: {jax.devices()}')
-    tables = packing_benchmark.packing_benchmark(
-        configs, batch_sizes[0], args.input_length, args.target_length,
-        args.lengths.split(','), args.rounds, args.steps)
-    for distribution, rows in tables.items():
-      print(f'{distribution} lengths: batch {batch_sizes[0]} rows of '
-            f'{args.input_length} / {args.target_length} tokens')
-      print(packing_benchmark.format_packing(rows))
-    return 0
-  if args.metabalance:
-    rows = metabalance_benchmark(
-        variant_config(base, 'mtl', args.placement), batch_sizes[0],
-        [int(t) for t in args.metabalance.split(',')], args.input_length,
-        args.target_length, args.rounds, args.steps)
-    print(f'devices: {jax.devices()}')
-    print(f'training step: batch {batch_sizes[0]}, input '
-          f'{args.input_length}, target {args.target_length}; MetaBalance: '
-          'target = task 0, auxiliaries = the other T - 1')
-    print(f'{"T":>3}  {"gradient":<9}{"s/step":>9}{"x plain":>9}'
-          f'{"peak GB":>9}{"x plain":>9}')
-    for r in rows:
-      print(f'{r["num_tasks"]:>3}  {r["gradient"]:<9}'
-            f'{r["seconds_per_step"]:>9.3f}{r["ratio_to_plain"]:>8.2f}x'
-            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio_to_plain"]:>8.2f}x')
-    return 0
-  if args.remat_microbatches:
-    rows = remat_microbatches_benchmark(
-        variant_config(base, 'mtl', args.placement), batch_sizes[0],
-        args.input_length, args.target_length, args.rounds, args.steps)
-    print(f'devices: {jax.devices()}')
-    print(f'training step (MTL): batch {batch_sizes[0]}, input '
-          f'{args.input_length}, target {args.target_length}')
-    print(f'{"parts":>5}  {"remat":<8}{"s/step":>9}{"x plain":>9}'
-          f'{"peak GB":>9}{"x plain":>9}{"temp GB":>9}{"x plain":>9}'
-          f'{"saved GB":>9}{"x plain":>9}')
-    for r in rows:
-      print(f'{r["num_microbatches"]:>5}  {r["remat_policy"]:<8}'
-            f'{r["seconds_per_step"]:>9.3f}{r["ratio"]:>8.2f}x'
-            f'{r["peak_bytes"] / 1e9:>9.2f}{r["peak_ratio"]:>8.2f}x'
-            f'{r["temp_bytes"] / 1e9:>9.2f}{r["temp_ratio"]:>8.2f}x'
-            f'{r["saved_bytes"] / 1e9:>9.2f}{r["saved_ratio"]:>8.2f}x')
-    return 0
-  if args.decode:
-    rows = decode_benchmark(base, batch_sizes[0], variants, args.placement,
-                            args.input_length, args.target_length,
-                            args.rounds, args.steps)
-    print(f'devices: {jax.devices()}')
-    print(f'decode step: batch {batch_sizes[0]}, input {args.input_length}, '
-          f'cache {args.target_length}')
-    print(f'{"model":<15}{"ms/step":>10}{"step / MTL":>12}')
-    for r in rows:
-      print(f'{r["model"]:<15}{1000 * r["seconds_per_step"]:>10.2f}'
-            f'{r["ratio_to_mtl"]:>11.3f}x')
-    return 0
-  if args.table:
-    rows = variant_table(base, table_base, variants, args.placement,
-                         args.input_length, args.target_length,
-                         batch_sizes[0], args.flops_batch_size, args.rounds,
-                         args.steps)
-    print(f'devices: {jax.devices()}')
-    timed_model = ', '.join(args.gin_file or ['models/t5_1_1_small.gin'])
-    print(f'#params, FLOPs: {args.table_model}, input {args.input_length}, '
-          f'target {args.target_length}, FLOPs batch '
-          f'{args.flops_batch_size}; step time: {timed_model}, batch '
-          f'{batch_sizes[0]}')
-    print(format_table(rows))
-    return 0
-  rows = benchmark(base, batch_sizes, variants, args.placement, args.input_length,
-                   args.target_length, args.rounds, args.steps)
-  print(f'devices: {jax.devices()}')
-  print(format_rows(rows))
+    print(format_rows(rows))
   return 0
-

@@ -56,56 +56,40 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import files
+from hyperprompt_jax import methods
+from hyperprompt_jax import paths
+from hyperprompt_jax.benchmarks import gin_literals
+from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import timing
-from hyperprompt_jax.methods import adapters
-from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
-from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
 
-# The T5.1.1 sizes of gin/models/t5_1_1_*.gin (tests/test_mfu.py holds them
-# equal), for machines without gin.
-_T5_1_1 = dict(mlp_activations=('gelu', 'linear'), dropout_rate=0.1,
-               logits_via_embedding=False, float32_attention_logits=True)
+
+def backbone_settings(name: str) -> dict[str, Any]:
+  """`network.T5Config`'s settings in gin/models/<name>.gin (read without
+  gin), but the activation dtype, which the benchmark sets."""
+  size = gin_literals.read(f'models/{name}.gin')['network.T5Config']
+  return {k: v for k, v in size.items() if k != 'dtype'}
+
+
+# Every model size of gin/models/, by file name (e.g. 't5_1_1_base').
 BACKBONES = {
-    't5_1_1_tiny': dict(vocab_size=384, emb_dim=32, num_heads=4,
-                        num_encoder_layers=2, num_decoder_layers=2,
-                        head_dim=8, mlp_dim=64, **_T5_1_1),
-    't5_1_1_small': dict(vocab_size=32128, emb_dim=512, num_heads=6,
-                         num_encoder_layers=8, num_decoder_layers=8,
-                         head_dim=64, mlp_dim=1024, **_T5_1_1),
-    't5_1_1_base': dict(vocab_size=32128, emb_dim=768, num_heads=12,
-                        num_encoder_layers=12, num_decoder_layers=12,
-                        head_dim=64, mlp_dim=2048, **_T5_1_1),
-    't5_1_1_large': dict(vocab_size=32128, emb_dim=1024, num_heads=16,
-                         num_encoder_layers=24, num_decoder_layers=24,
-                         head_dim=64, mlp_dim=2816, **_T5_1_1),
-}
-# Each model's method config at its gin/variants file's settings (the
-# papers'), and the task-id space of its paper setup (benchmark.variant_config
-# builds the same from gin; tests/test_mfu.py compares them).
+    name: backbone_settings(name) for name in sorted(
+        os.path.splitext(f)[0]
+        for f in os.listdir(os.path.join(paths.gin_dir(), 'models')))}
+# Each model's gin/variants file (MTL: none), read at its settings (the
+# papers').
 MODELS = {
-    'mtl': {},
-    'global': dict(num_tasks=8, hyperprompt=hyperprompt.HyperPromptConfig(
-        variant='global', placement='both', encoder_prompt_length=16,
-        decoder_prompt_length=6, hypernet_reduction=32, task_embed_dim=64,
-        task_hidden_dim=128, layer_task_embed_dim=64)),
-    'hypergrid_lg': dict(num_tasks=16, hypergrid=hypergrid.HyperGridConfig(
-        variant='lg', placement='both', grid_rows=32, grid_cols=128,
-        target='wo', conditioning='task_attention')),
-    'adapter': dict(num_tasks=8, adapter=adapters.AdapterConfig(
-        placement='both', reduction=32)),
-    'hyperformer_pp': dict(
-        num_tasks=8, hyperformer=hyperformer.HyperFormerConfig(
-            placement='both', reduction=16, task_embed_dim=512,
-            task_hidden_dim=128, projected_dim=64)),
-    'prompt_tuning': dict(num_tasks=8,
-                          prompt_tuning=prompt_tuning.PromptTuningConfig(
-                              prompt_length=12)),
+    'mtl': None,
+    'global': 'variants/hyperprompt_global.gin',
+    'hypergrid_lg': 'variants/hypergrid_lg.gin',
+    'adapter': 'variants/adapter.gin',
+    'hyperformer_pp': 'variants/hyperformer_pp.gin',
+    'prompt_tuning': 'variants/prompt_tuning.gin',
 }
 # Models with two forms, one shaped for XLA:CPU and the plain one: the
 # config field that picks them, and the forms (CPU's first).
@@ -134,25 +118,27 @@ PEAK_TFLOPS = (
     ('tpu v4', 275.0),
 )
 
-# Task -> (training examples, mean input pieces, target pieces): T5's
-# proportional GLUE + SuperGLUE mixture and the packing benchmark's length
-# estimates (packing_benchmark.GLUE_SUPER_GLUE_LENGTHS and its rates; equal
-# by tests/test_mfu.py), kept here so that no task module (TensorFlow) is
-# needed.
-GLUE_SUPER_GLUE = {
-    'glue_cola': (8551, 14, 3), 'glue_sst2': (67349, 18, 2),
-    'glue_mrpc': (3668, 64, 4), 'glue_stsb': (5749, 37, 4),
-    'glue_qqp': (363846, 37, 4), 'glue_mnli': (392702, 48, 4),
-    'glue_qnli': (104743, 60, 5), 'glue_rte': (2490, 84, 5),
-    'super_glue_boolq': (9427, 156, 2), 'super_glue_cb': (250, 84, 4),
-    'super_glue_copa': (400, 35, 2), 'super_glue_multirc': (27243, 397, 2),
-    'super_glue_record': (138854, 300, 5), 'super_glue_rte': (2490, 84, 5),
-    'super_glue_wic': (5428, 30, 2), 'super_glue_wsc': (0, 33, 4),
-}
-LENGTH_SIGMA = 0.5  # the log-normal spread of input lengths (an assumption)
 # The placeholder token of Prompt-Tuning's reserved slots (the feature
 # converter's PROMPT_SLOT_TOKEN).
 PROMPT_SLOT_TOKEN = 1
+
+
+def method_settings(variant_file: str) -> dict[str, Any]:
+  """The `network.T5Config` settings of a gin/variants file, read without
+  gin: its methods' configs at the file's settings, and the task-id space
+  of its paper setup (`benchmark.variant_config` builds the same with
+  gin)."""
+  bindings = gin_literals.read(variant_file)
+  task_file = gin_literals.paper_task_file(variant_file)
+  settings = {'num_tasks': gin_literals.read(task_file)['network.T5Config'][
+      'num_tasks']}
+  for method in methods.REGISTRY:
+    reference = bindings.get('network.T5Config', {}).get(method.CONFIG_FIELD)
+    if reference is not None:
+      config_class = getattr(method, reference.name.rsplit('.', 1)[1])
+      settings[method.CONFIG_FIELD] = config_class(
+          **bindings.get(reference.name, {}))
+  return settings
 
 
 def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
@@ -173,7 +159,7 @@ def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
     raise ValueError(f'Unknown variant {model!r} for --mfu: choose from '
                      f'{list(MODELS)}.')
   size = BACKBONES[backbone]
-  method = dict(MODELS[model])
+  method = method_settings(MODELS[model]) if MODELS[model] else {}
   if 'hypergrid' in method:  # the grid's blocks must divide a tiny model's
     method['hypergrid'] = dataclasses.replace(
         method['hypergrid'],
@@ -190,21 +176,6 @@ def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
                           check_traced_task_ids=False)
 
 
-def example_stream(rng: np.random.Generator, count: int
-                   ) -> list[tuple[int, int, int]]:
-  """`count` examples' `(input length, target length, task index)` from
-  the proportional GLUE + SuperGLUE mixture: input lengths log-normal
-  around each task's mean (packing_benchmark's estimates)."""
-  names = list(GLUE_SUPER_GLUE)
-  rates = np.array([GLUE_SUPER_GLUE[n][0] for n in names], np.float64)
-  out = []
-  for task in rng.choice(len(names), size=count, p=rates / rates.sum()):
-    _, mean, target = GLUE_SUPER_GLUE[names[task]]
-    length = rng.lognormal(np.log(mean) - LENGTH_SIGMA**2 / 2, LENGTH_SIGMA)
-    out.append((max(2, int(round(length))), target, int(task)))
-  return out
-
-
 def synthetic_rows(batch_size: int, input_length: int, target_length: int,
                    vocab_size: int, num_tasks: int, packed: bool,
                    prompt_slots: int = 0, seed: int = 0,
@@ -212,7 +183,8 @@ def synthetic_rows(batch_size: int, input_length: int, target_length: int,
                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """A batch of `batch_size` rows and its statistics.
 
-  Packed: examples of `example_stream` placed first-fit (the first row
+  Packed: examples of `length_estimates.sample_glue_super_glue` placed
+  first-fit (the first row
   where both the input and the target fit, at most `max_segments` a row),
   until 64 examples in a row fit nowhere; each example's inputs get
   `prompt_slots` reserved positions in front (Prompt-Tuning's). Unpacked:
@@ -226,7 +198,8 @@ def synthetic_rows(batch_size: int, input_length: int, target_length: int,
     `examples`, `fill` (the share of row positions that hold tokens).
   """
   rng = np.random.default_rng(seed)
-  stream = example_stream(rng, batch_size * 64 if packed else batch_size)
+  stream = length_estimates.sample_glue_super_glue(
+      rng, batch_size * 64 if packed else batch_size)
   examples = [(min(n_in, input_length - prompt_slots if packed
                    else input_length), min(n_out, target_length),
                task % num_tasks) for n_in, n_out, task in stream]

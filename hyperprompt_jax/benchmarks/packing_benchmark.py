@@ -30,23 +30,15 @@ two distributions:
 - 'fixture': the offline fixture mixture of the 16 GLUE + SuperGLUE tasks
   (`fixture_glue_super_glue_proportional`), its real examples and their
   byte-vocabulary lengths;
-- 'glue_super_glue': T5's proportional GLUE + SuperGLUE mixture (rates: the
-  training-set sizes of `tasks/glue.py` and `tasks/super_glue.py`) with
-  per-task input lengths drawn from a log-normal (sigma 0.5, an assumption)
-  around the means of `GLUE_SUPER_GLUE_LENGTHS`. Those means are estimates,
-  not measurements of tokenised data (no GLUE data or SentencePiece model is
-  available offline): each task's mean characters per training example (the
-  TFDS / Hugging Face `dataset_infos.json` train `num_bytes` / `num_examples`,
-  less ~30 bytes of labels and ids) at ~4.3 characters per SentencePiece
-  piece, plus T5's field prefixes and EOS; targets are the label words'
-  pieces plus EOS.
+- 'glue_super_glue': T5's proportional GLUE + SuperGLUE mixture with
+  estimated lengths (`length_estimates.sample_glue_super_glue`).
 
 Token ids are random (the step's cost does not depend on them); each
 example's task id is its task's index modulo the model's `num_tasks` (the
 variant's paper setup has T = 8: only the id range matters to the cost).
 """
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import gin
 import jax
@@ -56,54 +48,18 @@ import tensorflow as tf
 
 # Registers the project's seqio tasks.
 from hyperprompt_jax import tasks  # pylint: disable=unused-import
+from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches as batch_lib
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import trainer
-from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import packing
-from hyperprompt_jax.tasks import super_glue
 
 FIXTURE_MIXTURE = 'fixture_glue_super_glue_proportional'
-LENGTH_SIGMA = 0.5
-# Task -> (mean input pieces, target pieces): estimates (module docstring).
-GLUE_SUPER_GLUE_LENGTHS = {
-    'glue_cola': (14, 3), 'glue_sst2': (18, 2), 'glue_mrpc': (64, 4),
-    'glue_stsb': (37, 4), 'glue_qqp': (37, 4), 'glue_mnli': (48, 4),
-    'glue_qnli': (60, 5), 'glue_rte': (84, 5),
-    'super_glue_boolq': (156, 2), 'super_glue_cb': (84, 4),
-    'super_glue_copa': (35, 2), 'super_glue_multirc': (397, 2),
-    'super_glue_record': (300, 5), 'super_glue_rte': (84, 5),
-    'super_glue_wic': (30, 2), 'super_glue_wsc': (33, 4),
-}
 LENGTH_DISTRIBUTIONS = ('fixture', 'glue_super_glue')
 # Packed rows a row's means are taken over (~1,500 examples at 512 / 32).
 STREAM_ROWS = 256
-
-
-def _training_rates() -> dict[str, float]:
-  """Task name -> its proportional rate (training-set size), for the tasks
-  of `GLUE_SUPER_GLUE_LENGTHS`."""
-  rates = {s.name: float(s.rate) for s in (*glue.GLUE, *super_glue.SUPER_GLUE)}
-  missing = set(GLUE_SUPER_GLUE_LENGTHS) - set(rates)
-  if missing:
-    raise ValueError(f'No training rate for {sorted(missing)}.')
-  return {name: rates[name] for name in GLUE_SUPER_GLUE_LENGTHS}
-
-
-def _glue_super_glue_lengths(rng: np.random.Generator, count: int
-                             ) -> Iterator[tuple[int, int, int]]:
-  """`(input length, target length, task index)` of `count` examples of the
-  estimated GLUE + SuperGLUE distribution."""
-  rates = _training_rates()
-  names = list(rates)
-  p = np.array([rates[n] for n in names])
-  for task in rng.choice(len(names), size=count, p=p / p.sum()):
-    mean, target = GLUE_SUPER_GLUE_LENGTHS[names[task]]
-    # A log-normal with this mean: mu = log(mean) - sigma^2 / 2.
-    length = rng.lognormal(np.log(mean) - LENGTH_SIGMA**2 / 2, LENGTH_SIGMA)
-    yield max(2, int(round(length))), target, int(task)
 
 
 def _fixture_lengths(count: int, seed: int) -> list[tuple[int, int, int]]:
@@ -134,7 +90,8 @@ def example_lengths(distribution: str, count: int, seed: int = 0
   if distribution == 'fixture':
     return _fixture_lengths(count, seed)
   if distribution == 'glue_super_glue':
-    return list(_glue_super_glue_lengths(np.random.default_rng(seed), count))
+    return length_estimates.sample_glue_super_glue(
+        np.random.default_rng(seed), count)
   raise ValueError(f'Unknown length distribution {distribution!r}: choose '
                    f'from {LENGTH_DISTRIBUTIONS}.')
 

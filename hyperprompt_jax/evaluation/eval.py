@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hyperprompt_jax import files
 from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.evaluation import predictor as predictor_lib
@@ -28,7 +29,6 @@ from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import scores
@@ -153,34 +153,23 @@ def _check_selection_covered(selection: str, benchmark: str,
 def evaluate(
     model: Optional[network.Transformer] = None,
     *,
-    checkpoint_path: Union[str, Sequence[str]] = gin.REQUIRED,
-    eval_output_dir: str = gin.REQUIRED,
-    mixture_or_task_name: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-    batch_size: int = 64,
-    split: str = 'validation',
+    job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     majority_baseline: bool = False,
     selection: str = 'best_per_task',
     selection_benchmark: str = 'glue',
     compare_to: Optional[str] = None,
     use_cached_tasks: bool = False,
-    mesh_data: int = -1,
-    mesh_model: int = 1,
     write_n_results: Optional[int] = None,
 ) -> dict[str, Any]:
-  """Evaluates the checkpoint(s) at `checkpoint_path` on every task.
+  """Evaluates the checkpoint(s) of `job` on every task of its mixture.
 
   Args:
     model: the network; None builds `network.Transformer` from gin.
-    checkpoint_path: a `checkpoint_<step>` folder or a folder of them; or a
-      list of such folders, runs (seeds) of one setup: each is evaluated
-      into `eval_output_dir/<run>/` and the runs are aggregated.
-    eval_output_dir: metrics, summaries and the plot go here.
-    mixture_or_task_name: a registered seqio Task / Mixture.
-    task_feature_lengths: {'inputs': L_in, 'targets': L_out}; the targets'
-      length is the most tokens decoded.
-    batch_size: examples per decode call.
-    split: the split to evaluate.
+    job: the checkpoints, data, output directory and mesh. Its
+      `checkpoint_path` is a `checkpoint_<step>` folder or a folder of them;
+      or a list of such folders, runs (seeds) of one setup: each is
+      evaluated into `output_dir/<run>/` and the runs are aggregated. Its
+      `output_dir` takes the metrics, summaries and the plot.
     majority_baseline: also score the majority-class baseline per task.
     selection: which checkpoint each task is read at: 'best_per_task',
       'best_average' or 'last' (`eval_summary.select`).
@@ -188,7 +177,6 @@ def evaluate(
     compare_to: a paper setup (`paper_results`) to print and plot the
       selected scores (several runs: their means) beside.
     use_cached_tasks: read seqio's offline cache.
-    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
     write_n_results: predictions per task kept in seqio's inference files
       (None: all).
 
@@ -196,21 +184,16 @@ def evaluate(
     The summary (`eval_summary.summarize`; for several runs,
     `eval_summary.runs_summary`).
   """
-  model = model or gin.get_configurable(network.Transformer)()
-  run_paths = _as_paths(checkpoint_path)
+  run_paths = _as_paths(job.checkpoint_path)
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)  # an unknown setup fails before the work
   found = {path: checkpoints.find_checkpoints(path) for path in run_paths}
-  multihost.raise_everywhere(  # process 0 writes
-      lambda: paths.check_writable_dir(eval_output_dir, 'EVAL_OUTPUT_DIR'),
-      ValueError)
-  task_ids.check_num_tasks(model.config.num_tasks)
-  tasks = input_pipeline.eval_tasks(mixture_or_task_name, split)
+  model = checkpoint_job.checked_model(model, job, 'EVAL_OUTPUT_DIR')
+  tasks = input_pipeline.eval_tasks(job.mixture_or_task_name, job.split)
   _check_selection_covered(selection, selection_benchmark, tasks)
-  mesh = partitioning.create_mesh(mesh_data, mesh_model)
   predictor, abstract_params = predictor_lib.make_predictor(
-      model, task_feature_lengths, mesh, batch_size)
+      model, job.task_feature_lengths, job.mesh(), job.batch_size)
   names = run_names(run_paths)
 
   def make_evaluator(output_dir):
@@ -220,12 +203,12 @@ def evaluate(
       metrics_dir = os.path.join(output_dir, METRICS_SUBDIR)
       tf.io.gfile.makedirs(metrics_dir)
     return seqio.Evaluator(
-        mixture_or_task_name,
+        job.mixture_or_task_name,
         feature_converter=feature_converter.TaskIdsEncDecFeatureConverter(
             pack=False),
-        eval_split=split,
+        eval_split=job.split,
         use_cached=use_cached_tasks,
-        sequence_length=dict(task_feature_lengths),
+        sequence_length=dict(job.task_feature_lengths),
         logger_cls=([json_logger_cls(write_n_results)] if metrics_dir
                     else []),
         log_dir=metrics_dir,
@@ -234,15 +217,15 @@ def evaluate(
   summaries = {}
   majority = targets = None
   for name, path in zip(names, run_paths):
-    output_dir = (eval_output_dir if len(run_paths) == 1
-                  else os.path.join(eval_output_dir, name))
+    output_dir = (job.output_dir if len(run_paths) == 1
+                  else os.path.join(job.output_dir, name))
     evaluator = make_evaluator(output_dir)
     if targets is None:  # before any checkpoint is read
-      targets = check_labelled(evaluator, split)
+      targets = check_labelled(evaluator, job.split)
     if majority_baseline and majority is None:
       majority = _majority_scores(evaluator.eval_tasks, targets)
     log.info('Evaluating %d checkpoint(s) of %s on %d tasks (%s split).',
-             len(found[path]), path, len(tasks), split)
+             len(found[path]), path, len(tasks), job.split)
     results, unreadable = _evaluate_checkpoints(
         found[path], path, predictor, abstract_params, evaluator)
     summary = eval_summary.summarize(results, majority, selection,
@@ -259,7 +242,7 @@ def evaluate(
                 'unreadable_checkpoints).', len(unreadable), path,
                 ', '.join(f'checkpoint_{s}' for s in unreadable))
     summaries[name] = summary
-  return _finish(summaries, dict(zip(names, run_paths)), eval_output_dir,
+  return _finish(summaries, dict(zip(names, run_paths)), job.output_dir,
                  compare_to)
 
 
@@ -440,8 +423,8 @@ def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
 
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.eval` with its parsed flags."""
-  gin_utils.log_to_stdout(log)
   if args.metrics_dir:
+    gin_utils.log_to_stdout(log)
     if len(args.metrics_dir) > 1 and not args.output_dir:
       raise ValueError('Several --metrics_dir need an --output_dir for '
                        'their aggregate.')
@@ -450,8 +433,7 @@ def run(args: argparse.Namespace) -> int:
                           args.selection, args.selection_benchmark,
                           args.compare_to)
     return 0
-  gin_utils.parse_gin_flags(args)
-  multihost.initialize_from_flags(args)
+  checkpoint_job.configure(args, log)
   summary = evaluate()
   # Non-zero when a checkpoint was skipped, so scripts notice.
   return 1 if summary.get('unreadable_checkpoints') else 0

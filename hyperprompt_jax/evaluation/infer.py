@@ -14,14 +14,12 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import files
-from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
@@ -101,19 +99,18 @@ def example_idx(example: Mapping[str, Any]) -> Any:
   return parts or None
 
 
-def checkpoint_predictor(model: network.Transformer, checkpoint_path: str,
-                         task_feature_lengths: Mapping[str, int],
-                         batch_size: int, mesh_data: int, mesh_model: int):
-  """`predictor_lib.make_predictor` on the mesh, holding the parameters of one
-  checkpoint, after its run record is checked against the model and the
-  run's task list."""
+def checkpoint_predictor(model: network.Transformer,
+                         job: checkpoint_job.CheckpointJob
+                         ) -> predictor_lib.Predictor:
+  """`predictor_lib.make_predictor` on the job's mesh, holding the parameters
+  of its one checkpoint, after the checkpoint's run record is checked
+  against the model and the run's task list."""
   predictor, abstract_params = predictor_lib.make_predictor(
-      model, task_feature_lengths,
-      partitioning.create_mesh(mesh_data, mesh_model), batch_size)
-  run_record.check_checkpoint(checkpoint_path, model.config,
+      model, job.task_feature_lengths, job.mesh(), job.batch_size)
+  run_record.check_checkpoint(job.checkpoint_path, model.config,
                               task_ids.run_task_list())
   predictor.set_params(
-      checkpoints.restore_params(checkpoint_path, abstract_params)[0])
+      checkpoints.restore_params(job.checkpoint_path, abstract_params)[0])
   return predictor
 
 
@@ -121,40 +118,28 @@ def checkpoint_predictor(model: network.Transformer, checkpoint_path: str,
 def infer(
     model: Optional[network.Transformer] = None,
     *,
-    checkpoint_path: str = gin.REQUIRED,
-    output_dir: str = gin.REQUIRED,
-    mixture_or_task_name: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-    split: str = 'validation',
-    batch_size: int = 64,
+    job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     num_examples: Optional[int] = None,
-    mesh_data: int = -1,
-    mesh_model: int = 1,
 ) -> dict[str, str]:
-  """Writes each task's predictions; returns {task: file}.
+  """Writes each task's predictions of `job`'s one checkpoint (the first
+  `num_examples` of each task's split; None: all); returns {task: file}.
 
   As several processes (one per host), each decodes its rows of every batch
   and gets all predictions back; process 0 writes the files.
   """
-  model = model or gin.get_configurable(network.Transformer)()
-  step = _step_of(checkpoint_path)
-  multihost.raise_everywhere(  # process 0 writes
-      lambda: paths.check_writable_dir(output_dir, 'INFER_OUTPUT_DIR'),
-      ValueError)
-  task_ids.check_num_tasks(model.config.num_tasks)
-  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
-  tasks = [t for t in seqio.get_subtasks(provider) if split in t.splits]
+  step = _step_of(job.checkpoint_path)
+  model = checkpoint_job.checked_model(model, job, 'INFER_OUTPUT_DIR')
+  provider = input_pipeline.get_mixture_or_task(job.mixture_or_task_name)
+  tasks = [t for t in seqio.get_subtasks(provider) if job.split in t.splits]
   if not tasks:
-    raise ValueError(f'{mixture_or_task_name!r} has no task with a {split!r} '
-                     'split.')
-  predictor = checkpoint_predictor(model, checkpoint_path,
-                                   task_feature_lengths, batch_size,
-                                   mesh_data, mesh_model)
+    raise ValueError(f'{job.mixture_or_task_name!r} has no task with a '
+                     f'{job.split!r} split.')
+  predictor = checkpoint_predictor(model, job)
   written = {}
   for task in tasks:
-    records = task_predictions(task, predictor, task_feature_lengths, split,
-                               num_examples)
-    path = os.path.join(output_dir, f'{task.name}-{step}.jsonl')
+    records = task_predictions(task, predictor, job.task_feature_lengths,
+                               job.split, num_examples)
+    path = os.path.join(job.output_dir, f'{task.name}-{step}.jsonl')
     written[task.name] = path
     if not multihost.is_writer():
       continue
@@ -167,9 +152,6 @@ def infer(
 
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.infer` with its parsed flags."""
-  gin_utils.log_to_stdout(log)
-  gin_utils.parse_gin_flags(args)
-  multihost.initialize_from_flags(args)
+  checkpoint_job.configure(args, log)
   infer()
   return 0
-

@@ -14,10 +14,9 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import files
-from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.tasks import task_ids
@@ -136,43 +135,32 @@ def format_file(task: str, records: Sequence[Mapping[str, Any]]
 def write_files(
     model: Optional[network.Transformer] = None,
     *,
-    checkpoint_path: str = gin.REQUIRED,
-    output_dir: str = gin.REQUIRED,
-    mixture_or_task_name: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-    split: str = 'test',
-    batch_size: int = 64,
-    mesh_data: int = -1,
-    mesh_model: int = 1,
+    job: checkpoint_job.CheckpointJob = gin.REQUIRED,
 ) -> dict[str, Any]:
-  """Decodes `split` of every server task of the mixture and writes their
-  files; returns the summary (also `leaderboard_summary.json`). As several
-  processes (one per host), each decodes its rows of every batch and gets
-  all predictions back; process 0 writes the files."""
-  model = model or gin.get_configurable(network.Transformer)()
-  if not tf.io.gfile.isdir(checkpoint_path):
-    raise FileNotFoundError(f'CHECKPOINT_PATH {checkpoint_path!r} does not '
-                            'exist: give one checkpoint_<step> folder.')
-  multihost.raise_everywhere(  # process 0 writes
-      lambda: paths.check_writable_dir(output_dir, 'LEADERBOARD_OUTPUT_DIR'),
-      ValueError)
-  task_ids.check_num_tasks(model.config.num_tasks)
-  provider = input_pipeline.get_mixture_or_task(mixture_or_task_name)
+  """Decodes the split of `job` (the servers': 'test') of every server task
+  of its mixture with its one checkpoint and writes their files; returns
+  the summary (also `leaderboard_summary.json`). As several processes (one
+  per host), each decodes its rows of every batch and gets all predictions
+  back; process 0 writes the files."""
+  if not tf.io.gfile.isdir(job.checkpoint_path):
+    raise FileNotFoundError(f'CHECKPOINT_PATH {job.checkpoint_path!r} does '
+                            'not exist: give one checkpoint_<step> folder.')
+  model = checkpoint_job.checked_model(model, job, 'LEADERBOARD_OUTPUT_DIR')
+  provider = input_pipeline.get_mixture_or_task(job.mixture_or_task_name)
   tasks = [t for t in seqio.get_subtasks(provider)
-           if file_task(t.name) and split in t.splits]
+           if file_task(t.name) and job.split in t.splits]
   if not tasks:
-    raise ValueError(f'{mixture_or_task_name!r} has no GLUE / SuperGLUE task '
-                     f'with a {split!r} split.')
-  predictor = infer.checkpoint_predictor(model, checkpoint_path,
-                                         task_feature_lengths, batch_size,
-                                         mesh_data, mesh_model)
-  tf.io.gfile.makedirs(output_dir)
-  summary = {'checkpoint': checkpoint_path, 'split': split, 'files': {}}
+    raise ValueError(f'{job.mixture_or_task_name!r} has no GLUE / SuperGLUE '
+                     f'task with a {job.split!r} split.')
+  predictor = infer.checkpoint_predictor(model, job)
+  tf.io.gfile.makedirs(job.output_dir)
+  summary = {'checkpoint': job.checkpoint_path, 'split': job.split,
+             'files': {}}
   for task in tasks:
-    records = infer.task_predictions(task, predictor, task_feature_lengths,
-                                     split)
+    records = infer.task_predictions(task, predictor,
+                                     job.task_feature_lengths, job.split)
     name, content, invalid = format_file(file_task(task.name), records)
-    path = os.path.join(output_dir, name)
+    path = os.path.join(job.output_dir, name)
     if multihost.is_writer():
       files.write_atomically(path, content)
     summary['files'][name] = {'task': task.name, 'examples': len(records),
@@ -185,7 +173,7 @@ def write_files(
       for bench, files in REQUIRED.items()}
   if not multihost.is_writer():
     return summary
-  path = os.path.join(output_dir, SUMMARY_FILE)
+  path = os.path.join(job.output_dir, SUMMARY_FILE)
   files.write_atomically(path, json.dumps(summary, indent=1))
   for bench, missing in summary['missing'].items():
     if missing:
@@ -196,9 +184,7 @@ def write_files(
 
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.leaderboard` with its parsed flags."""
-  gin_utils.log_to_stdout(log)
-  gin_utils.parse_gin_flags(args)
-  multihost.initialize_from_flags(args)
+  checkpoint_job.configure(args, log)
   write_files()
   return 0
 

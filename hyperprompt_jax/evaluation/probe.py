@@ -18,14 +18,13 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import files
-from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
+from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import infer
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import partitioning
@@ -196,35 +195,24 @@ def probe_checkpoint(model: network.Transformer, params: Any,
 def probe(
     model: Optional[network.Transformer] = None,
     *,
-    checkpoint_path: str = gin.REQUIRED,
-    output_dir: str = gin.REQUIRED,
-    mixture_or_task_name: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-    split: str = 'validation',
+    job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     num_examples: Optional[int] = 100,
-    batch_size: int = 8,
-    mesh_data: int = -1,
-    mesh_model: int = 1,
 ) -> dict[str, Any]:
-  """Probes every checkpoint at `checkpoint_path`; writes and returns the
-  summary (module docstring). As several processes (one per host), each
-  runs its rows of every batch and gets every sum back; process 0 writes
-  the files."""
-  model = model or gin.get_configurable(network.Transformer)()
-  found = checkpoints.find_checkpoints(checkpoint_path)
-  multihost.raise_everywhere(  # process 0 writes
-      lambda: paths.check_writable_dir(output_dir, 'PROBE_OUTPUT_DIR'),
-      ValueError)
-  task_ids.check_num_tasks(model.config.num_tasks)
-  tasks = input_pipeline.eval_tasks(mixture_or_task_name, split)
-  variables = network.abstract_variables(
-      model, task_feature_lengths['inputs'],
-      task_feature_lengths['targets'])
+  """Probes every checkpoint of `job` on the first `num_examples` of each
+  task's split (None: all); writes and returns the summary (module
+  docstring). As several processes (one per host), each runs its rows of
+  every batch and gets every sum back; process 0 writes the files."""
+  found = checkpoints.find_checkpoints(job.checkpoint_path)
+  model = checkpoint_job.checked_model(model, job, 'PROBE_OUTPUT_DIR')
+  tasks = input_pipeline.eval_tasks(job.mixture_or_task_name, job.split)
+  lengths = job.task_feature_lengths
+  variables = network.abstract_variables(model, lengths['inputs'],
+                                         lengths['targets'])
   abstract = variables['params']
-  mesh = partitioning.create_mesh(mesh_data, mesh_model)
-  if batch_size % mesh.shape['data']:
-    raise ValueError(f'PROBE_BATCH_SIZE={batch_size} does not divide over '
-                     f"the mesh's {mesh.shape['data']} data shards.")
+  mesh = job.mesh()
+  if job.batch_size % mesh.shape['data']:
+    raise ValueError(f'PROBE_BATCH_SIZE={job.batch_size} does not divide '
+                     f"over the mesh's {mesh.shape['data']} data shards.")
   param_shardings = partitioning.parameter_shardings(
       variables['params_axes'], mesh)
   step_fn = make_probe_step(model, mesh)
@@ -233,21 +221,22 @@ def probe(
       'methods': task_params.method_names(model) or ['mtl'],
       'prompt_columns': {
           stack: has_prompts(cfg, stack) for stack in STACKS},
-      'split': split, 'num_examples': num_examples, 'steps': {}}
+      'split': job.split, 'num_examples': num_examples, 'steps': {}}
   for step, path in found:
     run_record.check_checkpoint(path, cfg, task_ids.run_task_list())
     params, _ = checkpoints.restore_params(path, abstract)
     params = jax.device_put(params, param_shardings)
     summary['steps'][str(step)] = probe_checkpoint(
-        model, params, tasks, task_feature_lengths, split, num_examples,
-        batch_size, step_fn)
+        model, params, tasks, lengths, job.split, num_examples,
+        job.batch_size, step_fn)
     log.info('checkpoint_%d probed.', step)
   if not multihost.is_writer():
     return summary
-  tf.io.gfile.makedirs(output_dir)
-  path = os.path.join(output_dir, PROBE_FILE)
+  tf.io.gfile.makedirs(job.output_dir)
+  path = os.path.join(job.output_dir, PROBE_FILE)
   files.write_atomically(path, json.dumps(summary, indent=1))
-  written = [path] + [plot(summary, stack, output_dir) for stack in STACKS]
+  written = [path] + [plot(summary, stack, job.output_dir)
+                      for stack in STACKS]
   log.info('Wrote %s', ', '.join(written))
   return summary
 
@@ -294,9 +283,7 @@ def plot(summary: Mapping[str, Any], stack: str, output_dir: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.probe` with its parsed flags."""
-  gin_utils.log_to_stdout(log)
-  gin_utils.parse_gin_flags(args)
-  multihost.initialize_from_flags(args)
+  checkpoint_job.configure(args, log)
   probe()
   return 0
 

@@ -1,0 +1,73 @@
+"""What every command that reads checkpoints is given (eval, infer, probe,
+leaderboard): `CheckpointJob`, the checkpoint(s), the data, where the files
+go and the device mesh, one gin-configurable dataclass in the manner of
+t5x's `utils.DatasetConfig`; and the steps each of those commands takes
+before its own work."""
+
+import argparse
+import dataclasses
+import logging
+from typing import Mapping, Optional, Sequence, Union
+
+import gin
+import jax
+
+from hyperprompt_jax import paths
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.tasks import task_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointJob:
+  """One command's checkpoints, data, output and mesh (gin:
+  `checkpoint_job.CheckpointJob`, bound in gin/runs/{eval,infer,probe,
+  leaderboard}.gin with t5x's macro names).
+
+  Attributes:
+    checkpoint_path: a `checkpoint_<step>` folder, a folder of them, or (eval
+      only) a list of such folders, runs of one setup (CHECKPOINT_PATH).
+    output_dir: where the command's files go (EVAL_OUTPUT_DIR,
+      INFER_OUTPUT_DIR, PROBE_OUTPUT_DIR, LEADERBOARD_OUTPUT_DIR).
+    mixture_or_task_name: a registered seqio Task / Mixture.
+    task_feature_lengths: {'inputs': L_in, 'targets': L_out}; the targets'
+      length is the most tokens decoded.
+    split: the split every task is read from.
+    batch_size: examples per device call, over all processes.
+    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+  """
+  checkpoint_path: Union[str, Sequence[str]]
+  output_dir: str
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  split: str = 'validation'
+  batch_size: int = 64
+  mesh_data: int = -1
+  mesh_model: int = 1
+
+  def mesh(self) -> jax.sharding.Mesh:
+    return partitioning.create_mesh(self.mesh_data, self.mesh_model)
+
+
+def checked_model(model: Optional[network.Transformer], job: CheckpointJob,
+                  output_macro: str) -> network.Transformer:
+  """The network to run (`model`, or `network.Transformer` from gin), once
+  the job can start: its output directory is writable (process 0 writes;
+  every process raises alike, naming `output_macro`) and the network's
+  task-id space is the run's task list's."""
+  model = model or gin.get_configurable(network.Transformer)()
+  multihost.raise_everywhere(
+      lambda: paths.check_writable_dir(job.output_dir, output_macro),
+      ValueError)
+  task_ids.check_num_tasks(model.config.num_tasks)
+  return model
+
+
+def configure(args: argparse.Namespace, log: logging.Logger) -> None:
+  """A command's set-up from its parsed flags: `log` on stdout, the gin
+  files and bindings parsed, the processes joined."""
+  gin_utils.log_to_stdout(log)
+  gin_utils.parse_gin_flags(args)
+  multihost.initialize_from_flags(args)
