@@ -118,10 +118,6 @@ PEAK_TFLOPS = (
     ('tpu v4', 275.0),
 )
 
-# The placeholder token of Prompt-Tuning's reserved slots (the feature
-# converter's PROMPT_SLOT_TOKEN).
-PROMPT_SLOT_TOKEN = 1
-
 
 def method_settings(variant_file: str) -> dict[str, Any]:
   """The `network.T5Config` settings of a gin/variants file, read without
@@ -247,7 +243,7 @@ def _features(rows, input_length, target_length, vocab_size, packed,
       slots = prompt_slots if packed else 0
       tokens = rng.integers(2, vocab_size, n_in, dtype=np.int32)
       enc[r, i:i + slots + n_in] = np.concatenate(
-          [np.full(slots, PROMPT_SLOT_TOKEN, np.int32), tokens])
+          [np.full(slots, prompt_tuning.PROMPT_SLOT_TOKEN, np.int32), tokens])
       targets = rng.integers(2, vocab_size, n_out, dtype=np.int32)
       dec_out[r, j:j + n_out] = targets
       dec_in[r, j + 1:j + n_out] = targets[:-1]  # 0 starts each example
