@@ -20,6 +20,7 @@ from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import infer as infer_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.tasks import postprocessors
 
@@ -53,11 +54,11 @@ def run_dir(tmp_path_factory):
   """checkpoint_20 and checkpoint_40 of a tiny run on RTE, MNLI and STS-B
   (built-in runner): long enough to produce labels, not to be right."""
   model_dir = tmp_path_factory.mktemp('eval') / 'run'
-  train_lib.train(
-      _model(), model_dir=str(model_dir), train_steps=LAST, batch_size=16,
+  train_lib.train(_model(), settings=run_settings.RunSettings(
+      model_dir=str(model_dir), train_steps=LAST, batch_size=16,
       mixture_or_task_name=TRAIN_MIXTURE, task_feature_lengths=LENGTHS,
       save_period=FIRST, log_period=LAST,
-      optimizer=optimizers.make_optimizer(learning_rate=1e-2))
+      optimizer=optimizers.make_optimizer(learning_rate=1e-2)))
   return model_dir
 
 

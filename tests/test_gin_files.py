@@ -230,7 +230,7 @@ def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
   gin_utils.parse_gin([f'runs/{name}.gin'], [])
   builtin_config, builtin_macros = _bound_setup()
   assert set(builtin_macros) == set(PAPER_MACROS)
-  assert str(gin.query_parameter('train.train.pack')) == '%PACK'
+  assert str(gin.query_parameter('run_settings.RunSettings.pack')) == '%PACK'
   # Every paper setup trains packed; HyperGrid's rows hold at most
   # MAX_SEGMENTS examples (one gated weight each), and so do the packer's.
   assert builtin_macros['PACK'] is True

@@ -22,6 +22,7 @@ from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import losses
@@ -506,7 +507,8 @@ def _train(model_dir, steps, **overrides):
       metabalance_settings=metabalance.Settings(
           target_task='fixture_glue_rte', beta=0.5))
   kwargs.update(overrides)
-  return train_lib.train(_model(), **kwargs)
+  return train_lib.train(_model(),
+                         settings=run_settings.RunSettings(**kwargs))
 
 
 def test_a_resumed_run_reaches_the_uninterrupted_parameters(tmp_path):

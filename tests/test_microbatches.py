@@ -16,6 +16,7 @@ from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import losses
@@ -267,13 +268,12 @@ def test_num_microbatches_settings_that_fit():
 
 def test_train_refuses_a_bad_num_microbatches_before_compiling(model,
                                                               tmp_path):
-  """Through `train.train`: BATCH_SIZE 8 on one data shard, 3 parts."""
+  """Through `train`: BATCH_SIZE 8 on one data shard, 3 parts."""
   with pytest.raises(ValueError, match='NUM_MICROBATCHES=3 does not divide'):
-    train_lib.train(
-        model=model,
+    train_lib.train(model, settings=run_settings.RunSettings(
         model_dir=str(tmp_path / 'run'),
         mixture_or_task_name='fixture_glue_proportional',
         task_feature_lengths=LENGTHS, train_steps=1, batch_size=8,
         num_microbatches=3,
-        optimizer=optimizers.make_optimizer())
+        optimizer=optimizers.make_optimizer()))
   assert not (tmp_path / 'run').exists()

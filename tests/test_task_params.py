@@ -21,6 +21,7 @@ from hyperprompt_jax.runner import export_task_params
 from hyperprompt_jax.runner import initial_checkpoint
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 
@@ -403,27 +404,28 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
   bind = 'hyperprompt_jax.tasks.task_ids.run_task_list.tasks'
   try:
     gin.bind_parameter(bind, list(TASKS[:3]))
-    first = train_lib.train(
-        old, model_dir=str(tmp_path / 'old'), train_steps=2,
-        mixture_or_task_name='fixture_glue_rte', **kwargs)
+    first = train_lib.train(old, settings=run_settings.RunSettings(
+        model_dir=str(tmp_path / 'old'), train_steps=2,
+        mixture_or_task_name='fixture_glue_rte', **kwargs))
     gin.bind_parameter(bind, list(TASKS))
-    second = train_lib.train(
-        new, model_dir=str(tmp_path / 'new'), train_steps=2,
+    second = train_lib.train(new, settings=run_settings.RunSettings(
+        model_dir=str(tmp_path / 'new'), train_steps=2,
         mixture_or_task_name='fixture_glue_cola',
         initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
-        train_only_new_tasks=True, **kwargs)
+        train_only_new_tasks=True, **kwargs))
     gin.bind_parameter(bind, list(TASKS[:3]))
     with pytest.raises(ValueError, match='the model has no new task rows'):
-      train_lib.train(
-          old, model_dir=str(tmp_path / 'none'), train_steps=2,
+      train_lib.train(old, settings=run_settings.RunSettings(
+          model_dir=str(tmp_path / 'none'), train_steps=2,
           mixture_or_task_name='fixture_glue_rte',
           initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
-          train_only_new_tasks=True, **kwargs)
+          train_only_new_tasks=True, **kwargs))
     with pytest.raises(ValueError, match='TASK_PARAMS_PATH needs '
                        'INITIAL_CHECKPOINT_PATH'):
-      train_lib.train(new, model_dir=str(tmp_path / 'x'), train_steps=2,
-                      mixture_or_task_name='fixture_glue_cola',
-                      task_params_path=str(tmp_path / 'a.npz'), **kwargs)
+      train_lib.train(new, settings=run_settings.RunSettings(
+          model_dir=str(tmp_path / 'x'), train_steps=2,
+          mixture_or_task_name='fixture_glue_cola',
+          task_params_path=str(tmp_path / 'a.npz'), **kwargs))
   finally:
     gin.clear_config()
   axes = task_params.task_axes(new)

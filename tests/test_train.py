@@ -27,6 +27,7 @@ from hyperprompt_jax.runner import input_pipeline
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import packing
@@ -181,13 +182,13 @@ def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
   gin.bind_parameter('hyperprompt_jax.tasks.task_ids.run_task_list.benchmark',
                      'glue_super_glue')
   try:
-    result = train_lib.train(
-        model, model_dir=str(tmp_path), train_steps=2, batch_size=2,
+    result = train_lib.train(model, settings=run_settings.RunSettings(
+        model_dir=str(tmp_path), train_steps=2, batch_size=2,
         mixture_or_task_name='fixture_glue_super_glue_proportional',
         task_feature_lengths=LENGTHS, save_period=2, log_period=1,
         initial_checkpoint_path=str(conftest.T5X_TINY /
                                     'orbax/checkpoint_100'),
-        optimizer=optimizers.make_optimizer())
+        optimizer=optimizers.make_optimizer()))
   finally:
     gin.clear_config()
   assert result['step'] == 2  # 2 fine-tuning steps from 0, not from 100
@@ -198,7 +199,7 @@ def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
 def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
   model = network.Transformer(_global_tiny_config(mlp_dim=48, num_tasks=8))
   with pytest.raises(ValueError, match=r'mlp/wi_0/kernel: checkpoint'):
-    train_lib.train(model, **_train_kwargs(
+    train_lib.train(model, settings=_train_settings(
         tmp_path, initial_checkpoint_path=str(
             conftest.T5X_TINY / 'legacy/checkpoint_50')))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))  # nothing written
@@ -299,14 +300,14 @@ def test_sharded_train_step_matches_a_single_device():
 
 # ---------------------------------------------------------------- bad input --
 
-def _train_kwargs(tmp_path, **overrides):
+def _train_settings(tmp_path, **overrides):
   kwargs = dict(
       model_dir=str(tmp_path / 'run'), train_steps=4, batch_size=2,
       mixture_or_task_name='fixture_glue_proportional',
       task_feature_lengths=LENGTHS, save_period=2, log_period=1,
       optimizer=optimizers.make_optimizer())
   kwargs.update(overrides)
-  return kwargs
+  return run_settings.RunSettings(**kwargs)
 
 
 def _tiny_glue_model():
@@ -315,7 +316,7 @@ def _tiny_glue_model():
 
 def test_unknown_mixture_is_a_clear_error(tmp_path):
   with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_prop"):
-    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+    train_lib.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, mixture_or_task_name='glue_proportionall'))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))
 
@@ -324,7 +325,7 @@ def test_unwritable_model_dir_is_a_clear_error(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('x')
   with pytest.raises(ValueError, match='MODEL_DIR .* is not writable'):
-    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+    train_lib.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, model_dir=str(blocker / 'run')))
 
 
@@ -344,7 +345,7 @@ def test_packed_hypergrid_run_trains_at_most_max_segments_a_row(
     return batch
 
   monkeypatch.setattr(input_pipeline, 'as_numpy', counted)
-  result = train_lib.train(model, **_train_kwargs(
+  result = train_lib.train(model, settings=_train_settings(
       tmp_path, pack=True, train_steps=2, batch_size=2,
       task_feature_lengths={'inputs': 512, 'targets': 32}))
   assert result['step'] == 2 and np.isfinite(result['loss'])
@@ -360,7 +361,7 @@ def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
       **vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8,
       'prompt_tuning': prompt_tuning.PromptTuningConfig(prompt_length=3)}))
   with caplog.at_level('INFO'):
-    result = train_lib.train(model, **_train_kwargs(
+    result = train_lib.train(model, settings=_train_settings(
         tmp_path, pack=True, train_steps=2, batch_size=2))
   assert result['step'] == 2 and np.isfinite(result['loss'])
   filled = [r.getMessage() for r in caplog.records
@@ -371,7 +372,7 @@ def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
 def test_num_tasks_smaller_than_the_task_list_is_refused(tmp_path):
   model = network.Transformer(_global_tiny_config(num_tasks=4))
   with pytest.raises(ValueError, match='NUM_TASKS=4'):
-    train_lib.train(model, **_train_kwargs(tmp_path))
+    train_lib.train(model, settings=_train_settings(tmp_path))
 
 
 def test_out_of_range_task_id_stops_before_the_step(tmp_path, monkeypatch):
@@ -387,7 +388,7 @@ def test_out_of_range_task_id_stops_before_the_step(tmp_path, monkeypatch):
   monkeypatch.setattr(input_pipeline, 'as_numpy', with_bad_id)
   with pytest.raises(ValueError, match=r'task_ids has ids \[8\] outside '
                      r'\[0, num_tasks=8\)'):
-    train_lib.train(_tiny_glue_model(), **_train_kwargs(tmp_path))
+    train_lib.train(_tiny_glue_model(), settings=_train_settings(tmp_path))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))
 
 
@@ -411,7 +412,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
   optimizer = optax.chain(optimizers.make_optimizer(), _nan_from(5))
   with pytest.raises(train_lib.NonFiniteLossError,
                      match='Last good checkpoint: checkpoint_4'):
-    train_lib.train(_tiny_glue_model(), **_train_kwargs(
+    train_lib.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, train_steps=10, optimizer=optimizer))
   run = tmp_path / 'run'
   assert sorted(p.name for p in run.glob('checkpoint_*')) == [

@@ -29,6 +29,7 @@ from hyperprompt_jax.runner import checkpoint_manager
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_record
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import schedules
 from hyperprompt_jax.runner import train as train_lib
 from hyperprompt_jax.runner import trainer as trainer_lib
@@ -122,8 +123,7 @@ def test_bad_eval_settings_are_clear_errors(tmp_path):
     during_training.check_settings(None, None, 'glue_average', 64)
   with pytest.raises(ValueError, match=r"KEEP_BEST_BY='glue' is neither a "
                      r"task .*'glue_rte'.* nor an average .*'average'"):
-    train_lib.train(_model(), **_kwargs(tmp_path / 'bad', eval_period=2,
-                                        keep_best_by='glue'))
+    _train(tmp_path / 'bad', eval_period=2, keep_best_by='glue')
 
 
 def test_per_task_sums_and_examples_match_numpy():
@@ -188,16 +188,17 @@ SCHEDULE = schedules.create_learning_rate_scheduler(
     steps_per_cycle=4)
 
 
-def _kwargs(model_dir, **overrides):
+def _train(model_dir, **overrides):
+  """`train` with the evaluation during training and these settings."""
   kwargs = dict(
       model_dir=str(model_dir), mixture_or_task_name=MIXTURE,
       task_feature_lengths=LENGTHS, train_steps=6, batch_size=8,
       save_period=2, keep_checkpoints=1, log_period=1,
       optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
-      learning_rate_schedule=SCHEDULE, evaluation=during_training.EVALUATION,
-      eval_period=2, keep_best_by='glue_rte')
+      learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='glue_rte')
   kwargs.update(overrides)
-  return kwargs
+  return train_lib.train(_model(), during_training.EVALUATION,
+                         run_settings.RunSettings(**kwargs))
 
 
 def _scalars(model_dir) -> dict[str, dict[int, float]]:
@@ -224,7 +225,7 @@ def runs(tmp_path_factory):
   """A 6-step run evaluated every 2 steps, and the same run stopped by
   SIGTERM during its first evaluation and resumed."""
   root = tmp_path_factory.mktemp('loop')
-  straight = train_lib.train(_model(), **_kwargs(root / 'straight'))
+  straight = _train(root / 'straight')
 
   evaluate = during_training.TrainingEvaluator.evaluate
 
@@ -236,10 +237,10 @@ def runs(tmp_path_factory):
   patch.setattr(during_training.TrainingEvaluator, 'evaluate',
                 terminated_during)
   try:
-    stopped = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+    stopped = _train(root / 'resumed')
   finally:
     patch.undo()
-  resumed = train_lib.train(_model(), **_kwargs(root / 'resumed'))
+  resumed = _train(root / 'resumed')
   return root, straight, stopped, resumed
 
 
@@ -350,8 +351,8 @@ def evaluated_late(tmp_path_factory):
   """A 6-step run saving at 2, 4, 6 and evaluating at 4 and 6: its
   directory, final parameters and score lines."""
   model_dir = tmp_path_factory.mktemp('late') / 'run'
-  result = train_lib.train(_model(), **_kwargs(
-      model_dir, eval_period=4, keep_checkpoints=3, keep_best_by=None))
+  result = _train(model_dir, eval_period=4, keep_checkpoints=3,
+                  keep_best_by=None)
   return model_dir, _params(result), _score_lines(model_dir)
 
 
@@ -374,8 +375,8 @@ def test_a_resume_before_evaluations_drops_them_and_ends_as_the_run(
   for step in damaged:
     _cut_short(model_dir / f'checkpoint_{step}')
   with caplog.at_level('INFO'):
-    result = train_lib.train(_model(), **_kwargs(
-        model_dir, eval_period=4, keep_checkpoints=3, keep_best_by=None))
+    result = _train(model_dir, eval_period=4, keep_checkpoints=3,
+                    keep_best_by=None)
   log = '\n'.join(r.getMessage() for r in caplog.records)
   assert f'Resuming from {model_dir}/checkpoint_{resumed_from}' in log, log
   for step in damaged:

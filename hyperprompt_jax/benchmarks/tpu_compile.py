@@ -655,8 +655,8 @@ def gin_setup(name: str, gin_files: Sequence[str],
         gin.get_configurable(metabalance.Settings)(), model,
         macro('MIXTURE_OR_TASK_NAME'))
     try:
-      z_loss = gin.query_parameter('train.train.z_loss')
-    except ValueError:  # not bound: `train`'s default
+      z_loss = gin.query_parameter('run_settings.RunSettings.z_loss')
+    except ValueError:  # not bound: `RunSettings`'s default
       z_loss = 1e-4
     setup = Setup(
         name=name, config=model.config, input_length=lengths['inputs'],

@@ -1,7 +1,7 @@
 """The built-in training runner (`python -m hyperprompt_jax.train`): the
-loop (`train`, which calls the evaluation the train command hands it), its
-step (`trainer`, `optimizers`, `metabalance`: pure, no TensorFlow, seqio,
-orbax or gin), t5x's learning-rate schedules (`schedules`), the run's
+loop (`train`, which calls the evaluation the train command hands it) and
+its settings (`run_settings`), its step (`trainer`, `optimizers`,
+`metabalance`: pure, no TensorFlow, seqio, orbax or gin), t5x's learning-rate schedules (`schedules`), the run's
 MetaBalance plan (`balancing`), where its parameters start
 (`initial_checkpoint`), the data (`input_pipeline`, `batches`), the devices
 and hosts (`partitioning`, `multihost`), what keeps a run safe

@@ -1,6 +1,7 @@
-"""The built-in runner's training loop: `train` (gin-configured by
-gin/runs/train.gin) checks the settings, locks MODEL_DIR, restores or
-initialises the state (`_restore_or_start`), and steps, logs the curves,
+"""The built-in runner's training loop: `train` takes a run's settings
+(`run_settings.RunSettings`, which gin/runs/train.gin binds), checks them
+against the model, tasks and devices (`_resolve`), locks MODEL_DIR, restores
+or initialises the state (`_restore_or_start`), and steps, logs the curves,
 checkpoints and evaluates (`_StepLoop`) until TRAIN_STEPS, surviving
 preemption. Its command: `python -m hyperprompt_jax.train`."""
 
@@ -9,10 +10,9 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Mapping, Optional
 
 
 from clu import metric_writers
@@ -21,7 +21,6 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import paths
-from hyperprompt_jax import task_params
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import balancing as balancing_lib
 from hyperprompt_jax.runner import batches
@@ -37,7 +36,7 @@ from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import preemption
 from hyperprompt_jax.runner import run_lock
 from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import schedules
+from hyperprompt_jax.runner import run_settings
 from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
 
@@ -78,13 +77,14 @@ class Evaluation:
   progress: Callable[[Mapping[str, Any]], str]
 
 
-def _check_evaluation(evaluation: Optional[Evaluation], eval_period,
-                      examples_per_task, keep_best_by, batch_size) -> None:
+def _check_evaluation(evaluation: Optional[Evaluation],
+                      settings: run_settings.RunSettings) -> None:
   """The evaluation settings, checked by the evaluation handed in; without
   one, EVAL_PERIOD and KEEP_BEST_BY must be off."""
+  eval_period, keep_best_by = settings.eval_period, settings.keep_best_by
   if evaluation is not None:
-    evaluation.check_settings(eval_period, examples_per_task, keep_best_by,
-                              batch_size)
+    evaluation.check_settings(eval_period, settings.eval_examples_per_task,
+                              keep_best_by, settings.eval_batch_size)
   elif eval_period is not None or keep_best_by is not None:
     raise ValueError(
         f'EVAL_PERIOD={eval_period!r}, KEEP_BEST_BY={keep_best_by!r}: this '
@@ -98,135 +98,26 @@ def _eta(seconds: float) -> str:
   return f'{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s'
 
 
-def _check_int(macro: str, value: Any, minimum: int = 1,
-               example: int = 1000) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(
-        f'{macro} must be an integer >= {minimum}, got {value!r} '
-        f'({type(value).__name__}): e.g. --gin.{macro}={example}.')
-
-
-def check_settings(*, model_dir, mixture_or_task_name, task_feature_lengths,
-                   train_steps, batch_size, initial_checkpoint_path,
-                   save_period, keep_checkpoints, log_period, seed, z_loss,
-                   pack) -> None:
-  """Raises ValueError, naming the macro and a fix, on any setting a run
-  cannot use: before anything is written, loaded or compiled."""
-  for macro, value in (('MODEL_DIR', model_dir),
-                       ('MIXTURE_OR_TASK_NAME', mixture_or_task_name)):
-    if not isinstance(value, str) or not value:
-      raise ValueError(f"{macro} must be a non-empty string, got {value!r}: "
-                       f"--gin.{macro}=\"'...'\" (quoted).")
-  if (not isinstance(task_feature_lengths, Mapping)
-      or set(task_feature_lengths) != {'inputs', 'targets'}):
-    raise ValueError(
-        'TASK_FEATURE_LENGTHS must be {"inputs": L_in, "targets": L_out}, '
-        f'got {task_feature_lengths!r}.')
-  for key, length in task_feature_lengths.items():
-    _check_int(f'TASK_FEATURE_LENGTHS[{key!r}]', length, example=512)
-  _check_int('TRAIN_STEPS', train_steps)
-  _check_int('BATCH_SIZE', batch_size, example=128)
-  _check_int('SAVE_PERIOD', save_period, example=2000)
-  _check_int('LOG_PERIOD', log_period, example=100)
-  _check_int('SEED', seed, minimum=0, example=0)
-  if keep_checkpoints is not None:
-    if (isinstance(keep_checkpoints, bool)
-        or not isinstance(keep_checkpoints, int) or keep_checkpoints < 1):
-      raise ValueError(
-          f'KEEP_CHECKPOINTS must be None (keep all) or an integer >= 1, got '
-          f'{keep_checkpoints!r}: 0 would delete every checkpoint in '
-          'MODEL_DIR.')
-  if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or (
-      not 0 <= z_loss < float('inf')):
-    raise ValueError(f'train.z_loss must be a number >= 0, got {z_loss!r}.')
-  if not isinstance(pack, bool):
-    raise ValueError(f'PACK must be True or False, got {pack!r}.')
-  if initial_checkpoint_path is not None:
-    if not isinstance(initial_checkpoint_path, str):
-      raise ValueError('INITIAL_CHECKPOINT_PATH must be a quoted path or '
-                       f'None, got {initial_checkpoint_path!r}.')
-    if '://' not in initial_checkpoint_path and not os.path.isdir(
-        initial_checkpoint_path):
-      raise ValueError(f'INITIAL_CHECKPOINT_PATH {initial_checkpoint_path!r} '
-                       'does not exist: give a t5x checkpoint_<step> folder.')
-
-
-class _TaskStart(NamedTuple):
-  """Where the task parameters of a run from INITIAL_CHECKPOINT_PATH come
-  from, and what trains."""
-  task_params_path: Optional[str]
-  growth: task_params.Growth
-  first_new_row: Optional[int]  # TRAIN_ONLY_NEW_TASKS: rows from here train
-
-
-def _check_task_start(initial_checkpoint_path, task_params_path,
-                      train_only_new_tasks) -> None:
-  if not isinstance(train_only_new_tasks, bool):
-    raise ValueError('TRAIN_ONLY_NEW_TASKS must be True or False, got '
-                     f'{train_only_new_tasks!r}.')
-  for macro, value in (('TASK_PARAMS_PATH', task_params_path),
-                       ('TRAIN_ONLY_NEW_TASKS', train_only_new_tasks)):
-    if value and not initial_checkpoint_path:
-      raise ValueError(
-          f'{macro} needs INITIAL_CHECKPOINT_PATH: the checkpoint whose '
-          'backbone (and task rows) the run starts from.')
-  if task_params_path is not None and not isinstance(task_params_path, str):
-    raise ValueError('TASK_PARAMS_PATH must be a quoted path or None, got '
-                     f'{task_params_path!r}.')
-
-
-def _first_new_task_row(model, initial_checkpoint_path, task_params_path
-                        ) -> int:
+def _first_new_task_row(model, settings: run_settings.RunSettings) -> int:
   """The first row TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
   starting point was trained on (`initial_checkpoint.trained_rows`; read from
   metadata, no array loaded)."""
-  first = initial_checkpoint.trained_rows(model, initial_checkpoint_path,
-                                          task_params_path)
+  first = initial_checkpoint.trained_rows(
+      model, settings.initial_checkpoint_path, settings.task_params_path)
   if first >= model.config.num_tasks:
     raise ValueError(
         f'TRAIN_ONLY_NEW_TASKS: the model has no new task rows (NUM_TASKS='
-        f'{model.config.num_tasks}, and {initial_checkpoint_path} has '
-        f'{first}); raise NUM_TASKS to the tasks of the run, new ones '
+        f'{model.config.num_tasks}, and {settings.initial_checkpoint_path} '
+        f'has {first}); raise NUM_TASKS to the tasks of the run, new ones '
         'included.')
   return first
 
 
-@gin.configurable(denylist=['model', 'evaluation'])
-def train(
-    model: Optional[network.Transformer] = None,
-    evaluation: Optional[Evaluation] = None,
-    *,
-    model_dir: str = gin.REQUIRED,
-    mixture_or_task_name: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
-    train_steps: int = gin.REQUIRED,
-    batch_size: int = gin.REQUIRED,
-    initial_checkpoint_path: Optional[str] = None,
-    save_period: int = 2000,
-    keep_checkpoints: Optional[int] = None,
-    log_period: int = 100,
-    seed: int = 0,
-    z_loss: float = 1e-4,
-    mesh_data: int = -1,
-    mesh_model: int = 1,
-    pack: bool = False,
-    use_cached_tasks: bool = False,
-    task_params_path: Optional[str] = None,
-    new_task_init: str = 'mean',
-    new_task_source: Optional[str] = None,
-    train_only_new_tasks: bool = False,
-    restart_data_on_layout_change: bool = False,
-    gradient_balancing: Optional[str] = None,
-    metabalance_settings: Optional[metabalance.Settings] = None,
-    num_microbatches: Optional[int] = None,
-    optimizer=gin.REQUIRED,
-    learning_rate_schedule: Optional[schedules.Schedule] = None,
-    eval_period: Optional[int] = None,
-    eval_examples_per_task: Optional[int] = None,
-    eval_batch_size: int = 64,
-    keep_best_by: Optional[str] = None,
-) -> dict[str, Any]:
-  """Trains `model` (default: the gin-configured network) for `train_steps`.
+def train(model: Optional[network.Transformer] = None,
+          evaluation: Optional[Evaluation] = None,
+          settings: Optional[run_settings.RunSettings] = None
+          ) -> dict[str, Any]:
+  """Trains `model` for `settings.train_steps`.
 
   Every setting is checked before anything is written or compiled. The run
   holds `MODEL_DIR/train.lock` while it runs (`run_lock`), resumes from the
@@ -238,59 +129,8 @@ def train(
     model: the network; None builds `network.Transformer` from gin.
     evaluation: what evaluates during training (the train command's
       `during_training.EVALUATION`); None: EVAL_PERIOD must be None.
-    model_dir: checkpoints, summaries and the gin config go here.
-    mixture_or_task_name: a registered seqio Task / Mixture.
-    task_feature_lengths: {'inputs': L_in, 'targets': L_out}.
-    train_steps: the step to stop at (fine-tuning counts from 0).
-    batch_size: the global batch size.
-    initial_checkpoint_path: a pretrained t5x `checkpoint_<step>`.
-    save_period: steps between checkpoints (papers: 2000).
-    keep_checkpoints: how many to keep (None: all; at least 1).
-    log_period: steps between progress lines and summaries.
-    seed: parameters, dropout (`fold_in(seed, step)`) and data order.
-    z_loss: t5x's z-loss coefficient.
-    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
-    pack: pack several examples per row (T5's fine-tuning default), each
-      token carrying its example's task id (HyperGrid, Output Gating: at
-      most MAX_SEGMENTS examples a row, each gated by its own weights).
-    use_cached_tasks: read seqio's offline cache.
-    task_params_path: a `task_params` artifact (export_task_params) placed
-      on the backbone of `initial_checkpoint_path`.
-    new_task_init: how rows for task ids the initial checkpoint (or
-      artifact) lacks start: 'mean' of its trained tasks' rows, 'copy' of
-      `new_task_source`'s row, or 'fresh' (`task_params.grow`).
-    new_task_source: the task 'copy' copies.
-    train_only_new_tasks: train only those new rows (`optimizers.
-      only_task_rows`): the backbone, shared hypernetworks and the trained
-      tasks' rows stay bit-identical.
-    restart_data_on_layout_change: resuming with the data cut into another
-      number of shards (another process count or MESH_MODEL,
-      `multihost.data_layout`) restores the parameters and optimizer state
-      and starts the data stream afresh, instead of refusing.
-    gradient_balancing: None (the loss's gradient) or 'metabalance'
-      (auxiliary learning for one target task: `metabalance`).
-    metabalance_settings: MetaBalance's settings (gin: the METABALANCE_*
-      macros of runs/train.gin).
-    num_microbatches: take each batch's gradient in this many parts, summed
-      into one update (t5x's meaning; None or 1: whole batches): the
-      activations of one part in memory, the one-batch update (with
-      MetaBalance too: each share's gradient summed over the parts).
-    optimizer: an optax transformation (gin: `@optimizers.make_optimizer()`).
-    learning_rate_schedule: the schedule the optimizer follows (gin: the
-      same `@schedules.create_learning_rate_scheduler()` as
-      `make_optimizer.learning_rate`): recorded with each checkpoint (a
-      resume with another is refused) and logged as `learning_rate`. None:
-      neither (the optimizer's rate is its own).
-    eval_period: decode the validation sets of the run's tasks every this
-      many steps and at the last step (t5x's `eval_period`;
-      `evaluation`); None: never.
-    eval_examples_per_task: score the first this many examples of each
-      task (None: all, `eval`'s scores).
-    eval_batch_size: examples per decode call (as `eval`'s).
-    keep_best_by: a task or average (`evaluation`'s, e.g.
-      'glue_average'): its best-scoring checkpoint is kept beside the last
-      `keep_checkpoints`, and named in the run record; every evaluation
-      then saves a checkpoint.
+    settings: the run's settings; None makes them from gin (runs/train.gin
+      binds `run_settings.RunSettings` from the macros).
 
   Returns:
     {'step', 'loss', 'params', 'stopped_by'}: the final step, last logged
@@ -298,69 +138,18 @@ def train(
     processes and no process holds them all), and the signal that stopped
     the run early ('SIGTERM', 'SIGINT', 'preemption'; None if it finished).
   """
-  check_settings(
-      model_dir=model_dir, mixture_or_task_name=mixture_or_task_name,
-      task_feature_lengths=task_feature_lengths, train_steps=train_steps,
-      batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
-      save_period=save_period, keep_checkpoints=keep_checkpoints,
-      log_period=log_period, seed=seed, z_loss=z_loss, pack=pack)
-  _check_evaluation(evaluation, eval_period, eval_examples_per_task,
-                    keep_best_by, eval_batch_size)
-  if learning_rate_schedule is not None and not isinstance(
-      learning_rate_schedule, schedules.Schedule):
-    raise ValueError(
-        'train.learning_rate_schedule must be a schedules.Schedule '
-        '(gin: @schedules.create_learning_rate_scheduler()) or None, got '
-        f'{learning_rate_schedule!r}.')
-  growth = task_params.Growth(new_task_init, new_task_source)
-  _check_task_start(initial_checkpoint_path, task_params_path,
-                    train_only_new_tasks)
-  model = model or gin.get_configurable(network.Transformer)()
-  task_ids.check_num_tasks(model.config.num_tasks)
-  input_pipeline.check_samplable(mixture_or_task_name)
-  if eval_period:
-    evaluation.check_tasks(mixture_or_task_name, keep_best_by)
-  balancing = balancing_lib.run_plan(
-      gradient_balancing, metabalance_settings, model, mixture_or_task_name)
-  mesh = partitioning.create_mesh(mesh_data, mesh_model)
-  if batch_size % mesh.shape['data']:
-    raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
-                     f"mesh's {mesh.shape['data']} data shards.")
-  num_microbatches = trainer_lib.check_num_microbatches(
-      num_microbatches, batch_size // mesh.shape['data'])
-  if not isinstance(restart_data_on_layout_change, bool):
-    raise ValueError('RESTART_DATA_ON_LAYOUT_CHANGE must be True or False, '
-                     f'got {restart_data_on_layout_change!r}.')
-  first_new_row = None
-  if train_only_new_tasks:
-    first_new_row = _first_new_task_row(model, initial_checkpoint_path,
-                                        task_params_path)
-    optimizer = initial_checkpoint.only_new_task_rows(optimizer, model,
-                                                      first_new_row)
+  settings = settings or run_settings.RunSettings()
+  run = _resolve(settings, model, evaluation)
   # Every process writes its part of each checkpoint.
   multihost.raise_everywhere(
-      lambda: paths.check_writable_dir(model_dir, 'MODEL_DIR'), ValueError,
-      on_process_0_only=False)
+      lambda: paths.check_writable_dir(settings.model_dir, 'MODEL_DIR'),
+      ValueError, on_process_0_only=False)
   # Process 0 holds the lock; a refusal stops every process at once, with
   # the same message.
-  lock = run_lock.RunLock(model_dir) if jax.process_index() == 0 else None
+  lock = (run_lock.RunLock(settings.model_dir) if jax.process_index() == 0
+          else None)
   multihost.raise_everywhere(lock.acquire if lock else lambda: None,
                              run_lock.DirectoryInUseError)
-  run = _Run(
-      model=model, model_dir=model_dir,
-      mixture_or_task_name=mixture_or_task_name,
-      task_feature_lengths=task_feature_lengths, train_steps=train_steps,
-      batch_size=batch_size, initial_checkpoint_path=initial_checkpoint_path,
-      save_period=save_period, keep_checkpoints=keep_checkpoints,
-      log_period=log_period, seed=seed, z_loss=z_loss, mesh=mesh, pack=pack,
-      use_cached_tasks=use_cached_tasks, optimizer=optimizer,
-      task_start=_TaskStart(task_params_path, growth, first_new_row),
-      restart_data_on_layout_change=restart_data_on_layout_change,
-      balancing=balancing, num_microbatches=num_microbatches,
-      schedule=learning_rate_schedule, evaluation=evaluation,
-      eval_period=eval_period,
-      eval_examples_per_task=eval_examples_per_task,
-      eval_batch_size=eval_batch_size, keep_best_by=keep_best_by)
   try:
     return _train(lock, run)
   finally:
@@ -368,77 +157,103 @@ def train(
       lock.release()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Run:
-  """A run's checked settings, as `_train` and its parts take them."""
+  """A run's settings and what they resolve to with its model, tasks and
+  devices, as `_train` and its parts take them.
+
+  Attributes:
+    settings: the run's settings, whole.
+    model: the network.
+    evaluation: what evaluates during training (None: EVAL_PERIOD is None).
+    mesh: the device mesh (MESH_DATA x MESH_MODEL).
+    optimizer: `settings.optimizer`; with TRAIN_ONLY_NEW_TASKS, restricted
+      to the new task rows.
+    balancing: MetaBalance's plan (None: the loss's gradient).
+    num_microbatches: the parts each batch's gradient is taken in (1:
+      whole batches).
+    first_new_row: with TRAIN_ONLY_NEW_TASKS, the first task row that
+      trains (the rows before it stay as loaded); else None.
+  """
+  settings: run_settings.RunSettings
   model: network.Transformer
-  model_dir: str
-  mixture_or_task_name: str
-  task_feature_lengths: Mapping[str, int]
-  train_steps: int
-  batch_size: int
-  initial_checkpoint_path: Optional[str]
-  save_period: int
-  keep_checkpoints: Optional[int]
-  log_period: int
-  seed: int
-  z_loss: float
+  evaluation: Optional[Evaluation]
   mesh: jax.sharding.Mesh
-  pack: bool
-  use_cached_tasks: bool
   optimizer: Any
-  task_start: _TaskStart
-  restart_data_on_layout_change: bool
   balancing: Optional[metabalance.Plan]
   num_microbatches: int
-  schedule: Optional[schedules.Schedule]
-  evaluation: Optional[Evaluation]
-  eval_period: Optional[int]
-  eval_examples_per_task: Optional[int]
-  eval_batch_size: int
-  keep_best_by: Optional[str]
+  first_new_row: Optional[int]
 
-  def due_eval(self, step: int) -> bool:
-    """t5x's eval_period: every EVAL_PERIOD steps and at the last one."""
-    return bool(self.eval_period) and step > 0 and (
-        step % self.eval_period == 0 or step == self.train_steps)
+
+def _resolve(settings: run_settings.RunSettings,
+             model: Optional[network.Transformer],
+             evaluation: Optional[Evaluation]) -> _Run:
+  """The run of `settings` with this model, these tasks and these devices:
+  raises ValueError, naming the macro, on a setting that does not fit them
+  (before anything is written, loaded or compiled)."""
+  _check_evaluation(evaluation, settings)
+  model = model or gin.get_configurable(network.Transformer)()
+  task_ids.check_num_tasks(model.config.num_tasks)
+  input_pipeline.check_samplable(settings.mixture_or_task_name)
+  if settings.eval_period:
+    evaluation.check_tasks(settings.mixture_or_task_name,
+                           settings.keep_best_by)
+  balancing = balancing_lib.run_plan(
+      settings.gradient_balancing, settings.metabalance_settings, model,
+      settings.mixture_or_task_name)
+  mesh = partitioning.create_mesh(settings.mesh_data, settings.mesh_model)
+  if settings.batch_size % mesh.shape['data']:
+    raise ValueError(f'BATCH_SIZE={settings.batch_size} does not divide over '
+                     f"the mesh's {mesh.shape['data']} data shards.")
+  num_microbatches = trainer_lib.check_num_microbatches(
+      settings.num_microbatches, settings.batch_size // mesh.shape['data'])
+  optimizer, first_new_row = settings.optimizer, None
+  if settings.train_only_new_tasks:
+    first_new_row = _first_new_task_row(model, settings)
+    optimizer = initial_checkpoint.only_new_task_rows(optimizer, model,
+                                                      first_new_row)
+  return _Run(settings, model, evaluation, mesh, optimizer, balancing,
+              num_microbatches, first_new_row)
 
 
 def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
   """`train` once the settings are checked and the directory is locked."""
-  rows = batches.RowFormat.of(run.model.config, run.pack)
+  settings = run.settings
+  rows = batches.RowFormat.of(run.model.config, settings.pack)
   trainer = trainer_lib.Trainer(
-      run.model, run.optimizer, run.mesh, run.task_feature_lengths,
-      z_loss=run.z_loss, seed=run.seed, balancing=run.balancing,
+      run.model, run.optimizer, run.mesh, settings.task_feature_lengths,
+      z_loss=settings.z_loss, seed=settings.seed, balancing=run.balancing,
       num_microbatches=run.num_microbatches,
       checked_on_host=True)  # `_StepLoop._step`
   layout = trainer.data_layout
   dataset = input_pipeline.train_dataset(
-      run.mixture_or_task_name, run.task_feature_lengths, run.batch_size,
-      seed=run.seed, rows=rows, use_cached=run.use_cached_tasks,
-      shard_index=layout.shard_index, num_shards=layout.num_shards)
+      settings.mixture_or_task_name, settings.task_feature_lengths,
+      settings.batch_size, seed=settings.seed, rows=rows,
+      use_cached=settings.use_cached_tasks, shard_index=layout.shard_index,
+      num_shards=layout.num_shards)
   if jax.process_count() > 1:
     log.info('Process %d of %d reads data shard %d of %d (%d rows of the '
              'global batch of %d).', jax.process_index(), jax.process_count(),
              layout.shard_index, layout.num_shards,
-             run.batch_size // layout.num_shards, run.batch_size)
+             settings.batch_size // layout.num_shards, settings.batch_size)
   evaluator = None
-  if run.eval_period:
+  if settings.eval_period:
     evaluator = run.evaluation.evaluator(
-        run.model, run.mixture_or_task_name, run.task_feature_lengths,
-        run.mesh, run.model_dir, run.eval_batch_size,
-        run.eval_examples_per_task, run.keep_best_by, run.use_cached_tasks)
+        run.model, settings.mixture_or_task_name,
+        settings.task_feature_lengths, run.mesh, settings.model_dir,
+        settings.eval_batch_size, settings.eval_examples_per_task,
+        settings.keep_best_by, settings.use_cached_tasks)
   manager = checkpoint_manager.make_manager(
-      run.model_dir, run.save_period, run.keep_checkpoints,
+      settings.model_dir, settings.save_period, settings.keep_checkpoints,
       run.evaluation.keep_best(evaluator.best_step)
-      if run.keep_best_by else None)
+      if settings.keep_best_by else None)
   data = _data_record(run, rows)
   state, iterator = _restore_or_start(run, trainer, manager, dataset, data)
   start = int(state['step'])
   if evaluator:
     evaluator.resume(start)
   writer = metric_writers.create_default_writer(
-      run.model_dir, just_logging=jax.process_index() > 0)
+      settings.model_dir, just_logging=jax.process_index() > 0)
   loop = _StepLoop(run, lock, trainer, manager, writer, evaluator, data,
                    layout.record(), rows, start)
   try:
@@ -476,17 +291,18 @@ def _said_if_slow(what: str, after_s: float = 2.0):
 
 def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
   """The run record's data settings: what a resume must keep."""
+  settings = run.settings
   data = run_record.data_settings(
-      run.mixture_or_task_name, run.task_feature_lengths, run.batch_size,
-      run.pack, run.seed, rows.max_examples)
+      settings.mixture_or_task_name, settings.task_feature_lengths,
+      settings.batch_size, settings.pack, settings.seed, rows.max_examples)
   # The optimizer state's shape depends on it: a resume must keep it.
-  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.task_start.first_new_row
+  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.first_new_row
   # So is MetaBalance's (its moving averages, one per auxiliary).
   data['GRADIENT_BALANCING'] = run.balancing and run_record.balancing_record(
       dataclasses.asdict(run.balancing.settings))
   # The rates a resumed run continues (the optimizer state counts steps).
-  if run.schedule is not None:
-    data[run_record.SCHEDULE] = run.schedule.record()
+  if settings.learning_rate_schedule is not None:
+    data[run_record.SCHEDULE] = settings.learning_rate_schedule.record()
   return data
 
 
@@ -495,7 +311,7 @@ def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
   """`(state, data iterator)`: the newest checkpoint of MODEL_DIR that
   restores (checked against the run's settings), else step 0 from
   INITIAL_CHECKPOINT_PATH or fresh parameters."""
-  model, task_start = run.model, run.task_start
+  model, settings = run.model, run.settings
   layout = trainer.data_layout
 
   def check_resume(step, record):
@@ -503,36 +319,36 @@ def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
       run_record.check_resume(record, model.config, data,
                               f'checkpoint_{step}', task_ids.run_task_list())
     return run_record.data_source(record, layout,
-                                  run.restart_data_on_layout_change,
+                                  settings.restart_data_on_layout_change,
                                   f'checkpoint_{step}')
 
   restored = checkpoint_manager.restore_newest(
       manager, trainer.abstract_state(), lambda: iter(dataset), check_resume)
   if restored is not None:
     latest, state, iterator = restored
-    if latest > run.train_steps:
+    if latest > settings.train_steps:
       raise ValueError(
-          f'MODEL_DIR {run.model_dir} is at step {latest}, past TRAIN_STEPS='
-          f'{run.train_steps}: raise TRAIN_STEPS to train on, or use a new '
-          'MODEL_DIR.')
+          f'MODEL_DIR {settings.model_dir} is at step {latest}, past '
+          f'TRAIN_STEPS={settings.train_steps}: raise TRAIN_STEPS to train '
+          'on, or use a new MODEL_DIR.')
     log.info('Resuming from %s/checkpoint_%d (TRAIN_STEPS=%d).',
-             run.model_dir, latest, run.train_steps)
+             settings.model_dir, latest, settings.train_steps)
     return state, iterator
-  if not run.initial_checkpoint_path:
-    log.info('Starting in %s from fresh parameters.', run.model_dir)
+  if not settings.initial_checkpoint_path:
+    log.info('Starting in %s from fresh parameters.', settings.model_dir)
     return trainer.new_state(trainer.fresh_params()), iter(dataset)
   params, fresh, checkpoint_tasks = initial_checkpoint.params_from_t5x(
-      trainer, run.initial_checkpoint_path, task_start.task_params_path,
-      task_start.growth, task_ids.run_task_list())
+      trainer, settings.initial_checkpoint_path, settings.task_params_path,
+      settings.growth, task_ids.run_task_list())
   log.info('Starting in %s from %s%s; %d new parameters initialised.',
-           run.model_dir, run.initial_checkpoint_path,
-           f' with the task parameters of {task_start.task_params_path}'
-           if task_start.task_params_path else '', len(fresh))
+           settings.model_dir, settings.initial_checkpoint_path,
+           f' with the task parameters of {settings.task_params_path}'
+           if settings.task_params_path else '', len(fresh))
   if checkpoint_tasks and checkpoint_tasks < model.config.num_tasks:
     log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
              '%s.', checkpoint_tasks,
-             model.config.num_tasks - 1, task_start.growth.rule,
-             '; only they train' if task_start.first_new_row is not None
+             model.config.num_tasks - 1, settings.growth.rule,
+             '; only they train' if run.first_new_row is not None
              else '')
   return trainer.new_state(params), iter(dataset)
 
@@ -542,9 +358,11 @@ class _StepLoop:
   its period logs (`_log`), saves (`_save`) and evaluates (`_evaluate`),
   stopping at a step boundary on SIGTERM / SIGINT / preemption."""
 
-  def __init__(self, settings: _Run, lock, trainer, manager, writer,
-               evaluator, data, processes, rows, start: int):
-    self.settings = settings
+  def __init__(self, run: _Run, lock, trainer, manager, writer, evaluator,
+               data, processes, rows, start: int):
+    self.settings = run.settings
+    self.model = run.model
+    self.evaluation = run.evaluation
     self.lock = lock
     self.trainer = trainer
     self.manager = manager
@@ -572,7 +390,7 @@ class _StepLoop:
         self.lock.check_held if self.lock else lambda: None,
         run_lock.LockLostError)
     if self.record is None:
-      self.record = run_record.make(settings.model.config, self.data,
+      self.record = run_record.make(self.model.config, self.data,
                                     self.start, self.task_list,
                                     self.processes)
     record = self.record
@@ -608,9 +426,10 @@ class _StepLoop:
     terms) and the progress line; returns their mean loss."""
     settings = self.settings
     metrics = _curves(pending, elapsed, settings.batch_size, self.task_list)
-    if settings.schedule is not None:
+    schedule = settings.learning_rate_schedule
+    if schedule is not None:
       # The rate of the step's update (the optimizer counts from 0).
-      metrics['learning_rate'] = float(settings.schedule(step - 1))
+      metrics['learning_rate'] = float(schedule(step - 1))
     steps_per_s = steps / max(elapsed, 1e-9)
     metrics['steps_per_sec'] = steps_per_s
     self.writer.write_scalars(step, metrics)
@@ -630,9 +449,9 @@ class _StepLoop:
     if self.saved_step == step:
       self.manager.wait_until_finished()
     line = self.evaluator.evaluate(step, state['params'])
-    self.writer.write_scalars(step, self.settings.evaluation.scalars(line))
+    self.writer.write_scalars(step, self.evaluation.scalars(line))
     self.writer.flush()
-    log.info('%s', self.settings.evaluation.progress(line))
+    log.info('%s', self.evaluation.progress(line))
 
   def _evaluate_missing(self, step: int, state) -> None:
     """A resumed run first scores its checkpoint if the run that saved it
@@ -704,7 +523,7 @@ class _StepLoop:
     `(state, terms)`."""
     local = input_pipeline.as_numpy(next(iterator))
     # Inside jit an out-of-range task or token id would clamp silently.
-    config = self.settings.model.config
+    config = self.model.config
     batches.validate_batch(local, config.num_tasks, config.vocab_size,
                            rows=self.rows)
     return self.trainer.step(state, self.trainer.global_batch(local))
