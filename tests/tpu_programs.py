@@ -47,6 +47,7 @@ from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
@@ -69,18 +70,20 @@ def _hypergrid(variant, form='auto'):
       packed_form=form))
 
 
-def _hyperprompt(variant):
+def _hyperprompt(variant, form='auto'):
   return dict(hyperprompt=dataclasses.replace(conftest.TINY_GLOBAL_PROMPTS,
-                                              variant=variant))
+                                              variant=variant,
+                                              packed_form=form))
 
 
 # Every method of `methods.REGISTRY` at the tiny size (conftest's t5x test
-# configuration), HyperGrid in both packed forms.
+# configuration), HyperPrompt and HyperGrid in both packed forms.
 MODELS = {
     'mtl': {},
     'hyperprompt_share': _hyperprompt('share'),
     'hyperprompt_sep': _hyperprompt('sep'),
     'hyperprompt_global': _hyperprompt('global'),
+    'hyperprompt_global_task_blocks': _hyperprompt('global', 'task_blocks'),
     # The variants differ in their gates, the forms in the packed matmul:
     # every variant in the default form, one in the other.
     **{f'hypergrid_{v}_token_blocks': _hypergrid(v, 'token_blocks')
@@ -171,7 +174,8 @@ def controls(devices) -> dict:
   with jax.set_mesh(mesh):
     forms = {'platform': placement.target_platform(),
              'gradient_form': task_blocks.resolve_gradient_form('auto'),
-             'packed_form': hypergrid.resolve_packed_form('auto')}
+             'packed_form': hypergrid.resolve_packed_form('auto'),
+             'prompt_form': hyperprompt.resolve_packed_form('auto')}
   return {'callback_found': found, 'in_graph_check_error': in_graph_check,
           'auto_forms': forms}
 

@@ -36,6 +36,7 @@ variance (1/d and 1/b), which makes the generated prompt keys about as large
 as token keys at step 0.
 """
 
+import functools
 from typing import Any, Optional
 
 from flax import linen as nn
@@ -45,6 +46,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
 
 Array = jax.Array
@@ -85,9 +87,9 @@ class HyperPromptConfig:
   cross_attention_prompts: bool = False
   # How packed rows' queries reach their own task's prompts (same values
   # and gradients; `resolve_packed_form`): 'task_blocks' lays the queries
-  # out in blocks of one task, 'all_tasks' scores every
-  # query against all T tasks' prompts and masks the others (T * l
-  # columns), 'auto' picks by the platform compiled for.
+  # out in blocks of one task, 'all_tasks' scores every query against all
+  # T tasks' prompts and masks the others (T * l columns), 'auto' picks by
+  # the platform compiled for.
   packed_form: str = 'auto'
 
 
@@ -340,11 +342,20 @@ def gather_prompts(keys: Array, values: Array, layer: int,
 
 
 def resolve_packed_form(form: str) -> str:
-  """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`."""
+  """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`:
+  'auto' is 'all_tasks' where the model is compiled for an accelerator
+  (`placement.target_platform`), 'task_blocks' on a CPU. Compiled for a
+  TPU v3 slice (T5.1.1-Base, batch 128 packed), 'all_tasks' costs 1.03x
+  MTL's FLOPs, 1.14x its bytes accessed and 1.11x its temporaries, against
+  1.01x, 1.36x and 1.25x for 'task_blocks' (docs/performance.md, On a TPU
+  slice); the CPU figures of docs/performance.md are 'task_blocks''s."""
   if form not in PACKED_FORMS:
     raise ValueError(f'HyperPromptConfig.packed_form={form!r}; expected one '
                      f'of {list(PACKED_FORMS)}.')
-  return 'task_blocks' if form == 'auto' else form
+  if form == 'auto':
+    return ('task_blocks' if placement.target_platform() == 'cpu'
+            else 'all_tasks')
+  return form
 
 
 def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
@@ -529,6 +540,10 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
 _MASKED_LOGIT = -1e10
 
 
+# Rematerialised: its `[batch, heads, q_length, T * l]` logits and weights
+# are recomputed in the backward pass from the query and the prompts (which
+# it keeps anyway), not held from the forward.
+@functools.partial(jax.checkpoint, static_argnums=(6,))
 def _all_tasks_prefix(query: Array, keys: Array, values: Array,
                       logit_bias: Optional[Array], query_tasks: Array,
                       keep: Optional[Array], dtype: Any
