@@ -388,7 +388,7 @@ class LayerAdapters:
     adapter of task `group_tasks[g]` (`adapt_groups`)."""
 
     def take(a):  # each group's task: [groups, ...]
-      return task_blocks_lib.take_tasks(a, group_tasks, self.form)
+      return task_blocks_lib.take_tasks(a, group_tasks)
 
     # W_down as [groups, b, d], the layout `adapt_groups` takes it in; the
     # transpose is of the [T, d, b] weights, not of the groups' copies.

@@ -102,6 +102,7 @@ import numpy as np
 
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import task_blocks
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
@@ -212,7 +213,7 @@ class TaskEmbedding(nn.Module):
           'them).')
     table = _param(self, 'task_embeddings', nn.initializers.normal(1.0),
                    (self.num_tasks, self.emb_dim), ('tasks', 'embed'))
-    return jnp.take(table, task_ids, axis=0)
+    return task_blocks.take_tasks(table, task_ids)
 
 
 class GridGate(nn.Module):

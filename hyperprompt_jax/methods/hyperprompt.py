@@ -337,8 +337,8 @@ def gather_prompts(keys: Array, values: Array, layer: int,
         'task_ids to encode / decode / __call__ (the feature converter adds '
         'them).'
     )
-  return (jnp.take(keys[layer], task_ids, axis=0),
-          jnp.take(values[layer], task_ids, axis=0))
+  return (task_blocks_lib.take_tasks(keys[layer], task_ids),
+          task_blocks_lib.take_tasks(values[layer], task_ids))
 
 
 def resolve_packed_form(form: str) -> str:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import task_blocks
 
 # The placeholder token of a packed example's reserved soft-prompt slots
 # (the feature converter writes it, the model overwrites its embedding): any
@@ -116,5 +117,5 @@ class TaskPrompts(nn.Module):
       is_slot = (positions < n) & valid
       return jnp.where(is_slot[..., None], chosen.astype(embedded.dtype),
                        embedded)
-    chosen = jnp.take(prompts, task_ids, axis=0).astype(embedded.dtype)
+    chosen = task_blocks.take_tasks(prompts, task_ids).astype(embedded.dtype)
     return jnp.concatenate([chosen, embedded], axis=1)

@@ -11,13 +11,17 @@ Used by the adapters (`methods/adapters.py`, one adapter a token) and by
 HyperPrompt's packed attention (`layers.dot_product_attention`, each query
 scored against its own task's prompt columns only).
 
-Gradient forms (`T5Config.gradient_form`): 'written' takes the gradients of
-the block layout's gathers as gathers and one-hot products
-(`_permute_rows`, `_take_tasks_written`), which XLA's CPU compiler runs far
-faster than the scatter-adds of autodiff; 'autodiff' is JAX's own
-derivative of plain gathers, the form for TPUs and GPUs, whose compilers
-scatter well; 'auto' picks 'written' on CPU and 'autodiff' elsewhere
-(`resolve_gradient_form`). Both give the same values and gradients.
+Gradient forms (`T5Config.gradient_form`): 'written' takes the gradient of
+the block layout's permutation as a gather (`_permute_rows`), which XLA's
+CPU compiler runs far faster than the scatter-add of autodiff; 'autodiff'
+is JAX's own derivative of the plain gather, the form for TPUs and GPUs,
+whose compilers scatter large rows well; 'auto' picks 'written' on CPU and
+'autodiff' elsewhere (`resolve_gradient_form`). Both give the same values
+and gradients. Each block's copy of its task's weights (`take_tasks`) takes
+its gradient as a one-hot product in either form: a scatter-add into a
+table of T rows serialises its many updates of few rows (the shape that
+cost 127x on an H100, docs/performance.md) and runs element by element on
+a CPU.
 """
 
 import math
@@ -94,7 +98,7 @@ class TaskBlocks:
 
   def take(self, a: Array) -> Array:
     """`a [T, ...]` -> each block's task's `[S * K, ...]` (`take_tasks`)."""
-    return take_tasks(a, self.tasks, self.form)
+    return take_tasks(a, self.tasks)
 
   def _permute(self, x: Array, index: Array, back: Array) -> Array:
     if self.form == 'written':
@@ -198,14 +202,13 @@ def _permute_rows_bwd(back, g):
 _permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
-def take_tasks(a: Array, tasks: Array, gradient_form: str = 'written'
-               ) -> Array:
-  """`a[tasks]` (`a [T, ...]`, `tasks [G]`); its gradient in
-  `gradient_form` ('written': `_take_tasks_written`; 'autodiff': the
-  scatter-add of a plain gather; 'auto': per backend)."""
-  if resolve_gradient_form(gradient_form) == 'written':
-    return _take_tasks_written(a, tasks)
-  return jnp.take(a, tasks, axis=0)
+def take_tasks(a: Array, tasks: Array) -> Array:
+  """`a[tasks]` (`a [T, ...]`, int `tasks` of any shape: `tasks.shape +
+  a.shape[1:]`), its gradient a product with the one-hot tasks
+  (`_take_tasks_written`), not a scatter-add into T rows. The gather of
+  every per-task table of the model."""
+  out = _take_tasks_written(a, tasks.reshape(-1))
+  return out.reshape(tasks.shape + a.shape[1:])
 
 
 @jax.custom_vjp
@@ -213,7 +216,8 @@ def _take_tasks_written(a: Array, tasks: Array) -> Array:
   """`a[tasks]` whose gradient is a product with the one-hot tasks: XLA
   would scatter-add the cotangent of a plain gather, which its CPU compiler
   runs element by element (fwd + bwd of a packed adapter, 4,096 tokens, b
-  32: 17.8 ms with it, 10.6 ms this)."""
+  32: 17.8 ms with it, 10.6 ms this) and a GPU serialises over the few
+  rows."""
   return jnp.take(a, tasks, axis=0)
 
 
