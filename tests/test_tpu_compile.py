@@ -281,3 +281,27 @@ def test_a_multihost_slice_gives_each_host_its_own_rows(tmp_path):
   printed = _run(['-c', _HOST_ROWS], tmp_path)
   assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
       'RESULT 1 4 [0, 1, 2, 3]', 'RESULT 2 4 [0, 1, 2, 3]']
+
+
+_SPLIT_AXIS = '''
+import numpy as np
+from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.runner import partitioning
+devices = tpu_compile.topology_devices('v5p:4x4x4')  # 4 x 4 x 4 chips
+mesh = partitioning.create_mesh(-1, 8, devices=devices)
+coords = np.array([d.coords for d in mesh.devices.flat]).reshape(8, 8, 3)
+print('RESULT', dict(mesh.shape), len({d.id for d in mesh.devices.flat}),
+      max(len({tuple(c) for c in group}) for group in coords),
+      max(int(np.ptp(group, axis=0).sum()) for group in coords))
+'''
+
+
+@needs_libtpu
+def test_a_model_axis_that_splits_a_physical_axis(tmp_path):
+  """MESH_MODEL=8 on `v5p:4x4x4`: no product of whole physical axes is 8,
+  where `jax.make_mesh` refuses; the mesh splits one (64 distinct chips,
+  each model group 8 chips within a 2 x 4 plane: coordinate spans sum to
+  at most 1 + 3)."""
+  printed = _run(['-c', _SPLIT_AXIS], tmp_path)
+  assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
+      "RESULT {'data': 8, 'model': 8} 64 8 4"]

@@ -14,6 +14,7 @@ import flax
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 
 from hyperprompt_jax import methods
@@ -80,8 +81,8 @@ def create_mesh(data: int = -1, model: int = 1,
                      f'devices, found {n}.')
   auto = jax.sharding.AxisType.Auto
   try:
-    mesh = jax.make_mesh((data, model), ('data', 'model'),
-                         axis_types=(auto, auto), devices=devices)
+    mesh = jax.sharding.Mesh(_torus_order(data, model, devices),
+                             ('data', 'model'), axis_types=(auto, auto))
     if _rows_by_host(mesh):
       return mesh
     # Else the torus order interleaves hosts along 'data' (v5e:4x4).
@@ -93,6 +94,20 @@ def create_mesh(data: int = -1, model: int = 1,
                    key=lambda d: (d.process_index, d.id))
   return jax.sharding.Mesh(np.asarray(ordered).reshape(data, model),
                            ('data', 'model'), axis_types=(auto, auto))
+
+
+def _torus_order(data: int, model: int,
+                 devices: Optional[Sequence[jax.Device]]) -> np.ndarray:
+  """The devices as a `[data, model]` array in the slice's torus order
+  (`jax.make_mesh`'s), each 'model' group on neighbouring chips; where no
+  product of whole physical axes is `model` (8 on a v5p:4x4x4's 4 x 4 x
+  4), `make_mesh` refuses, and a physical axis is split between the two."""
+  try:
+    return jax.make_mesh((data, model), ('data', 'model'),
+                         devices=devices).devices
+  except NotImplementedError:
+    return mesh_utils.create_device_mesh((data, model), devices,
+                                         allow_split_physical_axes=True)
 
 
 def _rows_by_host(mesh: jax.sharding.Mesh) -> bool:
