@@ -127,6 +127,40 @@ def t5_forward_lengths(cfg: network.T5Config, input_length: int,
   return encoder + decoder * cfg.num_decoder_layers + [cfg.emb_dim]
 
 
+def model_forward_lengths(cfg: network.T5Config, input_length: int,
+                          target_length: int = 0) -> list[int]:
+  """`t5_forward_lengths` of a task-conditioned model: every task's prompts
+  more keys (HyperPrompt's, as its packed 'all_tasks' form scores them; a
+  soft prompt's slots) and, per layer, one more attention and projection
+  pair, which bounds a method's own chain (a conditioning query, a gate,
+  an adapter's down and up projections, a hypernetwork)."""
+  encoder_prompt = decoder_prompt = 0
+  if hp := cfg.hyperprompt:
+    encoder_prompt = hp.encoder_prompt_length * cfg.num_tasks
+    decoder_prompt = hp.decoder_prompt_length * cfg.num_tasks
+  if soft := cfg.prompt_tuning:
+    input_length += soft.prompt_length
+  lengths = t5_forward_lengths(cfg, input_length, target_length,
+                               encoder_prompt, decoder_prompt)
+  if network.is_task_conditioned(cfg):
+    layers = cfg.num_encoder_layers + (
+        cfg.num_decoder_layers if target_length else 0)
+    lengths += [cfg.emb_dim, cfg.head_dim, input_length + 1,
+                cfg.num_heads * cfg.head_dim, cfg.emb_dim,
+                cfg.emb_dim] * layers
+  return lengths
+
+
+def model_reduction_lengths(cfg: network.T5Config, batch: int,
+                            input_length: int, target_length: int
+                            ) -> list[int]:
+  """`t5_reduction_lengths` of a task-conditioned model
+  (`model_forward_lengths`)."""
+  forward = model_forward_lengths(cfg, input_length, target_length) + [
+      cfg.vocab_size]
+  return 2 * forward + [batch * max(input_length, target_length)]
+
+
 def t5_reduction_lengths(cfg: network.T5Config, batch: int,
                          input_length: int, target_length: int,
                          encoder_prompt: int = 0,
