@@ -1,7 +1,6 @@
 """The training loss against a numpy re-derivation of t5x's formula."""
 
 import numpy as np
-import pytest
 
 import conftest
 from hyperprompt_jax.t5 import losses
