@@ -75,9 +75,14 @@ TINY_GLOBAL_PROMPTS = hyperprompt.HyperPromptConfig(
 # Stability of Numerical Algorithms, Sec. 4.2; u = 2^-24, float32's unit
 # roundoff); to first order the stages of a chain of reductions add their
 # bounds, and each of the two orders is within the bound of the exact value
-# (the factor 2). The bound is norm-wise, for tensors whose norm is not
+# (the factor 2; against a float64 reference one order, so the factor is
+# slack). The bound is relative to the tensor's norm (`assert_close_in_norm`)
+# or to its largest entry (`assert_close_to_scale`), for tensors not
 # dominated by cancelling terms (gradients and activations of random
-# networks).
+# networks); where the terms' magnitudes are known per entry (one sum, one
+# product), it is relative to those. An elementwise operation (an
+# activation, a division) adds about u, small beside the sums' n * u, and an
+# exact result (a masked score's zero weight) is compared exactly.
 FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
 
 
@@ -87,28 +92,85 @@ def float32_bound(*reduction_lengths: int) -> float:
   return 2 * FLOAT32_UNIT_ROUNDOFF * sum(reduction_lengths)
 
 
-def t5_reduction_lengths(cfg: network.T5Config, batch: int,
-                         input_length: int, target_length: int,
-                         encoder_prompt: int = 0,
-                         decoder_prompt: int = 0) -> list[int]:
-  """The reductions a T5 forward and backward pass chains (per layer: the
-  query / key / value projections over d_model, the scores over head_dim,
-  attention over the keys, the output projection over heads * head_dim, the
-  MLP over d_model and d_ff; the logits over d_model, the softmax over the
-  vocabulary), each taken twice (forward, backward), then a weight's
-  gradient summed over the batch's tokens."""
+BFLOAT16_UNIT_ROUNDOFF = 2.0 ** -8
+
+
+def bfloat16_bound(*reduction_lengths: int) -> float:
+  """The relative difference bfloat16 activations make against float32
+  through a chain of reductions of these lengths: each reduction rounds its
+  inputs and its weights to bfloat16 (u_bf16 each, to first order) and sums
+  in float32 (XLA's dots accumulate bfloat16 in float32)."""
+  return (2 * BFLOAT16_UNIT_ROUNDOFF * len(reduction_lengths)
+          + float32_bound(*reduction_lengths))
+
+
+def t5_forward_lengths(cfg: network.T5Config, input_length: int,
+                       target_length: int = 0, encoder_prompt: int = 0,
+                       decoder_prompt: int = 0) -> list[int]:
+  """The reductions a T5 forward pass chains up to the logits (per layer:
+  the query / key / value projections over d_model, the scores over
+  head_dim, attention over the keys, the output projection over heads *
+  head_dim, the MLP over d_model and d_ff; the logits over d_model);
+  `target_length` 0: up to the encoder's output."""
   joined = cfg.num_heads * cfg.head_dim
   mlp = [cfg.emb_dim, cfg.mlp_dim]
 
   def attention(keys):
     return [cfg.emb_dim, cfg.head_dim, keys, joined]
 
-  encoder = attention(input_length + encoder_prompt) + mlp
+  encoder = (attention(input_length + encoder_prompt) + mlp) * (
+      cfg.num_encoder_layers)
+  if not target_length:
+    return encoder
   decoder = (attention(target_length + decoder_prompt)
              + attention(input_length) + mlp)
-  forward = (encoder * cfg.num_encoder_layers
-             + decoder * cfg.num_decoder_layers + [cfg.emb_dim,
-                                                    cfg.vocab_size])
+  return encoder + decoder * cfg.num_decoder_layers + [cfg.emb_dim]
+
+
+def model_forward_lengths(cfg: network.T5Config, input_length: int,
+                          target_length: int = 0) -> list[int]:
+  """`t5_forward_lengths` of a task-conditioned model: every task's prompts
+  more keys (HyperPrompt's, as its packed 'all_tasks' form scores them; a
+  soft prompt's slots) and, per layer, one more attention and projection
+  pair, which bounds a method's own chain (a conditioning query, a gate,
+  an adapter's down and up projections, a hypernetwork)."""
+  encoder_prompt = decoder_prompt = 0
+  if hp := cfg.hyperprompt:
+    encoder_prompt = hp.encoder_prompt_length * cfg.num_tasks
+    decoder_prompt = hp.decoder_prompt_length * cfg.num_tasks
+  if soft := cfg.prompt_tuning:
+    input_length += soft.prompt_length
+  lengths = t5_forward_lengths(cfg, input_length, target_length,
+                               encoder_prompt, decoder_prompt)
+  if network.is_task_conditioned(cfg):
+    layers = cfg.num_encoder_layers + (
+        cfg.num_decoder_layers if target_length else 0)
+    lengths += [cfg.emb_dim, cfg.head_dim, input_length + 1,
+                cfg.num_heads * cfg.head_dim, cfg.emb_dim,
+                cfg.emb_dim] * layers
+  return lengths
+
+
+def model_reduction_lengths(cfg: network.T5Config, batch: int,
+                            input_length: int, target_length: int
+                            ) -> list[int]:
+  """`t5_reduction_lengths` of a task-conditioned model
+  (`model_forward_lengths`)."""
+  forward = model_forward_lengths(cfg, input_length, target_length) + [
+      cfg.vocab_size]
+  return 2 * forward + [batch * max(input_length, target_length)]
+
+
+def t5_reduction_lengths(cfg: network.T5Config, batch: int,
+                         input_length: int, target_length: int,
+                         encoder_prompt: int = 0,
+                         decoder_prompt: int = 0) -> list[int]:
+  """The reductions a T5 forward and backward pass chains (the forward pass
+  and the softmax over the vocabulary, each taken twice: forward,
+  backward), then a weight's gradient summed over the batch's tokens."""
+  forward = t5_forward_lengths(cfg, input_length, target_length,
+                               encoder_prompt, decoder_prompt) + [
+                                   cfg.vocab_size]
   return 2 * forward + [batch * max(input_length, target_length)]
 
 
@@ -117,6 +179,25 @@ def assert_close_in_norm(got, want, bound: float, name: str = '') -> None:
   got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
   error = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
   assert error <= bound, f'{name}: relative difference {error:.2e} > {bound:.2e}'
+
+
+def assert_close_to_scale(got, want, bound: float, scale=None,
+                          name: str = '') -> None:
+  """|got - want| <= bound * scale, elementwise. `scale`: the magnitude the
+  rounding is relative to (broadcast against `want`), by default the
+  tensor's largest |want| (a sum's rounding is relative to its terms'
+  magnitudes, not to an entry that cancels to near zero)."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  assert got.shape == want.shape, (name, got.shape, want.shape)
+  if scale is None:
+    scale = np.abs(want).max(initial=0.0)
+  limit = bound * np.broadcast_to(scale, want.shape)
+  error = np.abs(got - want)
+  worst = np.unravel_index(np.argmax(error - limit), want.shape) if (
+      want.size) else ()
+  assert (error <= limit).all(), (
+      f'{name}: |difference| {error[worst]:.2e} > {limit[worst]:.2e} '
+      f'at {worst} ({int((error > limit).sum())} of {want.size})')
 
 
 # One hand-made evaluation of every GLUE task (seqio task -> metrics): task

@@ -6,6 +6,7 @@ from flax import traverse_util
 import numpy as np
 import pytest
 
+import conftest
 import numpy_t5
 from conftest import T5X_TINY, T5X_TINY_CONFIG, random_tokens
 from hyperprompt_jax.model import network
@@ -47,7 +48,8 @@ def test_every_parameter_restores_from_a_real_t5x_checkpoint(layout):
   p = {k: expected[k].astype(np.float64) for k in expected.files}
   encoded = numpy_t5.encode(p, enc[0], 2, 2)
   want = numpy_t5.decode(p, encoded, enc[0], dec_in[0], tgt[0], 2, 2)
-  np.testing.assert_allclose(logits[0], want, rtol=2e-4, atol=2e-4)
+  conftest.assert_close_to_scale(logits[0], want, conftest.float32_bound(
+      *conftest.t5_forward_lengths(T5X_TINY_CONFIG, 7, 5)))
 
 
 def test_shape_mismatch_names_the_parameter():

@@ -28,6 +28,7 @@ from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import losses
 
 R, BETA, K = 0.7, 0.9, 3
+U = conftest.FLOAT32_UNIT_ROUNDOFF
 
 
 def numpy_algorithm_2(steps, strategy, r=R, beta=BETA, averages=None):
@@ -86,19 +87,40 @@ def _steps(seed=0, num_steps=5):
   return steps
 
 
+def _magnitudes(steps, strategy):
+  """Algorithm 2 run on |G| (the same norms, so the same scales): each
+  total's Σ_i s_i |G_i|, what its rounding is relative to."""
+  return numpy_algorithm_2(
+      [({k: np.abs(v) for k, v in t.items()},
+        [{k: np.abs(v) for k, v in g.items()} for g in a], p)
+       for t, a, p in steps], strategy)
+
+
+def _tolerances(steps):
+  """(total, average) relative bounds in units of u: the derivation of
+  `test_running_sums_match_algorithm_2`."""
+  n = max(v.size for v in steps[0][0].values())
+  average_tol = (n / 2 + 5 + 3 * len(steps)) * U
+  return (2 * average_tol / U + 3 + K + 2) * U, average_tol
+
+
 @pytest.mark.parametrize('strategy', metabalance.STRATEGIES)
 def test_balance_matches_algorithm_2(strategy):
   steps = _steps()
   expected = numpy_algorithm_2(steps, strategy)
+  magnitudes = _magnitudes(steps, strategy)
+  # As `test_running_sums_match_algorithm_2`, and each G rounded to float32.
+  total_tol = _tolerances(steps)[0] + U
   state = metabalance.init(steps[0][0], K)
-  for (g_tar, g_aux, present), want in zip(steps, expected):
+  for (g_tar, g_aux, present), want, size in zip(steps, expected,
+                                                 magnitudes):
     total, state = metabalance.balance(
         {k: np.float32(v) for k, v in g_tar.items()},
         [{k: np.float32(v) for k, v in g.items()} for g in g_aux], state,
         relax_factor=R, beta=BETA, strategy=strategy, present=present)
     for leaf in want:
-      np.testing.assert_allclose(total[leaf], want[leaf], rtol=2e-5,
-                                 atol=1e-6)
+      conftest.assert_close_to_scale(total[leaf], want[leaf], total_tol,
+                                     size[leaf], leaf)
 
 
 def test_a_zero_moving_average_is_not_rescaled():
@@ -128,11 +150,12 @@ def test_relax_factor_by_hand():
                             (0.0, 'both', [3.0, 4.0])]:
     total, _ = metabalance.balance(g_tar, [g_aux], state, relax_factor=r,
                                    beta=0.0, strategy=strategy)
-    np.testing.assert_allclose(total['w'], want, rtol=1e-6)
+    # `_tolerances` of one step of 2-entry tensors, K = 1.
+    conftest.assert_close_to_scale(total['w'], want,
+                                   (2 * (1 + 5 + 3) + 3 + 1 + 2) * U,
+                                   np.abs(want))
 
 
-# Float32's unit roundoff.
-U = 2.0 ** -24
 
 
 def _linear_step(plan):
@@ -176,13 +199,8 @@ def test_running_sums_match_algorithm_2(strategy):
   numpy_steps = [(only(t), [only(g) for g in a], p) for t, a, p in steps]
   averages = []
   want = numpy_algorithm_2(numpy_steps, strategy, averages=averages)
-  bound = numpy_algorithm_2(
-      [({k: np.abs(v) for k, v in t.items()},
-        [{k: np.abs(v) for k, v in g.items()} for g in a], p)
-       for t, a, p in numpy_steps], strategy)
-  n = max(v.size for v in steps[0][0].values())
-  average_tol = (n / 2 + 5 + 3 * len(steps)) * U
-  total_tol = (2 * average_tol / U + 3 + K + 2) * U
+  bound = _magnitudes(numpy_steps, strategy)
+  total_tol, average_tol = _tolerances(steps)
 
   names = ('t', 'a1', 'a2', 'a3')  # 'rows': a parameter with a task axis
   plan = metabalance.make_plan(
@@ -328,6 +346,28 @@ def _plan(model, trained=('glue_rte', 'glue_cola', 'glue_sst2', 'glue_mrpc'),
       trained, task_params.task_axes(model))
 
 
+def _bound(model, batch, inputs, targets):
+  """The relative difference two orders of the model's sums may make in a
+  gradient (`conftest.float32_bound` of its reductions, the prompts more
+  keys)."""
+  prompts = model.config.hyperprompt
+  return conftest.float32_bound(*conftest.t5_reduction_lengths(
+      model.config, batch, inputs, targets, prompts.encoder_prompt_length,
+      prompts.decoder_prompt_length))
+
+
+def _assert_update_close(got, want, start, g, name):
+  """Parameters after Adafactor steps of gradients within g of each other:
+  the update within 3g (the gradient, the root of its second moments, the
+  RMS of the clipping), the parameters within that and one rounding of
+  the sum."""
+  update = np.linalg.norm(want - start)
+  conftest.assert_close_in_norm(got - start, want - start, 3 * g, name)
+  conftest.assert_close_in_norm(
+      got, want, 3 * g * update / max(np.linalg.norm(want), 1e-30)
+      + conftest.float32_bound(1), name)
+
+
 def _task_grads(model, params, batch, rows):
   """∇ of the loss share of the rows of `rows` (their tokens' cross-entropy
   + z-loss over ALL real target tokens): one masked loss at a time."""
@@ -381,21 +421,24 @@ def test_the_step_balances_shared_parameters_only(global_model_and_batch,
       plan.num_auxiliary)
   step = jax.jit(lambda s: trainer_lib.balanced_grads(
       model, params, s, batch, jax.random.PRNGKey(0), 1e-4, None, plan))
+  # A share's gradient is a sum in another order (g); its norm, so the
+  # moving averages, within g; a scale within 2g, the balanced sum within
+  # 3g (`test_microbatches._metabalance_bounds`).
+  g = _bound(model, 6, 9, 5)
   for want, (m_tar, m_aux) in zip(expected, averages):
     grads, state, terms = step(state)
     got = conftest.flat(grads)
     got_m_tar, got_m_aux = (conftest.flat(x) for x in state)
     for k in shared:
-      np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=1e-7,
-                                 err_msg=k)
-      np.testing.assert_allclose(got_m_tar[k], m_tar[k], rtol=2e-4,
-                                 err_msg=k)
-      np.testing.assert_allclose(got_m_aux[k], m_aux[k], rtol=2e-4,
-                                 err_msg=k)
+      conftest.assert_close_in_norm(got[k], want[k], 3 * g, k)
+      conftest.assert_close_to_scale(got_m_tar[k], m_tar[k], g,
+                                     np.abs(m_tar[k]), k)
+      conftest.assert_close_to_scale(got_m_aux[k], m_aux[k], g,
+                                     np.abs(m_aux[k]), k)
     for k in rows:  # the plain sum of every task's share
-      np.testing.assert_allclose(
-          got[k], g_tar[k] + sum(g[k] for g in g_aux), rtol=2e-4, atol=1e-7,
-          err_msg=k)
+      conftest.assert_close_in_norm(
+          got[k], g_tar[k] + sum(g[k] for g in g_aux),
+          g + conftest.float32_bound(len(g_aux) + 1), k)
   assert 'loss' in terms
 
 
@@ -419,9 +462,11 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
       state, _ = trainer.step(state, trainer.global_batch(batch))
     states[name] = conftest.flat(state['params'])
   assert set(states['plain']) == set(states['r0'])
+  # Two Adafactor steps of a gradient within g: `_assert_update_close`.
+  start = conftest.flat(params)
+  g = _bound(model, 6, 9, 5)
   for k, v in states['plain'].items():
-    np.testing.assert_allclose(states['r0'][k], v, rtol=1e-4, atol=1e-6,
-                               err_msg=k)
+    _assert_update_close(states['r0'][k], v, start[k], g, k)
   # No balancing: the pure step is the loss's gradient through Adafactor
   # (each side compiled: to float rounding).
   rng = jax.random.PRNGKey(3)
@@ -435,7 +480,7 @@ def test_relax_0_is_the_plain_step_and_none_is_unchanged(
       g, optimizer.init(params), params))(grads)
   want = conftest.flat(jax.tree.map(jnp.add, params, updates))
   for k, v in conftest.flat(new['params']).items():
-    np.testing.assert_allclose(v, want[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    _assert_update_close(v, want[k], start[k], g, k)
 
 
 @pytest.mark.parametrize('auxiliaries', metabalance.AUXILIARIES)
@@ -463,9 +508,11 @@ def test_relax_0_on_packed_rows_is_the_plain_step(global_model_and_batch,
   want = jax.jit(jax.grad(lambda p: trainer_lib.loss_fn(
       model, p, batch, rng, 1e-4)[0]))(params)
   got, want = conftest.flat(got), conftest.flat(want)
+  # The shares' gradients in another order, then their sum.
+  bound = _bound(model, 8, 64, 8) + conftest.float32_bound(
+      plan.num_auxiliary + 1)
   for k, v in want.items():
-    np.testing.assert_allclose(got[k], v, rtol=1e-4,
-                               atol=1e-6 * np.abs(v).max(), err_msg=k)
+    conftest.assert_close_to_scale(got[k], v, bound, name=k)
 
 
 def test_each_takes_the_papers_sixteen_auxiliaries_by_default():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import conftest
 from conftest import T5X_TINY_CONFIG
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
@@ -151,6 +152,20 @@ def _packed(examples, rows, input_length, target_length, n_slots=0):
   return batch, where
 
 
+def _forward_lengths(cfg):
+  """The reductions of the packed forward pass up to the logits: the
+  network's at the packed lengths (22, 10), every task's prompts or soft
+  prompt slots more keys, and per layer one more attention and projection
+  pair (a method's conditioning, gate or adapter)."""
+  joined = cfg.num_heads * cfg.head_dim
+  method = [cfg.emb_dim, cfg.head_dim, 22 + 1, joined, cfg.emb_dim,
+            cfg.emb_dim] * (cfg.num_encoder_layers + cfg.num_decoder_layers)
+  hypernetwork = [cfg.emb_dim] * 5
+  return conftest.t5_forward_lengths(
+      cfg, 22 + TASKS * 3 + PROMPT_TUNING_LENGTH * len(EXAMPLES), 10,
+      0, TASKS * 2) + method + hypernetwork
+
+
 def _logits(model, params, batch):
   return model.apply({'params': params}, batch['encoder_input_tokens'],
                      batch['decoder_input_tokens'],
@@ -201,23 +216,31 @@ def test_packed_logits_are_the_unpacked_logits(variant_outputs):
   o = variant_outputs
   for i, (_, targets, _) in enumerate(o['examples']):
     row, start = o['where'][i]
-    np.testing.assert_allclose(
+    conftest.assert_close_to_scale(
         o['packed']['logits'][row, start:start + len(targets)],
-        o['unpacked']['logits'][i, :len(targets)], rtol=2e-5, atol=2e-5,
-        err_msg=f"{o['variant']}: example {i}")
+        o['unpacked']['logits'][i, :len(targets)],
+        conftest.float32_bound(*_forward_lengths(o['model'].config)),
+        name=f"{o['variant']}: example {i}")
 
 
 def test_packed_loss_and_gradients_are_the_unpacked_ones(variant_outputs):
   o = variant_outputs
-  np.testing.assert_allclose(o['packed']['loss'], o['unpacked']['loss'],
-                             rtol=1e-5)
+  # The loss: the forward pass, the softmax over the vocabulary, the sum
+  # over the tokens; the gradients: the loss's reductions twice, then a
+  # weight's sum over the tokens. Each relative to the tensor's largest.
+  cfg = o['model'].config
+  tokens = sum(len(targets) for _, targets, _ in o['examples'])
+  forward = _forward_lengths(cfg) + [cfg.vocab_size]
+  conftest.assert_close_to_scale(
+      o['packed']['loss'], o['unpacked']['loss'],
+      conftest.float32_bound(*forward, tokens), name=o['variant'])
   flat = lambda g: dict(jax.tree_util.tree_flatten_with_path(g)[0])
   packed, unpacked = flat(o['packed']['grads']), flat(o['unpacked']['grads'])
+  bound = conftest.float32_bound(*forward * 2, len(ROWS) * 22)
   for path, grad in unpacked.items():
-    scale = float(np.abs(grad).max()) + 1e-6
-    np.testing.assert_allclose(
-        packed[path], grad, rtol=1e-4, atol=1e-4 * scale,
-        err_msg=f"{o['variant']}: {jax.tree_util.keystr(path)}")
+    conftest.assert_close_to_scale(
+        packed[path], grad, bound,
+        name=f"{o['variant']}: {jax.tree_util.keystr(path)}")
 
 
 def test_other_segments_do_not_reach_a_segment(variant_outputs):
@@ -242,9 +265,10 @@ def test_other_segments_do_not_reach_a_segment(variant_outputs):
       changed['decoder_positions'] > 0, np.roll(targets, 1, axis=1), 0)
   logits = np.asarray(o['logits'](o['params'], changed))
   length = len(o['examples'][0][1])
-  np.testing.assert_allclose(logits[0, :length],
-                             o['packed']['logits'][0, :length], rtol=1e-6,
-                             atol=1e-6)
+  conftest.assert_close_to_scale(
+      logits[0, :length], o['packed']['logits'][0, :length],
+      conftest.float32_bound(*_forward_lengths(o['model'].config)),
+      name=o['variant'])
 
 
 # -- refusals and bad input -----------------------------------------------
@@ -476,9 +500,14 @@ def test_blocks_permutation_gradient_is_the_gathers(shards):
     y = padded[source.reshape(-1)] * 2.0
     return jax.numpy.sum(jax.numpy.sin(y[destination.reshape(-1)]) * weights)
 
-  np.testing.assert_allclose(through_blocks(x), plain(x), rtol=1e-6)
-  np.testing.assert_allclose(jax.grad(through_blocks)(x), jax.grad(plain)(x),
-                             rtol=1e-6)
+  # The value: one sum of the same 300 terms; the gradient: each entry one
+  # term (the permutation moves it, nothing sums), a few products rounded.
+  terms = np.abs(np.sin(2 * np.asarray(x)) * np.asarray(weights)).sum()
+  conftest.assert_close_to_scale(through_blocks(x), plain(x),
+                                 conftest.float32_bound(x.size), terms)
+  want = jax.grad(plain)(x)
+  conftest.assert_close_to_scale(jax.grad(through_blocks)(x), want,
+                                 conftest.float32_bound(3), np.abs(want))
 
 
 def _own_task_attention_reference(query, key, value, bias, prefix_key,
@@ -549,4 +578,7 @@ def test_own_task_prefix_attention_is_the_softmax_over_its_columns(
   want = _own_task_attention_reference(query, key, value, bias, prefix_key,
                                        prefix_value, logit_bias, task_ids,
                                        keep)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # The scores over head_dim, the softmax and the weighted sum over every
+  # column, relative to the largest output.
+  conftest.assert_close_to_scale(got, want, conftest.float32_bound(
+      head_dim, tasks * prefix + length, tasks * prefix + length))

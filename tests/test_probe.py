@@ -59,6 +59,15 @@ def _probe_step(model):
   return _PROBE_STEPS[model.config]
 
 
+def _bound(columns, queries):
+  """float32 rounding of a probe statistic over `columns` keys summed over
+  `queries` (the softmax's sum, the statistic's sum over the columns, the
+  sum over the queries; a log, a division), relative to the statistic;
+  an entropy's is relative to it + 1 (each weight rounded to within u
+  adds u (|log p| + 1): at most u (entropy + 1) over weights summing to 1)."""
+  return conftest.float32_bound(columns, columns, queries, 2)
+
+
 def _entropy(p):
   p = np.asarray(p, np.float64)
   return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), -1)
@@ -69,12 +78,16 @@ def test_statistics_against_numpy():
   logits = rng.normal(size=(2, 3, 5, 7))
   w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
   got = jax.device_get(probe.attention_statistics(w, 3))
-  np.testing.assert_allclose(got['prompt_mass'], w[..., :3].sum(-1),
-                             rtol=1e-6)
-  np.testing.assert_allclose(got['entropy'], _entropy(w), rtol=1e-5)
+  mass = w[..., :3].sum(-1)
+  conftest.assert_close_to_scale(got['prompt_mass'], mass, _bound(7, 1),
+                                 mass)
+  entropy = _entropy(w)
+  conftest.assert_close_to_scale(got['entropy'], entropy, _bound(7, 1),
+                                 entropy + 1)
   tokens = w[..., 3:] / w[..., 3:].sum(-1, keepdims=True)
-  np.testing.assert_allclose(got['token_entropy'], _entropy(tokens),
-                             rtol=1e-5)
+  entropy = _entropy(tokens)
+  conftest.assert_close_to_scale(got['token_entropy'], entropy,
+                                 _bound(7, 1), entropy + 1)
 
 
 def _per_task(values, valid):
@@ -103,18 +116,22 @@ def test_encoder_statistics_equal_a_numpy_attention():
                     record=record)
     per_example.append(record)  # [layers] of [heads, q, 4 + k]
   valid = ENC > 0
+  # The encoder's forward pass to the layer's probabilities (relative to
+  # their sum, 1), then the statistics over its 4 + 6 columns.
+  bound = conftest.float32_bound(*conftest.model_forward_lengths(
+      model.config, 6)) + _bound(4 + 6, 6)
   for layer in range(2):
     w = [r[layer] for r in per_example]
     mass = _per_task([x[..., :4].sum(-1) for x in w], valid)
     ent = _per_task([_entropy(x) for x in w], valid)
     for task in mass:
       count = out['counts']['encoder'][task]
-      np.testing.assert_allclose(
+      conftest.assert_close_to_scale(
           out['encoder']['prompt_mass'][layer, task] / count, mass[task],
-          rtol=1e-4, atol=1e-6)
-      np.testing.assert_allclose(
-          out['encoder']['entropy'][layer, task] / count, ent[task],
-          rtol=1e-4, atol=1e-6)
+          bound, 1.0)
+      conftest.assert_close_to_scale(
+          out['encoder']['entropy'][layer, task] / count, ent[task], bound,
+          ent[task] + 1)
   assert out['counts']['encoder'][1] == 6 and out['counts']['encoder'][3] == 4
 
 
@@ -137,25 +154,29 @@ def test_prompt_columns_far_above_the_tokens_take_all_the_mass():
   model = _model(hyperprompt=HP)
   params = _hand_set(_params(model), -30.0)
   out = jax.device_get(_probe_step(model)(params, _batch()))
+  # The tokens' weights, e^-30 of the prompts', are below float32's
+  # rounding of them: what is left is rounding (`_bound`).
+  bound = _bound(4 + 6, 6)
   for stack, l in (('encoder', 4), ('decoder', 2)):
     count = out['counts'][stack]
     for task in (1, 3):
-      np.testing.assert_allclose(
-          out[stack]['prompt_mass'][:, task] / count[task], 1.0, atol=1e-5)
-      np.testing.assert_allclose(
-          out[stack]['entropy'][:, task] / count[task], math.log(l),
-          atol=1e-4)
+      conftest.assert_close_to_scale(
+          out[stack]['prompt_mass'][:, task] / count[task], np.ones((2, 2)),
+          bound)
+      conftest.assert_close_to_scale(
+          out[stack]['entropy'][:, task] / count[task],
+          np.full((2, 2), math.log(l)), bound, math.log(l) + 1)
   # Encoder: every real query sees all real tokens evenly (6 and 4).
   enc = out['encoder']
-  np.testing.assert_allclose(enc['token_entropy'][:, 1] / 6, math.log(6),
-                             atol=1e-4)
-  np.testing.assert_allclose(enc['token_entropy'][:, 3] / 4, math.log(4),
-                             atol=1e-4)
+  for task, n in ((1, 6), (3, 4)):
+    conftest.assert_close_to_scale(enc['token_entropy'][:, task] / n,
+                                   np.full((2, 2), math.log(n)), bound,
+                                   math.log(n) + 1)
   # Decoder self-attention: query i sees tokens 0..i (causal).
   dec = out['decoder']
-  np.testing.assert_allclose(
-      dec['token_entropy'][:, 1] / 3,
-      (math.log(1) + math.log(2) + math.log(3)) / 3, atol=1e-4)
+  want = (math.log(1) + math.log(2) + math.log(3)) / 3
+  conftest.assert_close_to_scale(dec['token_entropy'][:, 1] / 3,
+                                 np.full((2, 2), want), bound, want + 1)
 
 
 def test_mtl_has_entropy_and_no_mass():
@@ -164,8 +185,9 @@ def test_mtl_has_entropy_and_no_mass():
   out = jax.device_get(_probe_step(model)(params, _batch()))
   enc = out['encoder']
   np.testing.assert_allclose(enc['prompt_mass'], 0.0)
-  np.testing.assert_allclose(enc['entropy'][:, 1] / 6, math.log(6),
-                             atol=1e-4)
+  conftest.assert_close_to_scale(enc['entropy'][:, 1] / 6,
+                                 np.full((2, 2), math.log(6)), _bound(6, 6),
+                                 math.log(6) + 1)
   assert not probe.has_prompts(model.config, 'encoder')
 
 
@@ -178,10 +200,10 @@ def test_prompt_tuning_mass_is_on_the_soft_prompt_positions():
   out = jax.device_get(_probe_step(model)(params, _batch()))
   for stack in ('encoder', 'cross'):
     count = out['counts'][stack]
-    np.testing.assert_allclose(out[stack]['prompt_mass'][:, 1] / count[1],
-                               3 / 9, atol=1e-5)
-    np.testing.assert_allclose(out[stack]['prompt_mass'][:, 3] / count[3],
-                               3 / 7, atol=1e-5)
+    for task, columns in ((1, 9), (3, 7)):
+      conftest.assert_close_to_scale(
+          out[stack]['prompt_mass'][:, task] / count[task],
+          np.full((2, 2), 3 / columns), _bound(columns, 6), 3 / columns)
   # The soft prompts are not queries: 6 and 4 real encoder queries.
   assert out['counts']['encoder'][1] == 6
   assert probe.has_prompts(model.config, 'cross')
