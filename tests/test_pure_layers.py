@@ -136,14 +136,19 @@ print('stepped', float(terms['loss']))
 '''
 
 
-def test_the_training_step_runs_without_tensorflow_seqio_orbax_or_gin():
-  script = _SCRIPT.format(blocked=BLOCKED, modules=PURE_MODULES)
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+def _stdout_without_blocked(script: str) -> str:
+  """What `script` prints, run in a fresh CPU process; it must succeed."""
   result = subprocess.run([sys.executable, '-c', textwrap.dedent(script)],
-                          capture_output=True, text=True, cwd=ROOT, env=env,
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
                           timeout=300)
   assert result.returncode == 0, result.stderr[-4000:]
-  assert 'stepped' in result.stdout
+  return result.stdout
+
+
+def test_the_training_step_runs_without_tensorflow_seqio_orbax_or_gin():
+  assert 'stepped' in _stdout_without_blocked(
+      _SCRIPT.format(blocked=BLOCKED, modules=PURE_MODULES))
 
 
 # What the TPU compile command's decode needs (the Predictor's decode
@@ -152,13 +157,7 @@ _DECODE_SCRIPT = _SCRIPT.split('above = ', 1)[0] + "print('imported')\n"
 
 
 def test_the_decode_and_the_tpu_compile_import_no_tensorflow_seqio_or_gin():
-  script = _DECODE_SCRIPT.format(
+  assert 'imported' in _stdout_without_blocked(_DECODE_SCRIPT.format(
       blocked=BLOCKED, modules=('hyperprompt_jax.runner.batches',
                                 'hyperprompt_jax.evaluation.predictor',
-                                'hyperprompt_jax.benchmarks.tpu_compile'))
-  result = subprocess.run([sys.executable, '-c', textwrap.dedent(script)],
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
-                          timeout=300)
-  assert result.returncode == 0, result.stderr[-4000:]
-  assert 'imported' in result.stdout
+                                'hyperprompt_jax.benchmarks.tpu_compile')))

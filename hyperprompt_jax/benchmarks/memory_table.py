@@ -55,9 +55,9 @@ class Setup:
 
 
 def read_setup(name: str) -> Setup:
-  """The setup of `name` (`tpu_compile.setup_gin_files`). gin is cleared before and
-  after (the run file's bindings, its task list among them, must not
-  outlive it)."""
+  """The setup of `name` (`tpu_compile.setup_gin_files`). gin is cleared
+  before and after (the run file's bindings, its task list among them,
+  must not outlive it)."""
   gin.clear_config()
   try:
     gin_utils.parse_gin(tpu_compile.setup_gin_files(name), [])

@@ -101,9 +101,7 @@ def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
   if cfg.placement not in PLACEMENTS:
     raise ValueError(f'HyperPromptConfig.placement (PLACEMENT) must be one of '
                      f'{PLACEMENTS}, got {cfg.placement!r}.')
-  if cfg.packed_form not in PACKED_FORMS:
-    raise ValueError(f'HyperPromptConfig.packed_form={cfg.packed_form!r}; '
-                     f'expected one of {list(PACKED_FORMS)}.')
+  check_packed_form(cfg.packed_form)
   for name in ('encoder_prompt_length', 'decoder_prompt_length'):
     if getattr(cfg, name) < 0:
       raise ValueError(f'HyperPromptConfig.{name} must be >= 0, got '
@@ -341,6 +339,12 @@ def gather_prompts(keys: Array, values: Array, layer: int,
           task_blocks_lib.take_tasks(values[layer], task_ids))
 
 
+def check_packed_form(form: str) -> None:
+  if form not in PACKED_FORMS:
+    raise ValueError(f'HyperPromptConfig.packed_form={form!r}; expected one '
+                     f'of {list(PACKED_FORMS)}.')
+
+
 def resolve_packed_form(form: str) -> str:
   """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`:
   'auto' is 'all_tasks' where the model is compiled for an accelerator
@@ -349,9 +353,7 @@ def resolve_packed_form(form: str) -> str:
   MTL's FLOPs, 1.14x its bytes accessed and 1.11x its temporaries, against
   1.01x, 1.36x and 1.25x for 'task_blocks' (docs/performance.md, On a TPU
   slice); the CPU figures of docs/performance.md are 'task_blocks''s."""
-  if form not in PACKED_FORMS:
-    raise ValueError(f'HyperPromptConfig.packed_form={form!r}; expected one '
-                     f'of {list(PACKED_FORMS)}.')
+  check_packed_form(form)
   if form == 'auto':
     return ('task_blocks' if placement.target_platform() == 'cpu'
             else 'all_tasks')
@@ -534,12 +536,6 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
           lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])
 
 
-# The logit of another task's prompt column ('all_tasks'): finite, so that
-# a query of no task (padding) gets no NaN; its exp underflows to 0 in
-# float32 and bfloat16 next to any real logit.
-_MASKED_LOGIT = -1e10
-
-
 # Rematerialised: its `[batch, heads, q_length, T * l]` logits and weights
 # are recomputed in the backward pass from the query and the prompts (which
 # it keeps anyway), not held from the forward.
@@ -575,7 +571,10 @@ def _all_tasks_prefix(query: Array, keys: Array, values: Array,
     logits = logits + logit_bias.astype(logits.dtype)
   own = query_tasks[:, None, :, None] == jnp.repeat(
       jnp.arange(num_tasks, dtype=query_tasks.dtype), prefix)
-  logits = jnp.where(own, logits, jnp.asarray(_MASKED_LOGIT, logits.dtype))
+  # Finite (as every masked column's): a query of no task (padding) gets
+  # no NaN.
+  logits = jnp.where(own, logits,
+                     jnp.asarray(layers.MASKED_LOGIT, logits.dtype))
   weights, lse = softmax_and_logsumexp(logits)  # [batch, heads, q, T * l]
   weights = weights.astype(dtype)
   if keep is not None:

@@ -17,11 +17,11 @@ id, so its cost does not grow with the batch.
 Task ids come in two shapes. Unpacked rows (one example per row): `[batch]`.
 Packed rows (several examples per row, `segment_ids` given): per token,
 `[batch, length]` like the tokens, one id per segment; each token is then
-conditioned by its own example's task: its task's prompt columns only (the
-queries laid out in blocks of one task, `hyperprompt.packed_prompt_attention`), its
-task's adapter, its task's soft prompt in the slots the packer reserved, its
-example's HyperGrid / Output Gating gates (one conditioning vector per
-segment, from that segment's tokens only; at most
+conditioned by its own example's task: its task's prompt columns only
+(`hyperprompt.packed_prompt_attention`), its task's adapter, its task's
+soft prompt in the slots the packer reserved, its example's HyperGrid /
+Output Gating gates (one conditioning vector per segment, from that
+segment's tokens only; at most
 `HyperGridConfig.max_segments` segments a row).
 """
 

@@ -48,7 +48,7 @@ Initializer = Callable[..., Array]
 PrefixAttention = Callable[..., Array]
 
 # Large negative logit for masked attention columns (as t5x).
-_MASKED_LOGIT = -1e10
+MASKED_LOGIT = -1e10
 
 
 def _as_tuple(x: Union[int, Iterable[int]]) -> tuple[int, ...]:
@@ -418,7 +418,7 @@ def mask_to_bias(mask: Optional[Array], dtype: DType) -> Optional[Array]:
   """`[..., q, k]` 0/1 mask -> additive bias (0 where visible)."""
   if mask is None:
     return None
-  return jnp.where(mask > 0, 0.0, _MASKED_LOGIT).astype(dtype)
+  return jnp.where(mask > 0, 0.0, MASKED_LOGIT).astype(dtype)
 
 
 class Projections(NamedTuple):

@@ -2,8 +2,8 @@
 it is compiled for and how the batch is split over it.
 
 The model's 'auto' forms (`T5Config.gradient_form`, the relative position
-bias's, HyperPrompt's and HyperGrid's packed forms) follow the platform the program is compiled
-for: the devices of its mesh, which a CPU host compiling for a TPU slice
+bias's, HyperPrompt's and HyperGrid's packed forms) follow the platform the
+program is compiled for: the devices of its mesh, which a CPU host compiling for a TPU slice
 (`benchmarks/tpu_compile.py`) sets to the slice's, not JAX's default
 backend. Layers that lay tokens out per data shard (`task_blocks`,
 HyperGrid's grouped matmul) read the batch's split here.
