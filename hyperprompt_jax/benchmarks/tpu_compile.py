@@ -72,6 +72,7 @@ import numpy as np
 
 from hyperprompt_jax import files
 from hyperprompt_jax.benchmarks import mfu
+from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
@@ -356,7 +357,7 @@ class Setup:
   num_microbatches: Optional[int] = None
   eval_batch_size: Optional[int] = None  # None: no decode
   optimizer: Any = None  # None: `optimizers.make_optimizer()`
-  z_loss: float = 1e-4
+  z_loss: float = timing.Z_LOSS  # the MFU benchmark's
   balancing: Any = None  # a `metabalance.Plan`, or None
   label: str = ''  # what the setup's settings are, for the table
 
@@ -641,6 +642,7 @@ def gin_setup(name: str, gin_files: Sequence[str],
   from hyperprompt_jax.runner import balancing as balancing_lib  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.runner import metabalance  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.runner import run_settings  # pylint: disable=g-import-not-at-top
 
   def macro(key):
     return gin.query_parameter(f'{key}/macro.value')
@@ -657,7 +659,7 @@ def gin_setup(name: str, gin_files: Sequence[str],
     try:
       z_loss = gin.query_parameter('run_settings.RunSettings.z_loss')
     except ValueError:  # not bound: `RunSettings`'s default
-      z_loss = 1e-4
+      z_loss = run_settings.RunSettings.z_loss
     setup = Setup(
         name=name, config=model.config, input_length=lengths['inputs'],
         target_length=lengths['targets'], batch_size=macro('BATCH_SIZE'),
