@@ -21,6 +21,7 @@ from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
 from hyperprompt_jax import param_table
 from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.methods import hypergrid_pallas
 from hyperprompt_jax.model import network
 
 TASKS = 3
@@ -306,9 +307,9 @@ def test_parameter_counts_and_ratios(model, d, f):
   print(f'{model} max-grid L2: {max_grid["ratio"]:.4f}x')
 
 
-# The grouped form on a mesh of 4 x 2 CPU devices, in a process of its own
+# The per-shard forms on a mesh of 4 x 2 CPU devices, in a process of its own
 # (the device count is fixed when JAX starts).
-_GROUPED_ON_A_MESH = '''
+_PER_SHARD_FORM_ON_A_MESH = '''
 import json
 import jax, numpy as np
 from flax.linen import partitioning as nn_partitioning
@@ -327,8 +328,8 @@ for r in range(rows):  # contiguous examples in order, padding last
   segments[r] = np.repeat([1, 2, 3, 0], sizes)
 
 def loss(x, kernel):
-  return (hypergrid.packed_gated_matmul(x, kernel, grid, segments,
-                                        form='grouped') * w).sum()
+  return (hypergrid.packed_gated_matmul(x, kernel, grid, segments, form=FORM,
+                                        kernel_axes=('mlp', 'embed')) * w).sum()
 
 mesh = partitioning.create_mesh(data=4, model=2)
 rows_split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
@@ -349,14 +350,20 @@ print('RESULT', json.dumps({
 '''
 
 
-def test_grouped_form_keeps_each_row_on_its_data_shard():
-  """HyperGrid's grouped form with the batch split over 'data': the value
-  and gradients of `sum(w * out)` are numpy's token-by-token gated matmul
+@pytest.mark.parametrize('form', ['grouped', 'pallas'])
+def test_per_shard_forms_keep_each_row_on_its_data_shard(form):
+  """HyperGrid's grouped form and its TPU kernel (run by Pallas's
+  interpreter here) with the batch split over 'data': the value and
+  gradients of `sum(w * out)` are numpy's token-by-token gated matmul
   (HyperGrid Eq. 5 per segment), and no row crosses the mesh: the
-  program's collectives move less than one shard's rows (the kernel's
-  gradient and the loss are summed; one ragged matmul over the whole batch
-  moves every row to every device: 16x as many bytes here)."""
-  run = subprocess.run([sys.executable, '-c', _GROUPED_ON_A_MESH],
+  program's collectives move at most one data shard's outputs and the
+  kernel (the kernel's gradient and the loss are summed; the pallas form
+  splits the kernel's rows over 'model', as its logical axes say, and sums
+  the partial outputs, as XLA sums a split matmul's; one ragged matmul
+  over the whole batch moves every row to every device: 16x the grouped
+  form's bytes here)."""
+  program = f'FORM = {form!r}\n' + _PER_SHARD_FORM_ON_A_MESH
+  run = subprocess.run([sys.executable, '-c', program],
                        env=multiprocess.env(8), capture_output=True,
                        text=True, timeout=600)
   lines = [l for l in run.stdout.splitlines() if l.startswith('RESULT ')]
@@ -365,7 +372,8 @@ def test_grouped_form_keeps_each_row_on_its_data_shard():
   x, kernel, w = r['x'], r['kernel'], r['w']
   rows, length, d_in = x.shape
   d_out = kernel.shape[1]
-  assert r['collective_bytes'] < x.nbytes // 2 // 4  # float32 rows / shards
+  shard_outputs = rows // 4 * length * d_out * 4  # float32
+  assert r['collective_bytes'] <= shard_outputs + kernel.nbytes + 64
   # The reference, and the sums of magnitudes its rounding scales with.
   value = value_size = 0.0
   dx, dx_size = np.zeros_like(x), np.zeros_like(x)
@@ -389,3 +397,74 @@ def test_grouped_form_keeps_each_row_on_its_data_shard():
           <= conftest.float32_bound(d_out, d_out) * dx_size).all()
   assert (np.abs(r['dkernel'] - dkernel)
           <= conftest.float32_bound(tokens, tokens) * dkernel_size).all()
+
+
+def _segment_layouts(rows, length, segments, contiguous, rng):
+  """`[rows, length]` segment ids: each row's examples in order with the
+  padding last (what packers make), a row without the last examples, and,
+  not `contiguous`, examples split in two with padding between."""
+  layout = np.zeros((rows, length), np.int32)
+  for r in range(rows):
+    held = segments if r % 2 == 0 else segments - 1
+    sizes = rng.multinomial(length, [1 / (held + 1)] * (held + 1))
+    layout[r] = np.repeat([*range(1, held + 1), 0], sizes)
+    if not contiguous:
+      layout[r] = np.roll(layout[r], length // 3)
+  return layout
+
+
+@pytest.mark.parametrize('length, contiguous', [
+    (256, True),    # windows of 128 rows and of 16
+    (48, False),    # any layout is exact, only slower
+    (20, True),     # a length of no whole chunk: one window a segment
+])
+def test_pallas_kernel_matches_numpy_token_by_token(length, contiguous):
+  """The TPU kernel (`hypergrid_pallas`, in Pallas's interpreter): `sum(w *
+  out)` and its gradients for x, the kernel and every segment's grid are
+  numpy's token-by-token `x ((1 + psi(grid[s])) ⊙ W)` (Eq. 7; padding
+  ungated)."""
+  rng = np.random.default_rng(length)
+  rows, d_in, d_out, segments, k_in, k_out = 3, 32, 48, 3, 4, 6
+  x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
+  kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
+  grid = rng.uniform(size=(rows, segments, k_in, k_out)).astype(np.float32)
+  w = rng.normal(size=(rows, length, d_out)).astype(np.float32)
+  layout = _segment_layouts(rows, length, segments, contiguous, rng)
+
+  def loss(x, kernel, grid):
+    return (hypergrid_pallas.segment_gated_matmul(x, kernel, grid, layout)
+            * w).sum()
+
+  value, (dx, dkernel, dgrid) = jax.value_and_grad(loss, argnums=(0, 1, 2))(
+      x, kernel, grid)
+  want = dict(value=0.0, dx=np.zeros(x.shape), dkernel=np.zeros(kernel.shape),
+              dgrid=np.zeros(grid.shape))
+  size = {k: np.zeros_like(v) for k, v in want.items()}
+  for row in range(rows):
+    for t in range(length):
+      s = layout[row, t]
+      gate = 1 if s == 0 else 1 + numpy_hypergrid.block_repeat(
+          grid[row, s - 1], d_in, d_out)
+      outer = np.outer(x[row, t], w[row, t])
+      want['value'] += x[row, t] @ (kernel * gate) @ w[row, t]
+      size['value'] += np.abs(x[row, t]) @ np.abs(kernel * gate) @ np.abs(
+          w[row, t])
+      want['dx'][row, t] = (kernel * gate) @ w[row, t]
+      size['dx'][row, t] = np.abs(kernel * gate) @ np.abs(w[row, t])
+      want['dkernel'] += outer * gate
+      size['dkernel'] += np.abs(outer) * gate
+      if s:
+        blocks = (k_in, d_in // k_in, k_out, d_out // k_out)
+        want['dgrid'][row, s - 1] += (outer * kernel).reshape(blocks).sum(
+            (1, 3))
+        size['dgrid'][row, s - 1] += np.abs(outer * kernel).reshape(
+            blocks).sum((1, 3))
+  tokens = rows * length
+  got = dict(value=value, dx=dx, dkernel=dkernel, dgrid=dgrid)
+  bounds = dict(value=conftest.float32_bound(d_in, d_out, tokens),
+                dx=conftest.float32_bound(d_out, 2),
+                dkernel=conftest.float32_bound(tokens, 2),
+                dgrid=conftest.float32_bound(tokens, d_in, d_out))
+  for name in want:
+    conftest.assert_close_to_scale(np.asarray(got[name]), want[name],
+                                   bounds[name], size[name])

@@ -92,12 +92,13 @@ MODELS = {
     'prompt_tuning': 'variants/prompt_tuning.gin',
 }
 # Models with two forms, one shaped for XLA:CPU and the plain one: the
-# config field that picks them, and the forms (CPU's first).
+# config field that picks them, and the forms (CPU's first; a third, a
+# TPU kernel, runs only where `--forms` names it).
 FORMS = {
     'global': ('gradient_form', ('written', 'autodiff')),
     'adapter': ('gradient_form', ('written', 'autodiff')),
     'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
-    'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped')),
+    'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped', 'pallas')),
 }
 TWO_FORMS = tuple(name for name, (field, _) in FORMS.items()
                   if field == 'gradient_form')
@@ -414,7 +415,7 @@ def runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
   for name in ['mtl', *[m for m in models if m != 'mtl']]:
     own = FORMS[name][1] if name in FORMS else ()
     if forms == 'both' and own:
-      chosen = own
+      chosen = own[:2]
     else:
       chosen = tuple(f for f in own if f in named) or ('auto',)
     runs.extend((name, form) for form in chosen)

@@ -100,6 +100,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax.methods import hypergrid_pallas
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import task_blocks
@@ -119,7 +120,7 @@ AXIS_NAMES = ('tasks', 'grid_rows', 'grid_cols')
 VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
                  'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
                  'variants/output_gating.gin')
-PACKED_FORMS = ('auto', 'token_blocks', 'grouped')
+PACKED_FORMS = ('auto', 'token_blocks', 'grouped', 'pallas')
 
 
 @struct.dataclass
@@ -140,7 +141,7 @@ class HyperGridConfig:
   # examples per row (the packer closes a row at it; a row over it is an
   # error), and how each token meets its own example's gated weight.
   max_segments: int = 8         # MAX_SEGMENTS
-  packed_form: str = 'auto'     # 'auto' | 'token_blocks' | 'grouped'
+  packed_form: str = 'auto'  # 'auto' | 'token_blocks' | 'grouped' | 'pallas'
 
 
 def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
@@ -409,7 +410,9 @@ def resolve_packed_form(form: str) -> str:
 
 
 def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
-                        segment_ids: Array, form: str = 'auto') -> Array:
+                        segment_ids: Array, form: str = 'auto',
+                        kernel_axes: Optional[tuple[str, str]] = None
+                        ) -> Array:
   """`x ((1 + psi(grid[s])) ⊙ kernel)` for each token of segment s + 1.
 
   Args:
@@ -420,7 +423,10 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
     segment_ids: `[batch, length]`, 1..S, 0 on padding; for 'grouped' each
       segment's tokens contiguous, in order, padding last (as packers make
       them; `inputs.check_segments`).
-    form: 'token_blocks', 'grouped' or 'auto' (`resolve_packed_form`).
+    form: 'token_blocks', 'grouped', 'pallas' or 'auto'
+      (`resolve_packed_form`).
+    kernel_axes: the kernel's logical axes ('pallas' splits it as a mesh
+      does).
 
   Returns:
     `[batch, length, d_out]` (padding tokens: the ungated `x kernel`).
@@ -434,8 +440,12 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
   if k_out == 1:  # gate varies along the input only
     gate = per_token(grid[:, :, :, 0], segment_ids)
     return (x * (1 + jnp.repeat(gate, d_in // k_in, axis=-1))) @ kernel
-  if resolve_packed_form(form) == 'grouped':
+  form = resolve_packed_form(form)
+  if form == 'grouped':
     return _grouped_gated_matmul(x, kernel, grid, segment_ids)
+  if form == 'pallas':
+    return hypergrid_pallas.segment_gated_matmul(x, kernel, grid, segment_ids,
+                                                 kernel_axes)
   return _token_blocks_gated_matmul(x, kernel, grid, segment_ids)
 
 
@@ -555,7 +565,7 @@ class GatedDenseGeneral(layers.DenseGeneral):
     kernel = jnp.asarray(kernel, self.dtype)
     if self.segment_ids is not None:  # NEW: packed rows
       return packed_gated_matmul(x, kernel, self.grid, self.segment_ids,
-                                 self.packed_form)
+                                 self.packed_form, self.kernel_axes)
     return gated_matmul(x, kernel, self.grid)  # NEW
 
 

@@ -31,15 +31,27 @@ def current_mesh() -> Optional[Any]:
   return None if mesh.empty else mesh
 
 
+def _target_device() -> Optional[Any]:
+  mesh = current_mesh()
+  return None if mesh is None else getattr(
+      mesh, 'abstract_mesh', mesh).abstract_device
+
+
 def target_platform() -> str:
   """The platform the model is compiled for, which picks its 'auto' forms:
   the devices' of the mesh it runs on (a TPU slice's when a CPU host
   compiles for one: `benchmarks/tpu_compile.py`), else JAX's default
   backend."""
-  mesh = current_mesh()
-  device = None if mesh is None else getattr(
-      mesh, 'abstract_mesh', mesh).abstract_device
+  device = _target_device()
   return jax.default_backend() if device is None else device.platform
+
+
+def target_device_kind() -> str:
+  """The kind of device the model is compiled for ('TPU v3', 'TPU v5
+  lite', ...), as `target_platform` finds it."""
+  device = _target_device()
+  return (jax.devices()[0].device_kind if device is None
+          else device.device_kind)
 
 
 def batch_split() -> Optional[tuple[Any, tuple[str, ...]]]:

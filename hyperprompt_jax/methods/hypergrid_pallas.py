@@ -1,0 +1,452 @@
+"""HyperGrid's gated matmul on packed rows as a TPU kernel (Pallas).
+
+Each token t of segment s multiplies the kernel gated by its own example's
+grid, `y_t = x_t ((1 + psi(grid[s])) ⊙ W)`. XLA can only do that exactly by
+materialising a per-token intermediate ('token_blocks': 32 gated input
+copies a token at T5.1.1-Base, 4x MTL's bytes on TPU) or per-segment
+weights ('grouped'). This kernel keeps both on chip: for each tile of the
+kernel it gates the tile once per segment in VMEM and multiplies only the
+rows of that segment, so HBM sees x, W, y and the small gate tables, as a
+plain matmul does.
+
+Packed rows hold each segment's tokens contiguously (the packers'
+layout), so a segment's rows are one range: the kernel multiplies it in
+windows of `_BIG` rows, then `_SMALL` rows, each rounded out to whole
+`_SMALL`-row chunks with the other segments' rows masked to zero. A row of S
+segments thus costs at most `S * _SMALL` extra rows of MXU work. Any layout
+is still exact (every token of a segment lies in its range; the rest are
+masked), only slower.
+
+Three kernels, each a grid over (rows, kernel tiles):
+- `_gated_matmul`: `y = x (S_g ⊙ W)` per segment g (forward; and the input
+  gradient, `dx = dy (S_g ⊙ W)^T`, with the transposed kernel and gates);
+- `_gated_weight_grad`: `dW = sum_g (x_g^T dy_g) ⊙ S_g` and each segment's
+  gate gradient, the block sums of `(x_g^T dy_g) ⊙ W`.
+
+`S_g = 1 + psi(grid[g])` is handed to the kernels already repeated along the
+kernel's columns (`[segments + 1, k_in, d_out]` a row, the last segment
+the padding's, all ones); the kernels repeat it along the rows. TPU v3's
+Mosaic multiplies no bfloat16 (`CompileTimeMosaicUnsupportedRhsType`), so
+there the tiles are multiplied in float32. Off TPU the kernels run in
+Pallas's interpreter (tests).
+"""
+
+import functools
+import math
+from typing import Optional
+
+from flax.linen import partitioning as nn_partitioning
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+import jax.numpy as jnp
+
+from hyperprompt_jax.t5 import placement
+
+Array = jax.Array
+
+_SMALL = 16   # rows: bfloat16's sublane tile, the granularity of a segment
+_BIG = 128    # rows: the MXU's side, the window inside a segment
+_TILE = 512   # the most columns / contracted values a kernel tile takes
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def segment_groups(segment_ids: Array, num_segments: int) -> Array:
+  """`[batch, length]` segment ids (1..S, 0 on padding) -> group ids
+  `[batch, length]`: segment s is group s - 1, padding group S."""
+  return jnp.where(segment_ids > 0, segment_ids - 1, num_segments)
+
+
+def group_ranges(groups: Array, num_groups: int) -> tuple[Array, Array]:
+  """Each group's `[start, end)` token range in its row: `[batch * G]`
+  int32 each (flat, for the kernels' scalar memory); `start >= end` for a
+  group the row does not hold."""
+  length = groups.shape[1]
+  position = jnp.arange(length, dtype=jnp.int32)[None, :, None]
+  member = groups[..., None] == jnp.arange(num_groups)
+  start = jnp.min(jnp.where(member, position, length), axis=1)
+  end = jnp.max(jnp.where(member, position + 1, 0), axis=1)
+  return (start.reshape(-1).astype(jnp.int32),
+          end.reshape(-1).astype(jnp.int32))
+
+
+def _tile(size: int, block: int) -> int:
+  """The kernel tile along an axis of `size` values gated in blocks of
+  `block`: the largest multiple of 128 and of `block` that divides `size`,
+  at most `_TILE`; else the whole axis (Mosaic takes a block equal to the
+  array's dimension whatever its size)."""
+  for tile in range(_TILE, 0, -128):
+    if size % tile == 0 and tile % block == 0:
+      return tile
+  return size
+
+
+def _chunk(length: int) -> int:
+  return _SMALL if length % _SMALL == 0 else length
+
+
+def _for_row_windows(start, end, length: int, body) -> None:
+  """Calls `body(offset, rows)` on windows covering `[start, end)` rounded
+  out to whole chunks: `_BIG`-row windows, then chunk-sized ones."""
+  chunk = _chunk(length)
+  big = _BIG if length % _BIG == 0 and chunk == _SMALL else chunk
+  lo = (start // chunk) * chunk
+  hi = ((end + chunk - 1) // chunk) * chunk
+  num_big = jnp.maximum(hi - lo, 0) // big
+
+  def big_window(j, carry):
+    body(pl.multiple_of(lo + j * big, chunk), big)
+    return carry
+
+  def small_window(j, carry):
+    body(pl.multiple_of(base + j * chunk, chunk), chunk)
+    return carry
+
+  jax.lax.fori_loop(0, num_big, big_window, 0)
+  base = lo + num_big * big
+  jax.lax.fori_loop(0, jnp.maximum(hi - base, 0) // chunk, small_window, 0)
+
+
+def _repeat_rows(scale: Array, block: int) -> Array:
+  """`[k, cols]` -> `[k * block, cols]`, each row repeated `block` times."""
+  k, cols = scale.shape
+  return jnp.broadcast_to(scale[:, None, :], (k, block, cols)).reshape(
+      k * block, cols)
+
+
+def _gate_tile(gates: Array, block_in: int, block_out: int, tile_out: int,
+               column_tile) -> Array:
+  """A kernel tile's gates: `gates [k_in tile, k_out]` (a group's `1 +
+  grid` rows for the tile) -> `[k_in tile * block_in, tile_out]`, the
+  columns of tile `column_tile`. The columns are picked and repeated by a
+  0/1 matrix on the MXU (exact at HIGHEST): Mosaic cannot repeat lanes in
+  blocks of, e.g., 24."""
+  k_out = gates.shape[1]
+  shape = (k_out, tile_out)
+  column = (jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+            + column_tile * tile_out)
+  expand = (column // block_out
+            == jax.lax.broadcasted_iota(jnp.int32, shape, 0))
+  tile = jnp.dot(gates, expand.astype(jnp.float32), precision=_HIGHEST,
+                 preferred_element_type=jnp.float32)
+  return _repeat_rows(tile, block_in)
+
+
+def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
+                         gates_ref, out_ref, acc_ref, *, num_groups: int,
+                         block_in: int, block_out: int, mxu_dtype):
+  row, column_tile, k_step = (pl.program_id(0), pl.program_id(1),
+                              pl.program_id(2))
+  length = x_ref.shape[1]
+  tile_out = w_ref.shape[1]
+
+  @pl.when(k_step == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  w = w_ref[...].astype(jnp.float32)
+
+  def group(g, carry):
+    start = starts_ref[row * num_groups + g]
+    end = ends_ref[row * num_groups + g]
+
+    @pl.when(end > start)
+    def _():
+      gate = _gate_tile(gates_ref[0, g, 0], block_in, block_out, tile_out,
+                        column_tile)
+      gated = (w * gate).astype(mxu_dtype)
+
+      def rows(offset, size):
+        x = x_ref[0, pl.ds(offset, size), :]
+        mine = groups_ref[0, pl.ds(offset, size), :] == g
+        x = jnp.where(mine, x, 0).astype(mxu_dtype)
+        acc_ref[pl.ds(offset, size), :] += jnp.dot(
+            x, gated, preferred_element_type=jnp.float32)
+
+      _for_row_windows(start, end, length, rows)
+    return carry
+
+  jax.lax.fori_loop(0, num_groups, group, 0)
+
+  @pl.when(k_step == pl.num_programs(2) - 1)
+  def _():
+    out_ref[0] = acc_ref[...].astype(out_ref.dtype)
+
+
+def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
+                              w_ref, gates_ref, dw_ref, dgates_ref, part_ref,
+                              *, num_groups: int, block_in: int,
+                              block_out: int, mxu_dtype):
+  column_tile, row = pl.program_id(1), pl.program_id(2)
+  length = x_ref.shape[1]
+  tile_in, tile_out = w_ref.shape
+
+  @pl.when(row == 0)
+  def _():
+    dw_ref[...] = jnp.zeros_like(dw_ref)
+
+  dgates_ref[...] = jnp.zeros_like(dgates_ref)
+  w = w_ref[...].astype(jnp.float32)
+  # Sums each `block_out` columns: a 0/1 matrix on the MXU (exact at
+  # HIGHEST), as Mosaic reshapes no lane axis into blocks of 24.
+  column_blocks = (
+      jax.lax.broadcasted_iota(jnp.int32, (tile_out, tile_out // block_out), 0)
+      // block_out == jax.lax.broadcasted_iota(
+          jnp.int32, (tile_out, tile_out // block_out), 1)).astype(jnp.float32)
+
+  def group(g, carry):
+    start = starts_ref[row * num_groups + g]
+    end = ends_ref[row * num_groups + g]
+
+    @pl.when(end > start)
+    def _():
+      part_ref[...] = jnp.zeros_like(part_ref)
+
+      def rows(offset, size):
+        x = x_ref[0, pl.ds(offset, size), :]
+        mine = groups_ref[0, pl.ds(offset, size), :] == g
+        x = jnp.where(mine, x, 0).astype(mxu_dtype)
+        dy = dy_ref[0, pl.ds(offset, size), :].astype(mxu_dtype)
+        part_ref[...] += jax.lax.dot_general(
+            x, dy, (((0,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32)
+
+      _for_row_windows(start, end, length, rows)
+      part = part_ref[...]
+      dw_ref[...] += part * _gate_tile(gates_ref[0, g, 0], block_in,
+                                       block_out, tile_out, column_tile)
+      row_sums = jnp.sum((part * w).reshape(tile_in // block_in, block_in,
+                                            tile_out), axis=1)
+      dgates_ref[0, 0, 0, g] = jnp.dot(row_sums, column_blocks, precision=_HIGHEST,
+                                 preferred_element_type=jnp.float32)
+    return carry
+
+  jax.lax.fori_loop(0, num_groups, group, 0)
+
+
+def _mxu_dtype(dtype) -> jnp.dtype:
+  """The tiles' dtype on the MXU: theirs, but float32 on TPU v3."""
+  return jnp.float32 if placement.target_device_kind() == 'TPU v3' else dtype
+
+
+def _interpret() -> bool:
+  return placement.target_platform() != 'tpu'
+
+
+def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
+                  starts: Array, ends: Array) -> Array:
+  """`x [rows, length, d_in]`, `w [d_in, d_out]`, `gates [rows, G, k_in,
+  k_out]` (float32 `1 + grid`), `groups [rows, length]` -> `[rows, length,
+  d_out]`: each token times `w` gated by its group's gates."""
+  rows, length, d_in = x.shape
+  d_out = w.shape[1]
+  num_groups, k_in, k_out = gates.shape[1:]
+  block_in, block_out = d_in // k_in, d_out // k_out
+  tile_in, tile_out = _tile(d_in, block_in), _tile(d_out, 1)
+  grid = (rows, d_out // tile_out, d_in // tile_in)
+  itemsize = x.dtype.itemsize
+  # Rows multiplied: each row's tokens plus at most a chunk a segment
+  # boundary (module docstring); W gated once a group and tile.
+  visited = rows * (length + (num_groups - 1) * _chunk(length))
+  cost = pl.CostEstimate(
+      flops=2 * visited * d_in * d_out + 2 * rows * num_groups * d_in * d_out,
+      transcendentals=0,
+      bytes_accessed=(grid[1] * x.size + rows * w.size) * itemsize
+      + grid[1] * gates.size * 4
+      + rows * length * (d_out * itemsize + 4 * grid[1]))
+  kernel = functools.partial(
+      _gated_matmul_kernel, num_groups=num_groups, block_in=block_in,
+      block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((rows, length, d_out), x.dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=2,
+          grid=grid,
+          in_specs=[
+              pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
+              pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
+              pl.BlockSpec((tile_in, tile_out), lambda r, n, k, *_: (k, n)),
+              pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
+                           lambda r, n, k, *_: (r, 0, k, 0, 0)),
+          ],
+          out_specs=pl.BlockSpec((1, length, tile_out),
+                                 lambda r, n, k, *_: (r, 0, n)),
+          scratch_shapes=[pltpu.VMEM((length, tile_out), jnp.float32)]),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost,
+      interpret=_interpret(),
+  )(starts, ends, groups[..., None], x, w, _tiled(gates, grid[2]))
+
+
+def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
+                       groups: Array, starts: Array,
+                       ends: Array) -> tuple[Array, Array]:
+  """The gradients of `_gated_matmul` for `w` (float32 `[d_in, d_out]`)
+  and for its gates (float32 `[rows, G, k_in, k_out]`, each block's sum of
+  `(x_g^T dy_g) ⊙ w`)."""
+  rows, length, d_in = x.shape
+  d_out = w.shape[1]
+  num_groups, k_in, k_out = gates.shape[1:]
+  block_in, block_out = d_in // k_in, d_out // k_out
+  tile_in, tile_out = _tile(d_in, block_in), _tile(d_out, block_out)
+  grid = (d_in // tile_in, d_out // tile_out, rows)
+  itemsize = x.dtype.itemsize
+  visited = rows * (length + (num_groups - 1) * _chunk(length))
+  cost = pl.CostEstimate(
+      flops=2 * visited * d_in * d_out
+      + 4 * rows * num_groups * d_in * d_out,
+      transcendentals=0,
+      bytes_accessed=(grid[1] * x.size + grid[0] * dy.size + w.size) * itemsize
+      + (grid[0] * grid[1] + 1) * gates.size * 4 + w.size * 4
+      + rows * length * 4 * grid[0] * grid[1])
+  kernel = functools.partial(
+      _gated_weight_grad_kernel, num_groups=num_groups, block_in=block_in,
+      block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
+  dw, dgates = pl.pallas_call(
+      kernel,
+      out_shape=(jax.ShapeDtypeStruct((d_in, d_out), jnp.float32),
+                 jax.ShapeDtypeStruct(
+                     grid + (num_groups, tile_in // block_in,
+                             tile_out // block_out), jnp.float32)),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=2,
+          grid=grid,
+          in_specs=[
+              pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
+              pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
+              pl.BlockSpec((1, length, tile_out),
+                           lambda k, n, r, *_: (r, 0, n)),
+              pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
+              pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
+                           lambda k, n, r, *_: (r, 0, k, 0, 0)),
+          ],
+          out_specs=[
+              pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
+              pl.BlockSpec((1, 1, 1, num_groups, tile_in // block_in,
+                            tile_out // block_out),
+                           lambda k, n, r, *_: (k, n, r, 0, 0, 0)),
+          ],
+          scratch_shapes=[pltpu.VMEM((tile_in, tile_out), jnp.float32)]),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost,
+      interpret=_interpret(),
+  )(starts, ends, groups[..., None], x, dy, w, _tiled(gates, grid[0]))
+  # [tiles in, tiles out, rows, G, in blocks a tile, out blocks a tile]
+  dgates = jnp.transpose(dgates, (2, 3, 0, 4, 1, 5))
+  return dw, dgates.reshape(rows, num_groups, k_in, k_out)
+
+
+def _tiled(gates: Array, tiles: int) -> Array:
+  """`[rows, G, k_in, k_out]` -> `[rows, G, tiles, k_in / tiles, k_out]`:
+  a kernel tile's gate rows as whole trailing blocks (Mosaic takes a
+  block's last two axes whole or in multiples of (8, 128))."""
+  rows, groups, k_in, k_out = gates.shape
+  return gates.reshape(rows, groups, tiles, k_in // tiles, k_out)
+
+
+def _gates(grid: Array) -> Array:
+  """Each group's `1 + grid` and the padding group's ones: `[rows, S,
+  k_in, k_out]` -> float32 `[rows, S + 1, k_in, k_out]`."""
+  rows, _, k_in, k_out = grid.shape
+  return jnp.concatenate(
+      [1 + grid.astype(jnp.float32), jnp.ones((rows, 1, k_in, k_out))], axis=1)
+
+
+@jax.custom_vjp
+def _segment_gated_matmul(x: Array, kernel: Array, grid: Array,
+                          segment_ids: Array) -> Array:
+  return _forward(x, kernel, grid, segment_ids)[0]
+
+
+def _forward(x, kernel, grid, segment_ids):
+  num_segments = grid.shape[1]
+  groups = segment_groups(segment_ids, num_segments)
+  starts, ends = group_ranges(groups, num_segments + 1)
+  kernel = kernel.astype(x.dtype)
+  y = _gated_matmul(x, kernel, _gates(grid), groups, starts, ends)
+  return y, (x, kernel, grid, groups, starts, ends)
+
+
+def _backward(residuals, dy):
+  x, kernel, grid, groups, starts, ends = residuals
+  dy = dy.astype(x.dtype)
+  dx = _gated_matmul(dy, kernel.T, _gates(jnp.swapaxes(grid, -1, -2)),
+                     groups, starts, ends)
+  dw, dgates = _gated_weight_grad(x, dy, kernel, _gates(grid), groups,
+                                  starts, ends)
+  return dx, dw.astype(kernel.dtype), dgates[:, :-1].astype(grid.dtype), None
+
+
+_segment_gated_matmul.defvjp(_forward, _backward)
+
+
+def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
+                         segment_ids: Array,
+                         kernel_axes: Optional[tuple[str, str]] = None
+                         ) -> Array:
+  """`x ((1 + psi(grid[s])) ⊙ kernel)` for each token of segment s + 1, on
+  chip (module docstring).
+
+  Args:
+    x: `[batch, length, d_in]`, packed rows.
+    kernel: `[d_in, d_out]`.
+    grid: `[batch, S, k_in, k_out]`, each segment's gates oriented to the
+      kernel; `d_in % k_in == d_out % k_out == 0`.
+    segment_ids: `[batch, length]`, 1..S, 0 on padding.
+    kernel_axes: the kernel's logical axes (e.g. `('mlp', 'embed')`), which
+      say how a mesh splits it.
+
+  Returns:
+    `[batch, length, d_out]` in x's dtype (padding: the ungated `x kernel`).
+
+  Inside a mesh the kernels run on each device's part (`shard_map` over
+  every mesh axis: Mosaic kernels are not partitioned automatically): the
+  rows split as the logical axis 'batch' is, the kernel as its axes are
+  (each grid block split with it), as GSPMD splits the plain matmul; where
+  the kernel's rows are split, each device's partial sums are added after
+  the kernels, as XLA adds a split contraction's.
+  """
+  mesh = placement.current_mesh()
+  if mesh is None:
+    return _segment_gated_matmul(x, kernel, grid, segment_ids)
+  spec = jax.sharding.PartitionSpec
+  batch = None
+  if placement.batch_shards(x.shape[0]) > 1:
+    batch = placement.batch_split()[1]
+  split_in, split_out = _kernel_split(mesh, kernel_axes, kernel.shape,
+                                      grid.shape[2:])
+  rows = spec(batch)
+  in_specs = (spec(batch, None, split_in), spec(split_in, split_out),
+              spec(batch, None, split_in, split_out), rows)
+  if split_in is None:
+    return jax.shard_map(_segment_gated_matmul, mesh=mesh, in_specs=in_specs,
+                         out_specs=spec(batch, None, split_out),
+                         check_vma=False)(x, kernel, grid, segment_ids)
+
+  def partial_sums(*args):
+    return _segment_gated_matmul(*args)[None]
+
+  partial = jax.shard_map(partial_sums, mesh=mesh, in_specs=in_specs,
+                          out_specs=spec(split_in, batch, None, split_out),
+                          check_vma=False)(x, kernel, grid, segment_ids)
+  return partial.sum(axis=0, dtype=x.dtype)
+
+
+def _kernel_split(mesh, kernel_axes, kernel_shape, grid_shape):
+  """The mesh axes the kernel's rows and columns are split over (None:
+  whole): those of its logical axes, where the split divides both the
+  kernel's axis and the grid's blocks along it."""
+  if kernel_axes is None:
+    return None, None
+  splits = []
+  for axes, size, blocks in zip(
+      nn_partitioning.logical_to_mesh_axes(kernel_axes), kernel_shape,
+      grid_shape):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    shards = math.prod(mesh.shape[a] for a in names)
+    splits.append(axes if shards > 1 and size % shards == 0
+                  and blocks % shards == 0 else None)
+  return tuple(splits)
