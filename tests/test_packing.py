@@ -65,13 +65,15 @@ PACKING_VARIANTS = {
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
     'hyperformer': dict(hyperformer=hyperformer.HyperFormerConfig(
         reduction=8, task_embed_dim=5, task_hidden_dim=7, projected_dim=6)),
-    # HyperGrid: every variant, target, conditioning and placement once, both
-    # packed forms, both sides of the token blocks (grid 2 x 16: `wo`'s
+    # HyperGrid: every variant, target, conditioning and placement once, every
+    # packed form, both sides of the token blocks (grid 2 x 16: `wo`'s
     # input copies, `wi`'s partial sums), and a bound (3) that row 1 (two
     # examples) does not fill.
     'hypergrid_lg': _hypergrid('lg', target='both'),
     'hypergrid_lg_grouped': _hypergrid('lg', target='both',
                                        packed_form='grouped'),
+    'hypergrid_lg_pallas': _hypergrid('lg', target='both',
+                                      packed_form='pallas'),
     'hypergrid_l2_wi_first_token': _hypergrid(
         'l2', target='wi', conditioning='first_token', grid_rows=4,
         grid_cols=8, packed_form='grouped'),

@@ -77,7 +77,7 @@ def _hyperprompt(variant, form='auto'):
 
 
 # Every method of `methods.REGISTRY` at the tiny size (conftest's t5x test
-# configuration), HyperPrompt and HyperGrid in both packed forms.
+# configuration), HyperPrompt and HyperGrid in every packed form.
 MODELS = {
     'mtl': {},
     'hyperprompt_share': _hyperprompt('share'),
@@ -85,9 +85,10 @@ MODELS = {
     'hyperprompt_global': _hyperprompt('global'),
     'hyperprompt_global_task_blocks': _hyperprompt('global', 'task_blocks'),
     # The variants differ in their gates, the forms in the packed matmul:
-    # every variant in the default form, one in the other.
-    **{f'hypergrid_{v}_token_blocks': _hypergrid(v, 'token_blocks')
-       for v in ('l', 'l2', 'lg', 'gl')},
+    # every variant in the default form (on TPU the kernel, 'pallas'), one
+    # in the others.
+    **{f'hypergrid_{v}': _hypergrid(v) for v in ('l', 'l2', 'lg', 'gl')},
+    'hypergrid_lg_token_blocks': _hypergrid('lg', 'token_blocks'),
     'hypergrid_lg_grouped': _hypergrid('lg', 'grouped'),
     'output_gating': _hypergrid('output_gating'),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
@@ -98,11 +99,11 @@ MODELS = {
 }
 # The decode of one model of each conditioning path (HyperGrid's forms
 # differ in packed training only).
-DECODED = ('mtl', 'hyperprompt_global', 'hypergrid_lg_token_blocks',
+DECODED = ('mtl', 'hyperprompt_global', 'hypergrid_lg',
            'output_gating', 'adapter', 'hyperformer_pp', 'prompt_tuning')
 # Compiled on both meshes; every other program on 'data2_model2' only, whose
 # batch is split too (a TPU compile takes ~5-15 s a step here).
-BOTH_MESHES = ('mtl', 'hypergrid_lg_grouped')
+BOTH_MESHES = ('mtl', 'hypergrid_lg', 'hypergrid_lg_grouped')
 
 
 def programs() -> list[tuple[str, str, str]]:
@@ -182,7 +183,7 @@ def controls(devices) -> dict:
 
 # t5x's programs (`t5x_programs`): the training step of each model on packed
 # rows, its eval loss and beam search on unpacked ones.
-T5X_MODELS = ('hyperprompt_global', 'hypergrid_lg_token_blocks')
+T5X_MODELS = ('hyperprompt_global', 'hypergrid_lg')
 T5X_PREDICTED = ('hyperprompt_global',)
 
 

@@ -61,7 +61,7 @@ first token; the decoder's come from the segment's part of `encoded`.
 `MAX_SEGMENTS` (`max_segments`) bounds S statically: the packer closes a
 row at it, and a row over it is an error (`inputs.check_segments`, on the
 host; the compiled program checks traced ids). Each token then meets its own
-example's gated weight, by one of two exact forms (`packed_form`):
+example's gated weight, by one of three exact forms (`packed_form`):
 - 'token_blocks': the blockwise route with per-token gates, `length *
   min(k_out d_in, k_in d_out)` values a row (32 x 1024 per token for
   T5.1.1-small's `wo`), recomputed in the backward pass; the FLOPs of one
@@ -71,8 +71,15 @@ example's gated weight, by one of two exact forms (`packed_form`):
   (`jax.lax.ragged_dot` under `shard_map`), the FLOPs of one plain matmul
   where a grouped kernel runs it; XLA:CPU computes every group densely, and
   the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
-'auto' is 'token_blocks' (`resolve_packed_form`): compiled for a TPU v3
-slice at T5.1.1-Base it beats 'grouped' on FLOPs, bytes and temporaries.
+- 'pallas': a TPU kernel (`hypergrid_pallas.py`) that gates each tile of
+  the kernel per segment in VMEM and multiplies that segment's rows, so HBM
+  sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
+  (tests; slow).
+'auto' (`resolve_packed_form`) is 'pallas' where the model is compiled for
+a TPU: at T5.1.1-Base on a v3 slice its step takes 1.21x MTL's bytes and
+1.29x its temporaries, where 'token_blocks' takes 4.0x and 2.1x (and
+'grouped' more); elsewhere 'token_blocks' (XLA:CPU has no grouped matmul,
+a GPU runs no TPU kernel).
 The L variant and Output Gating gate elementwise: a per-token gate vector,
 no weight.
 
@@ -402,11 +409,12 @@ def max_segments(cfg: Optional[HyperGridConfig]) -> Optional[int]:
 
 
 def resolve_packed_form(form: str) -> str:
-  """'auto' -> 'token_blocks' on every platform (module docstring, "Packed
-  rows"): XLA:CPU has no grouped matmul, and compiled for TPU at
-  T5.1.1-Base 'grouped' takes more FLOPs, bytes and temporaries
-  (docs/performance.md, "On a TPU slice")."""
-  return 'token_blocks' if form == 'auto' else form
+  """'auto' -> 'pallas' where the model is compiled for a TPU, else
+  'token_blocks' (module docstring, "Packed rows"; docs/performance.md,
+  "On a TPU slice")."""
+  if form != 'auto':
+    return form
+  return 'pallas' if placement.target_platform() == 'tpu' else 'token_blocks'
 
 
 def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
