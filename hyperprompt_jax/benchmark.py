@@ -176,7 +176,8 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--forms', default='both',
                       help='--mfu: both forms of the models that have two '
                            '(T5Config.gradient_form, HyperGridConfig.'
-                           'packed_form), or each default: both, auto '
+                           'packed_form), each default, or the forms named: '
+                           'both, auto, or e.g. written,grouped,pallas '
                            '(default: both)')
   parser.add_argument('--peak_tflops', type=float, default=None,
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "

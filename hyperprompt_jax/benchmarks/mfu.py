@@ -15,7 +15,8 @@ Adafactor) is compiled once, run `warmup_steps` times, then timed
 with two forms (`FORMS`: `T5Config.gradient_form` of the adapters and
 packed HyperPrompt, `HyperGridConfig.packed_form` of HyperGrid) is timed in
 both (`--forms=both`), in its default (`auto`), or in the forms named
-(`--forms=written,grouped`).
+(`--forms=written,grouped`; HyperGrid's TPU kernel, 'pallas', only where
+named).
 
 Rows: packed, GLUE + SuperGLUE-like examples (`synthetic_rows`, no
 tf.data) first-fit into `batch_size` rows of `input_length` /
