@@ -21,7 +21,6 @@ from conftest import T5X_TINY_CONFIG, decode_with_cache, decoder_inputs
 from conftest import flat, random_tokens
 from hyperprompt_jax import param_table
 from hyperprompt_jax.methods import hypergrid
-from hyperprompt_jax.methods import hypergrid_pallas
 from hyperprompt_jax.model import network
 
 TASKS = 3
@@ -398,73 +397,3 @@ def test_per_shard_forms_keep_each_row_on_its_data_shard(form):
   assert (np.abs(r['dkernel'] - dkernel)
           <= conftest.float32_bound(tokens, tokens) * dkernel_size).all()
 
-
-def _segment_layouts(rows, length, segments, contiguous, rng):
-  """`[rows, length]` segment ids: each row's examples in order with the
-  padding last (what packers make), a row without the last examples, and,
-  not `contiguous`, examples split in two with padding between."""
-  layout = np.zeros((rows, length), np.int32)
-  for r in range(rows):
-    held = segments if r % 2 == 0 else segments - 1
-    sizes = rng.multinomial(length, [1 / (held + 1)] * (held + 1))
-    layout[r] = np.repeat([*range(1, held + 1), 0], sizes)
-    if not contiguous:
-      layout[r] = np.roll(layout[r], length // 3)
-  return layout
-
-
-@pytest.mark.parametrize('length, contiguous', [
-    (256, True),    # windows of 128 rows and of 16
-    (48, False),    # any layout is exact, only slower
-    (20, True),     # a length of no whole chunk: one window a segment
-])
-def test_pallas_kernel_matches_numpy_token_by_token(length, contiguous):
-  """The TPU kernel (`hypergrid_pallas`, in Pallas's interpreter): `sum(w *
-  out)` and its gradients for x, the kernel and every segment's grid are
-  numpy's token-by-token `x ((1 + psi(grid[s])) ⊙ W)` (Eq. 7; padding
-  ungated)."""
-  rng = np.random.default_rng(length)
-  rows, d_in, d_out, segments, k_in, k_out = 3, 32, 48, 3, 4, 6
-  x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
-  kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
-  grid = rng.uniform(size=(rows, segments, k_in, k_out)).astype(np.float32)
-  w = rng.normal(size=(rows, length, d_out)).astype(np.float32)
-  layout = _segment_layouts(rows, length, segments, contiguous, rng)
-
-  def loss(x, kernel, grid):
-    return (hypergrid_pallas.segment_gated_matmul(x, kernel, grid, layout)
-            * w).sum()
-
-  value, (dx, dkernel, dgrid) = jax.value_and_grad(loss, argnums=(0, 1, 2))(
-      x, kernel, grid)
-  want = dict(value=0.0, dx=np.zeros(x.shape), dkernel=np.zeros(kernel.shape),
-              dgrid=np.zeros(grid.shape))
-  size = {k: np.zeros_like(v) for k, v in want.items()}
-  for row in range(rows):
-    for t in range(length):
-      s = layout[row, t]
-      gate = 1 if s == 0 else 1 + numpy_hypergrid.block_repeat(
-          grid[row, s - 1], d_in, d_out)
-      outer = np.outer(x[row, t], w[row, t])
-      want['value'] += x[row, t] @ (kernel * gate) @ w[row, t]
-      size['value'] += np.abs(x[row, t]) @ np.abs(kernel * gate) @ np.abs(
-          w[row, t])
-      want['dx'][row, t] = (kernel * gate) @ w[row, t]
-      size['dx'][row, t] = np.abs(kernel * gate) @ np.abs(w[row, t])
-      want['dkernel'] += outer * gate
-      size['dkernel'] += np.abs(outer) * gate
-      if s:
-        blocks = (k_in, d_in // k_in, k_out, d_out // k_out)
-        want['dgrid'][row, s - 1] += (outer * kernel).reshape(blocks).sum(
-            (1, 3))
-        size['dgrid'][row, s - 1] += np.abs(outer * kernel).reshape(
-            blocks).sum((1, 3))
-  tokens = rows * length
-  got = dict(value=value, dx=dx, dkernel=dkernel, dgrid=dgrid)
-  bounds = dict(value=conftest.float32_bound(d_in, d_out, tokens),
-                dx=conftest.float32_bound(d_out, 2),
-                dkernel=conftest.float32_bound(tokens, 2),
-                dgrid=conftest.float32_bound(tokens, d_in, d_out))
-  for name in want:
-    conftest.assert_close_to_scale(np.asarray(got[name]), want[name],
-                                   bounds[name], size[name])

@@ -183,3 +183,7 @@ def test_forms_pick_the_runs():
       ('adapter', 'written'), ('hyperformer_pp', 'written'),
       ('prompt_tuning', 'auto')]
   assert {form for _, form in mfu.runs(everything, 'auto')} == {'auto'}
+  # The TPU kernel only where named ('both': the CPU's and the plain form).
+  assert mfu.runs(['hypergrid_lg'], 'pallas,token_blocks') == [
+      ('mtl', 'auto'), ('hypergrid_lg', 'token_blocks'),
+      ('hypergrid_lg', 'pallas')]

@@ -65,6 +65,12 @@ PACKING_VARIANTS = {
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
     'hyperformer': dict(hyperformer=hyperformer.HyperFormerConfig(
         reduction=8, task_embed_dim=5, task_hidden_dim=7, projected_dim=6)),
+    # The adapters' TPU kernels (Pallas's interpreter here).
+    'adapter_pallas': dict(adapter=adapters.AdapterConfig(
+        reduction=8, packed_form='pallas')),
+    'hyperformer_pallas': dict(hyperformer=hyperformer.HyperFormerConfig(
+        reduction=8, task_embed_dim=5, task_hidden_dim=7, projected_dim=6,
+        packed_form='pallas')),
     # HyperGrid: every variant, target, conditioning and placement once, every
     # packed form, both sides of the token blocks (grid 2 x 16: `wo`'s
     # input copies, `wi`'s partial sums), and a bound (3) that row 1 (two

@@ -39,10 +39,13 @@ import jax
 import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
+from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import segment_kernels
 from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
 
 Array = jax.Array
 PLACEMENTS = ('both', 'encoder', 'decoder')
+PACKED_FORMS = ('auto', 'task_blocks', 'pallas')
 # The method's face (read by `methods.REGISTRY`): the T5Config field that
 # holds its config, its parameter scopes and logical axis names, the gin
 # variant files that select it, `check` and `is_active`.
@@ -61,6 +64,7 @@ class AdapterConfig:
   placement: str = 'both'   # 'both' | 'encoder' | 'decoder'
   reduction: int = 32       # bottleneck b = d / reduction
   activation: str = 'relu'  # a flax.linen activation name
+  packed_form: str = 'auto'  # 'auto' | 'task_blocks' | 'pallas'
 
 
 def check_placement(placement: str, owner: str) -> None:
@@ -76,10 +80,25 @@ def check_reduction(reduction: int, emb_dim: int, macro: str) -> None:
         f'{emb_dim} (the adapter bottleneck is b = d / {macro}).')
 
 
+def check_packed_form(form: str, owner: str) -> None:
+  if form not in PACKED_FORMS:
+    raise ValueError(f'{owner}.packed_form must be one of {PACKED_FORMS}, '
+                     f'got {form!r}.')
+
+
+def resolve_packed_form(form: str) -> str:
+  """'auto' -> 'pallas' where the model is compiled for a TPU, else
+  'task_blocks' (`LayerAdapters`)."""
+  if form != 'auto':
+    return form
+  return 'pallas' if placement.target_platform() == 'tpu' else 'task_blocks'
+
+
 def check_adapter_config(cfg: AdapterConfig, emb_dim: int) -> None:
   """Raises ValueError on settings that cannot build the adapters."""
   check_placement(cfg.placement, 'AdapterConfig')
   check_reduction(cfg.reduction, emb_dim, 'ADAPTER_REDUCTION')
+  check_packed_form(cfg.packed_form, 'AdapterConfig')
   layers.activation(cfg.activation)
 
 
@@ -357,11 +376,14 @@ class LayerAdapters:
   """One layer's adapters (`{kind: AdapterWeights}` of `[T, ...]` arrays,
   from `per_layer`) bound to the batch's task ids (`[batch]`, or per token
   `[batch, length]` when `packed`); their gradients in `gradient_form`
-  (`T5Config.gradient_form`: 'written', 'autodiff' or 'auto')."""
+  (`T5Config.gradient_form`: 'written', 'autodiff' or 'auto'); packed rows
+  in `packed_form` (`AdapterConfig.packed_form`: 'task_blocks', 'pallas'
+  or 'auto')."""
 
   def __init__(self, weights: dict[str, AdapterWeights],
                task_ids: Optional[Array], activation: str,
-               packed: bool = False, gradient_form: str = 'auto'):
+               packed: bool = False, gradient_form: str = 'auto',
+               packed_form: str = 'auto'):
     if task_ids is None:
       raise ValueError(
           'Adapters need task_ids (int32 [batch]) but none were given: pass '
@@ -372,6 +394,7 @@ class LayerAdapters:
     self.activation = layers.activation(activation)
     self.packed = packed
     self.form = task_blocks_lib.resolve_gradient_form(gradient_form)
+    self.packed_form = resolve_packed_form(packed_form)
 
   def __call__(self, h: Array, kind: str) -> Array:
     """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:
@@ -413,6 +436,8 @@ class LayerAdapters:
     adapters a token and keep `[batch, length, T, b]` for the backward
     pass.
     """
+    if self.packed_form == 'pallas':
+      return self._per_token_on_chip(h, w, task_ids)
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
     # A block copies its task's W_down and W_up: 2 b rows of d.
@@ -423,9 +448,28 @@ class LayerAdapters:
     return blocks.from_blocks(out).reshape(n, length, d)
 
 
+  def _per_token_on_chip(self, h: Array, w: AdapterWeights, task_ids: Array
+                         ) -> Array:
+    """`_per_token` by the TPU kernels of `segment_kernels.per_task_matmul`:
+    each token's rows times its task's W_down and W_up where the tokens lie
+    (no task blocks), the biases and the norm per token."""
+
+    def take(a):  # each token's task's: [batch, length, ...]
+      return task_blocks_lib.take_tasks(a, task_ids)
+
+    pre = segment_kernels.per_task_matmul(h, w.down, task_ids)
+    z = self.activation(pre + take(w.down_bias)).astype(h.dtype)
+    out = segment_kernels.per_task_matmul(z, w.up, task_ids) + take(
+        w.up_bias)
+    if w.norm_scale is not None:
+      out = layer_norm(out, take(w.norm_scale), take(w.norm_bias))
+    return out.astype(h.dtype)
+
+
 def _flatten_layer_adapters(adapters: LayerAdapters):
   return ((adapters.weights, adapters.task_ids),
-          (adapters.activation, adapters.packed, adapters.form))
+          (adapters.activation, adapters.packed, adapters.form,
+           adapters.packed_form))
 
 
 def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
@@ -433,7 +477,8 @@ def _unflatten_layer_adapters(aux, children) -> LayerAdapters:
   # activation is already the function.
   adapters = object.__new__(LayerAdapters)
   adapters.weights, adapters.task_ids = children
-  adapters.activation, adapters.packed, adapters.form = aux
+  (adapters.activation, adapters.packed, adapters.form,
+   adapters.packed_form) = aux
   return adapters
 
 

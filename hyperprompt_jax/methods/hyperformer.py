@@ -69,12 +69,14 @@ class HyperFormerConfig:
   task_hidden_dim: int = 128  # e: hidden width of the task projector h_t
   projected_dim: int = 64   # t: the layer-aware task embedding I
   activation: str = 'relu'  # of the adapters (flax.linen name)
+  packed_form: str = 'auto'  # 'auto' | 'task_blocks' | 'pallas' (adapters.py)
 
 
 def check_hyperformer_config(cfg: HyperFormerConfig, emb_dim: int) -> None:
   """Raises ValueError on settings that cannot build HyperFormer++."""
   adapters.check_placement(cfg.placement, 'HyperFormerConfig')
   adapters.check_reduction(cfg.reduction, emb_dim, 'HYPERFORMER_REDUCTION')
+  adapters.check_packed_form(cfg.packed_form, 'HyperFormerConfig')
   for name in ('task_embed_dim', 'task_hidden_dim', 'projected_dim'):
     if getattr(cfg, name) <= 0:
       raise ValueError(f'HyperFormerConfig.{name} must be positive, got '

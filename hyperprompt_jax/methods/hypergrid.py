@@ -71,7 +71,7 @@ example's gated weight, by one of three exact forms (`packed_form`):
   (`jax.lax.ragged_dot` under `shard_map`), the FLOPs of one plain matmul
   where a grouped kernel runs it; XLA:CPU computes every group densely, and
   the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
-- 'pallas': a TPU kernel (`hypergrid_pallas.py`) that gates each tile of
+- 'pallas': a TPU kernel (`segment_kernels.py`) that gates each tile of
   the kernel per segment in VMEM and multiplies that segment's rows, so HBM
   sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
   (tests; slow).
@@ -107,9 +107,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax.methods import hypergrid_pallas
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import segment_kernels
 from hyperprompt_jax.t5 import task_blocks
 
 Array = jax.Array
@@ -452,7 +452,7 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
   if form == 'grouped':
     return _grouped_gated_matmul(x, kernel, grid, segment_ids)
   if form == 'pallas':
-    return hypergrid_pallas.segment_gated_matmul(x, kernel, grid, segment_ids,
+    return segment_kernels.segment_gated_matmul(x, kernel, grid, segment_ids,
                                                  kernel_axes)
   return _token_blocks_gated_matmul(x, kernel, grid, segment_ids)
 

@@ -397,10 +397,11 @@ class StackConditioning:
         prompts = Prompts(keys, values, bias)
     adapters = None
     if self._adapters is not None:
-      weights, activation = self._adapters
+      weights, activation, packed_form = self._adapters
       adapters = adapters_lib.LayerAdapters(weights[m], self.task_ids,
                                             activation, self.packed,
-                                            self.config.gradient_form)
+                                            self.config.gradient_form,
+                                            packed_form)
     hp = self.config.hyperprompt
     return LayerConditioning(
         prompts=prompts,
@@ -430,22 +431,24 @@ def _generate_prompts(cfg, stack: str, num_layers: int, generate: bool):
 
 
 def _adapter_weights(cfg, stack: str, num_layers: int):
-  """`(weights, activation)` of the stack's adapters, `weights[m]` layer m's
-  `{kind: AdapterWeights [tasks, ...]}` (`adapters.per_layer`): Vanilla
-  adapters are parameters, HyperFormer++ generates them once per forward
-  for all T tasks. None without adapters."""
+  """`(weights, activation, packed_form)` of the stack's adapters,
+  `weights[m]` layer m's `{kind: AdapterWeights [tasks, ...]}`
+  (`adapters.per_layer`): Vanilla adapters are parameters, HyperFormer++
+  generates them once per forward for all T tasks. None without
+  adapters."""
   if adapters_lib.is_active(cfg.adapter, stack):
     weights = adapters_lib.VanillaAdapters(
         cfg.adapter, cfg.num_tasks, num_layers, cfg.emb_dim, name='adapter')()
-    activation = cfg.adapter.activation
+    method = cfg.adapter
   elif adapters_lib.is_active(cfg.hyperformer, stack):
     weights = hyperformer_lib.HyperFormerGenerator(
         cfg.hyperformer, cfg.num_tasks, num_layers, cfg.emb_dim,
         name='hyperformer')()
-    activation = cfg.hyperformer.activation
+    method = cfg.hyperformer
   else:
     return None
-  return adapters_lib.per_layer(weights), activation
+  return (adapters_lib.per_layer(weights), method.activation,
+          method.packed_form)
 
 
 def _gating(cfg, stack: str, task_ids, token_valid, decode: bool,

@@ -1,34 +1,42 @@
-"""HyperGrid's gated matmul on packed rows as a TPU kernel (Pallas).
+"""Matmuls whose weights depend on each token's example in packed rows, as
+TPU kernels (Pallas): HyperGrid's gated kernel and the adapters' per-task
+weights.
 
-Each token t of segment s multiplies the kernel gated by its own example's
-grid, `y_t = x_t ((1 + psi(grid[s])) ⊙ W)`. XLA can only do that exactly by
-materialising a per-token intermediate ('token_blocks': 32 gated input
-copies a token at T5.1.1-Base, 4x MTL's bytes on TPU) or per-segment
-weights ('grouped'). This kernel keeps both on chip: for each tile of the
-kernel it gates the tile once per segment in VMEM and multiplies only the
-rows of that segment, so HBM sees x, W, y and the small gate tables, as a
-plain matmul does.
+In a packed row every example needs its own weights: HyperGrid's
+`x_t ((1 + psi(grid[s])) ⊙ W)` for the tokens of segment s, an adapter's
+`x_t W[task_t]`. XLA does that exactly only by materialising a per-token
+intermediate (HyperGrid's 'token_blocks': 32 gated input copies a token at
+T5.1.1-Base, 4x MTL's bytes on TPU), per-example weights ('grouped'), or a
+permutation of the tokens into blocks of one task (`t5/task_blocks.py`, the
+adapters' bytes). These kernels keep the per-example weights on chip: for
+each tile of W they make an example's weights in VMEM and multiply only
+that example's rows, where they lie, so HBM sees x, W, y and small tables,
+as a plain matmul does.
 
-Packed rows hold each segment's tokens contiguously (the packers'
-layout), so a segment's rows are one range: the kernel multiplies it in
-windows of `_BIG` rows, then `_SMALL` rows, each rounded out to whole
-`_SMALL`-row chunks with the other segments' rows masked to zero. A row of S
-segments thus costs at most `S * _SMALL` extra rows of MXU work. Any layout
-is still exact (every token of a segment lies in its range; the rest are
-masked), only slower.
+Packed rows hold each example's tokens contiguously (the packers' layout),
+so a group of tokens (a segment; a task's tokens in a row) is one range:
+the kernels multiply it in windows of `_BIG` rows, then `_SMALL` rows,
+rounded out to whole `_SMALL`-row chunks with the other groups' rows
+masked to zero; a row of S segments costs at most `S * _SMALL` extra rows
+of MXU work. Any layout is still exact (every token of a group lies in its
+range; the rest are masked), only slower.
 
-Three kernels, each a grid over (rows, kernel tiles):
-- `_gated_matmul`: `y = x (S_g ⊙ W)` per segment g (forward; and the input
-  gradient, `dx = dy (S_g ⊙ W)^T`, with the transposed kernel and gates);
+HyperGrid (`segment_gated_matmul`), three kernels a gated matmul:
+- `_gated_matmul`: `y = x (S_g ⊙ W)` per segment g (the forward pass; and
+  the input gradient, `dx = dy (S_g ⊙ W)^T`, with the transposed kernel
+  and gates);
 - `_gated_weight_grad`: `dW = sum_g (x_g^T dy_g) ⊙ S_g` and each segment's
-  gate gradient, the block sums of `(x_g^T dy_g) ⊙ W`.
+  gate gradient, the block sums of `(x_g^T dy_g) ⊙ W`;
+with `S_g = 1 + grid[g]` handed over as `[rows, S + 1, k_in, k_out]` (the
+last group the padding's, all ones) and block-repeated onto each tile in
+the kernel. The adapters (`per_task_matmul`): `_task_matmul` (forward and
+input gradient) and `_task_weight_grad` (`dW[t] = sum x_t^T dy_t`).
 
-`S_g = 1 + psi(grid[g])` is handed to the kernels already repeated along the
-kernel's columns (`[segments + 1, k_in, d_out]` a row, the last segment
-the padding's, all ones); the kernels repeat it along the rows. TPU v3's
-Mosaic multiplies no bfloat16 (`CompileTimeMosaicUnsupportedRhsType`), so
-there the tiles are multiplied in float32. Off TPU the kernels run in
-Pallas's interpreter (tests).
+TPU v3's Mosaic multiplies no bfloat16 (`CompileTimeMosaicUnsupportedRhsType`),
+so there the tiles meet on the MXU in float32. XLA cannot count inside a
+kernel: each gives its own cost estimate (FLOPs of the rows it multiplies,
+bounded as above, and the bytes its blocks read and write). Off TPU the
+kernels run in Pallas's interpreter (tests; slow).
 """
 
 import functools
@@ -450,3 +458,230 @@ def _kernel_split(mesh, kernel_axes, kernel_shape, grid_shape):
     splits.append(axes if shards > 1 and size % shards == 0
                   and blocks % shards == 0 else None)
   return tuple(splits)
+
+
+# -- Per-task weights: the adapters' matmuls on packed rows -------------------
+#
+# A token goes through its own task's weights (`W[task]`). The kernels take
+# each task's rows of a packed row as one range, from its first token to its
+# last (the rows of other tasks inside it masked), and multiply them by the
+# task's weights, read from VMEM (all T tasks' weights of a tile fit there at
+# adapter sizes): no permutation of the tokens. The row's last run of one
+# task (its last example and the padding, whose task id is 0) is a group of
+# its own, so task 0's range does not reach the padding. A task that returns
+# later in a row costs the rows between; per-run ranges would not, but a
+# row's runs have no static bound and their scalars overflow TPU v3's 16 KiB
+# of scalar memory.
+
+
+def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
+  """`[rows, length]` task ids -> each token's group (its task, or T for
+  the row's last run of one task) and each group's task (`[rows * (T +
+  1)]`, flat for scalar memory)."""
+  rows, length = task_ids.shape
+  change = jnp.concatenate(
+      [jnp.ones((rows, 1), bool), task_ids[:, 1:] != task_ids[:, :-1]], 1)
+  last_run = jnp.cumsum(change, axis=1) == jnp.sum(change, axis=1,
+                                                   keepdims=True)
+  groups = jnp.where(last_run, num_tasks, task_ids).astype(jnp.int32)
+  group_tasks = jnp.concatenate(
+      [jnp.broadcast_to(jnp.arange(num_tasks), (rows, num_tasks)),
+       task_ids[:, -1:]], axis=1)
+  return groups, group_tasks.reshape(-1).astype(jnp.int32)
+
+
+def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
+                        x_ref, w_ref, out_ref, acc_ref, *, num_groups: int,
+                        mxu_dtype):
+  row, k_step = pl.program_id(0), pl.program_id(2)
+  length = x_ref.shape[1]
+
+  @pl.when(k_step == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  def group(g, carry):
+    at = row * num_groups + g
+    start, end = starts_ref[at], ends_ref[at]
+
+    @pl.when(end > start)
+    def _():
+      w = w_ref[group_tasks_ref[at]].astype(mxu_dtype)
+
+      def rows(offset, size):
+        mine = groups_ref[0, pl.ds(offset, size), :] == g
+        x = jnp.where(mine, x_ref[0, pl.ds(offset, size), :], 0)
+        acc_ref[pl.ds(offset, size), :] += jnp.dot(
+            x.astype(mxu_dtype), w, preferred_element_type=jnp.float32)
+
+      _for_row_windows(start, end, length, rows)
+    return carry
+
+  jax.lax.fori_loop(0, num_groups, group, 0)
+
+  @pl.when(k_step == pl.num_programs(2) - 1)
+  def _():
+    out_ref[0] = acc_ref[...].astype(out_ref.dtype)
+
+
+def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
+                             groups_ref, x_ref, dy_ref, dw_ref, *,
+                             num_groups: int, mxu_dtype):
+  row = pl.program_id(2)
+  length = x_ref.shape[1]
+
+  @pl.when(row == 0)
+  def _():
+    dw_ref[...] = jnp.zeros_like(dw_ref)
+
+  def group(g, carry):
+    at = row * num_groups + g
+    task = group_tasks_ref[at]
+
+    def rows(offset, size):
+      mine = groups_ref[0, pl.ds(offset, size), :] == g
+      x = jnp.where(mine, x_ref[0, pl.ds(offset, size), :], 0)
+      dy = dy_ref[0, pl.ds(offset, size), :]
+      dw_ref[task] += jax.lax.dot_general(
+          x.astype(mxu_dtype), dy.astype(mxu_dtype), (((0,), (0,)), ((), ())),
+          preferred_element_type=jnp.float32)
+
+    _for_row_windows(starts_ref[at], ends_ref[at], length, rows)
+    return carry
+
+  jax.lax.fori_loop(0, num_groups, group, 0)
+
+
+def _task_matmul(x: Array, w: Array, groups: Array,
+                 ranges: tuple[Array, Array, Array]) -> Array:
+  """`x [rows, length, d_in]`, `w [T, d_in, d_out]` -> `[rows, length,
+  d_out]`: each token times its task's weights (`groups`: `task_groups`;
+  `ranges`: each group's start, end and task)."""
+  rows, length, d_in = x.shape
+  num_tasks, _, d_out = w.shape
+  tile_in, tile_out = _tile(d_in, 1), _tile(d_out, 1)
+  grid = (rows, d_out // tile_out, d_in // tile_in)
+  itemsize = x.dtype.itemsize
+  cost = pl.CostEstimate(
+      flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
+      transcendentals=0,
+      bytes_accessed=(grid[1] * x.size + rows * w.size) * itemsize
+      + rows * length * (d_out * itemsize + 4 * grid[1]))
+  return pl.pallas_call(
+      functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
+                        mxu_dtype=_mxu_dtype(x.dtype)),
+      out_shape=jax.ShapeDtypeStruct((rows, length, d_out), x.dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3,
+          grid=grid,
+          in_specs=[
+              pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
+              pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
+              pl.BlockSpec((num_tasks, tile_in, tile_out),
+                           lambda r, n, k, *_: (0, k, n)),
+          ],
+          out_specs=pl.BlockSpec((1, length, tile_out),
+                                 lambda r, n, k, *_: (r, 0, n)),
+          scratch_shapes=[pltpu.VMEM((length, tile_out), jnp.float32)]),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost,
+      interpret=_interpret(),
+  )(*ranges, groups[..., None], x, w.astype(x.dtype))
+
+
+def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
+                      ranges: tuple[Array, Array, Array]) -> Array:
+  """The gradient of `_task_matmul` for its weights: float32 `[T, d_in,
+  d_out]`, each task's `sum x^T dy` over its tokens."""
+  rows, length, d_in = x.shape
+  d_out = dy.shape[-1]
+  tile_in, tile_out = _tile(d_in, 1), _tile(d_out, 1)
+  grid = (d_in // tile_in, d_out // tile_out, rows)
+  itemsize = x.dtype.itemsize
+  cost = pl.CostEstimate(
+      flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
+      transcendentals=0,
+      bytes_accessed=(grid[1] * x.size + grid[0] * dy.size) * itemsize
+      + num_tasks * d_in * d_out * 4 + rows * length * 4 * grid[0] * grid[1])
+  return pl.pallas_call(
+      functools.partial(_task_weight_grad_kernel, num_groups=num_tasks + 1,
+                        mxu_dtype=_mxu_dtype(x.dtype)),
+      out_shape=jax.ShapeDtypeStruct((num_tasks, d_in, d_out), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=3,
+          grid=grid,
+          in_specs=[
+              pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
+              pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
+              pl.BlockSpec((1, length, tile_out),
+                           lambda k, n, r, *_: (r, 0, n)),
+          ],
+          out_specs=pl.BlockSpec((num_tasks, tile_in, tile_out),
+                                 lambda k, n, r, *_: (0, k, n))),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost,
+      interpret=_interpret(),
+  )(*ranges, groups[..., None], x, dy)
+
+
+def _task_rows_bound(rows: int, length: int, num_tasks: int) -> int:
+  """Rows the per-task kernels multiply, as the cost estimate counts them:
+  each row's tokens once, plus a chunk at each boundary between tasks,
+  plus, for a task that returns later in a row, the rows between (a
+  quarter of the row, on average, for rows of GLUE-length examples:
+  an estimate, not a bound)."""
+  return rows * (length + (num_tasks - 1) * _chunk(length) + length // 4)
+
+
+@jax.custom_vjp
+def _per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
+  return _per_task_forward(x, weights, task_ids)[0]
+
+
+def _per_task_forward(x, weights, task_ids):
+  num_tasks = weights.shape[0]
+  groups, group_tasks = task_groups(task_ids, num_tasks)
+  ranges = (*group_ranges(groups, num_tasks + 1), group_tasks)
+  y = _task_matmul(x, weights, groups, ranges)
+  return y, (x, weights, groups, ranges)
+
+
+def _per_task_backward(residuals, dy):
+  x, weights, groups, ranges = residuals
+  dy = dy.astype(x.dtype)
+  dx = _task_matmul(dy, jnp.swapaxes(weights, 1, 2), groups, ranges)
+  dw = _task_weight_grad(x, dy, weights.shape[0], groups, ranges)
+  return dx, dw.astype(weights.dtype), None
+
+
+_per_task_matmul.defvjp(_per_task_forward, _per_task_backward)
+
+
+def per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
+  """`x_t W[task_t]` for every token t of packed rows, on chip.
+
+  Args:
+    x: `[batch, length, d_in]`.
+    weights: `[T, d_in, d_out]`, one matrix a task.
+    task_ids: `[batch, length]` int32, each token's task.
+
+  Returns:
+    `[batch, length, d_out]` in x's dtype.
+
+  Inside a mesh the kernels run on each data shard's rows (`shard_map`
+  over every mesh axis), the weights whole on every device (an adapter's
+  are small).
+  """
+  mesh = placement.current_mesh()
+  if mesh is None:
+    return _per_task_matmul(x, weights, task_ids)
+  spec = jax.sharding.PartitionSpec
+  batch = None
+  if placement.batch_shards(x.shape[0]) > 1:
+    batch = placement.batch_split()[1]
+  return jax.shard_map(_per_task_matmul, mesh=mesh,
+                       in_specs=(spec(batch), spec(), spec(batch)),
+                       out_specs=spec(batch), check_vma=False)(
+                           x, weights, task_ids)
