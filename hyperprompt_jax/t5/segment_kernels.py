@@ -53,10 +53,21 @@ from hyperprompt_jax.t5 import placement
 
 Array = jax.Array
 
-_SMALL = 16   # rows: bfloat16's sublane tile, the granularity of a segment
-_BIG = 128    # rows: the MXU's side, the window inside a segment
-_TILE = 512   # the most columns / contracted values a kernel tile takes
+# Rows: the granularity of a segment's range (the sublane tile; bfloat16
+# packs 16 rows in one, and Mosaic takes half of one), and the window inside
+# a segment (the MXU's side).
+_SMALL = 8
+_BIG = 128
+# The most contracted values a kernel tile takes, and output columns (a
+# row's tokens are read once an output tile: once where d_model fits, 768
+# at Base; TPU v3's 16 MiB of VMEM, which also holds the tiles' float32
+# copies, takes 512).
+_TILE_IN = 512
 _HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _tile_out_most() -> int:
+  return 512 if placement.target_device_kind() == 'TPU v3' else 1024
 
 
 def segment_groups(segment_ids: Array, num_segments: int) -> Array:
@@ -78,12 +89,12 @@ def group_ranges(groups: Array, num_groups: int) -> tuple[Array, Array]:
           end.reshape(-1).astype(jnp.int32))
 
 
-def _tile(size: int, block: int) -> int:
+def _tile(size: int, block: int, most: int) -> int:
   """The kernel tile along an axis of `size` values gated in blocks of
   `block`: the largest multiple of 128 and of `block` that divides `size`,
-  at most `_TILE`; else the whole axis (Mosaic takes a block equal to the
+  at most `most`; else the whole axis (Mosaic takes a block equal to the
   array's dimension whatever its size)."""
-  for tile in range(_TILE, 0, -128):
+  for tile in range(most, 0, -128):
     if size % tile == 0 and tile % block == 0:
       return tile
   return size
@@ -250,7 +261,8 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   d_out = w.shape[1]
   num_groups, k_in, k_out = gates.shape[1:]
   block_in, block_out = d_in // k_in, d_out // k_out
-  tile_in, tile_out = _tile(d_in, block_in), _tile(d_out, 1)
+  tile_in = _tile(d_in, block_in, _TILE_IN)
+  tile_out = _tile(d_out, 1, _tile_out_most())
   grid = (rows, d_out // tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
@@ -298,7 +310,8 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
   d_out = w.shape[1]
   num_groups, k_in, k_out = gates.shape[1:]
   block_in, block_out = d_in // k_in, d_out // k_out
-  tile_in, tile_out = _tile(d_in, block_in), _tile(d_out, block_out)
+  tile_in = _tile(d_in, block_in, _TILE_IN)
+  tile_out = _tile(d_out, block_out, _tile_out_most())
   grid = (d_in // tile_in, d_out // tile_out, rows)
   itemsize = x.dtype.itemsize
   visited = rows * (length + (num_groups - 1) * _chunk(length))
@@ -559,7 +572,8 @@ def _task_matmul(x: Array, w: Array, groups: Array,
   `ranges`: each group's start, end and task)."""
   rows, length, d_in = x.shape
   num_tasks, _, d_out = w.shape
-  tile_in, tile_out = _tile(d_in, 1), _tile(d_out, 1)
+  tile_in = _tile(d_in, 1, _TILE_IN)
+  tile_out = _tile(d_out, 1, _tile_out_most())
   grid = (rows, d_out // tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
@@ -596,7 +610,8 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
   d_out]`, each task's `sum x^T dy` over its tokens."""
   rows, length, d_in = x.shape
   d_out = dy.shape[-1]
-  tile_in, tile_out = _tile(d_in, 1), _tile(d_out, 1)
+  tile_in = _tile(d_in, 1, _TILE_IN)
+  tile_out = _tile(d_out, 1, _tile_out_most())
   grid = (d_in // tile_in, d_out // tile_out, rows)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
