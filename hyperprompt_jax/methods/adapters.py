@@ -13,9 +13,14 @@ with W_down [d, b], W_up [b, d] and b = d / reduction (32: b = 24 at T5
 base); `norm` is the identity here and HyperFormer++'s generated post layer
 norm there. The task of each example selects its adapters (a gather by
 `task_ids`, so no example pays for another task's adapter); in packed rows
-each token goes through its own task's adapter, the tokens grouped into
-blocks of one task (`LayerAdapters._per_token`,
-`hyperprompt_jax.t5.task_blocks`).
+each token goes through its own task's adapter (`LayerAdapters._per_token`),
+by one of two forms (`AdapterConfig.packed_form`): 'task_blocks', the
+tokens grouped into blocks of one task (`hyperprompt_jax.t5.task_blocks`),
+or 'pallas', TPU kernels that multiply each token by its task's weights
+where it lies (`hyperprompt_jax.t5.segment_kernels.per_task_matmul`; no
+permutation of the tokens, whose copies are the task blocks' bytes on TPU).
+'auto' is 'pallas' where the model is compiled for a TPU, else
+'task_blocks'.
 
 Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
 (the encoder's attention, the decoder's self-attention) and `mlp`:
