@@ -112,6 +112,7 @@ def test_every_method_compiles_for_a_tpu_slice(tmp_path):
   assert controls['auto_forms'] == {'platform': 'tpu',
                                     'gradient_form': 'autodiff',
                                     'packed_form': 'pallas',
+                                    'adapter_form': 'pallas',
                                     'prompt_form': 'all_tasks'}
 
   import tpu_programs  # pylint: disable=g-import-not-at-top

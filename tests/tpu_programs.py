@@ -77,7 +77,7 @@ def _hyperprompt(variant, form='auto'):
 
 
 # Every method of `methods.REGISTRY` at the tiny size (conftest's t5x test
-# configuration), HyperPrompt and HyperGrid in every packed form.
+# configuration), HyperPrompt, HyperGrid and the adapter in every packed form.
 MODELS = {
     'mtl': {},
     'hyperprompt_share': _hyperprompt('share'),
@@ -92,6 +92,8 @@ MODELS = {
     'hypergrid_lg_grouped': _hypergrid('lg', 'grouped'),
     'output_gating': _hypergrid('output_gating'),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
+    'adapter_task_blocks': dict(adapter=adapters.AdapterConfig(
+        reduction=8, packed_form='task_blocks')),
     'hyperformer_pp': dict(hyperformer=hyperformer.HyperFormerConfig(
         reduction=8, task_embed_dim=8, task_hidden_dim=16, projected_dim=8)),
     'prompt_tuning': dict(prompt_tuning=prompt_tuning.PromptTuningConfig(
@@ -176,6 +178,7 @@ def controls(devices) -> dict:
     forms = {'platform': placement.target_platform(),
              'gradient_form': task_blocks.resolve_gradient_form('auto'),
              'packed_form': hypergrid.resolve_packed_form('auto'),
+             'adapter_form': adapters.resolve_packed_form('auto'),
              'prompt_form': hyperprompt.resolve_packed_form('auto')}
   return {'callback_found': found, 'in_graph_check_error': in_graph_check,
           'auto_forms': forms}
