@@ -159,9 +159,10 @@ with jax.set_mesh(mesh), nn_partitioning.axis_rules(
     partitioning.logical_axis_rules()):
   value, (dx, dweights) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(
       x, weights)
-print('RESULT', json.dumps({'value': float(value), 'dx': np.asarray(dx).tolist(),
-      'dweights': np.asarray(dweights).tolist(), 'x': x.tolist(),
-      'weights': weights.tolist(), 'w': w.tolist(), 'tasks': tasks.tolist()}))
+print('RESULT', json.dumps({
+    'value': float(value), 'dx': np.asarray(dx).tolist(),
+    'dweights': np.asarray(dweights).tolist(), 'x': x.tolist(),
+    'weights': weights.tolist(), 'w': w.tolist(), 'tasks': tasks.tolist()}))
 """
 
 

@@ -151,45 +151,85 @@ def _gate_tile(gates: Array, block_in: int, block_out: int, tile_out: int,
   return _repeat_rows(tile, block_in)
 
 
-def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
-                         gates_ref, out_ref, acc_ref, *, num_groups: int,
-                         block_in: int, block_out: int, mxu_dtype):
-  row, column_tile, k_step = (pl.program_id(0), pl.program_id(1),
-                              pl.program_id(2))
+def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
+                    groups_ref, on_group) -> None:
+  """For each group g that row `row` holds, `on_group(g, at, windows)`:
+  `at` its index in the flat scalar arrays, `windows(body)` calls
+  `body(offset, size, x)` over the group's range with `x` the window's rows
+  of `x_ref` (the other groups' rows zero)."""
   length = x_ref.shape[1]
-  tile_out = w_ref.shape[1]
+
+  def group(g, carry):
+    at = row * num_groups + g
+    start, end = starts_ref[at], ends_ref[at]
+
+    def windows(body):
+      def rows(offset, size):
+        mine = groups_ref[0, pl.ds(offset, size), :] == g
+        body(offset, size,
+             jnp.where(mine, x_ref[0, pl.ds(offset, size), :], 0))
+      _for_row_windows(start, end, length, rows)
+
+    pl.when(end > start)(lambda: on_group(g, at, windows))
+    return carry
+
+  jax.lax.fori_loop(0, num_groups, group, 0)
+
+
+def _matmul_by_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
+                     groups_ref, out_ref, acc_ref, weights_of, mxu_dtype
+                     ) -> None:
+  """The forward kernels' body (grid `(rows, output tiles, contracted
+  tiles)`): each group's rows times `weights_of(g, at)`, accumulated over
+  the contracted tiles and written at the last."""
+  k_step = pl.program_id(2)
 
   @pl.when(k_step == 0)
   def _():
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
-  w = w_ref[...].astype(jnp.float32)
+  def on_group(g, at, windows):
+    w = weights_of(g, at).astype(mxu_dtype)
 
-  def group(g, carry):
-    start = starts_ref[row * num_groups + g]
-    end = ends_ref[row * num_groups + g]
+    def multiply(offset, size, x):
+      acc_ref[pl.ds(offset, size), :] += jnp.dot(
+          x.astype(mxu_dtype), w, preferred_element_type=jnp.float32)
 
-    @pl.when(end > start)
-    def _():
-      gate = _gate_tile(gates_ref[0, g, 0], block_in, block_out, tile_out,
-                        column_tile)
-      gated = (w * gate).astype(mxu_dtype)
+    windows(multiply)
 
-      def rows(offset, size):
-        x = x_ref[0, pl.ds(offset, size), :]
-        mine = groups_ref[0, pl.ds(offset, size), :] == g
-        x = jnp.where(mine, x, 0).astype(mxu_dtype)
-        acc_ref[pl.ds(offset, size), :] += jnp.dot(
-            x, gated, preferred_element_type=jnp.float32)
-
-      _for_row_windows(start, end, length, rows)
-    return carry
-
-  jax.lax.fori_loop(0, num_groups, group, 0)
+  _for_each_group(row, num_groups, starts_ref, ends_ref, x_ref, groups_ref,
+                  on_group)
 
   @pl.when(k_step == pl.num_programs(2) - 1)
   def _():
     out_ref[0] = acc_ref[...].astype(out_ref.dtype)
+
+
+def _products_by_group(dy_ref, mxu_dtype):
+  """`windows -> x_g^T dy_g`'s accumulation step: `body(offset, size, x)`
+  returning the window's `[d_in, d_out]` float32 product."""
+  def product(offset, size, x):
+    dy = dy_ref[0, pl.ds(offset, size), :].astype(mxu_dtype)
+    return jax.lax.dot_general(x.astype(mxu_dtype), dy,
+                               (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+  return product
+
+
+def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
+                         gates_ref, out_ref, acc_ref, *, num_groups: int,
+                         block_in: int, block_out: int, mxu_dtype):
+  row, column_tile = pl.program_id(0), pl.program_id(1)
+  tile_out = w_ref.shape[1]
+  w = w_ref[...].astype(jnp.float32)
+
+  def gated(g, at):
+    del at
+    return w * _gate_tile(gates_ref[0, g, 0], block_in, block_out, tile_out,
+                          column_tile)
+
+  _matmul_by_group(row, num_groups, starts_ref, ends_ref, x_ref,
+                   groups_ref, out_ref, acc_ref, gated, mxu_dtype)
 
 
 def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
@@ -197,7 +237,6 @@ def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
                               *, num_groups: int, block_in: int,
                               block_out: int, mxu_dtype):
   column_tile, row = pl.program_id(1), pl.program_id(2)
-  length = x_ref.shape[1]
   tile_in, tile_out = w_ref.shape
 
   @pl.when(row == 0)
@@ -208,39 +247,30 @@ def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
   w = w_ref[...].astype(jnp.float32)
   # Sums each `block_out` columns: a 0/1 matrix on the MXU (exact at
   # HIGHEST), as Mosaic reshapes no lane axis into blocks of 24.
-  column_blocks = (
-      jax.lax.broadcasted_iota(jnp.int32, (tile_out, tile_out // block_out), 0)
-      // block_out == jax.lax.broadcasted_iota(
-          jnp.int32, (tile_out, tile_out // block_out), 1)).astype(jnp.float32)
+  shape = (tile_out, tile_out // block_out)
+  column_blocks = (jax.lax.broadcasted_iota(jnp.int32, shape, 0) // block_out
+                   == jax.lax.broadcasted_iota(jnp.int32, shape, 1))
+  product = _products_by_group(dy_ref, mxu_dtype)
 
-  def group(g, carry):
-    start = starts_ref[row * num_groups + g]
-    end = ends_ref[row * num_groups + g]
+  def on_group(g, at, windows):
+    del at
+    part_ref[...] = jnp.zeros_like(part_ref)
 
-    @pl.when(end > start)
-    def _():
-      part_ref[...] = jnp.zeros_like(part_ref)
+    def accumulate(offset, size, x):
+      part_ref[...] += product(offset, size, x)
 
-      def rows(offset, size):
-        x = x_ref[0, pl.ds(offset, size), :]
-        mine = groups_ref[0, pl.ds(offset, size), :] == g
-        x = jnp.where(mine, x, 0).astype(mxu_dtype)
-        dy = dy_ref[0, pl.ds(offset, size), :].astype(mxu_dtype)
-        part_ref[...] += jax.lax.dot_general(
-            x, dy, (((0,), (0,)), ((), ())),
-            preferred_element_type=jnp.float32)
+    windows(accumulate)
+    part = part_ref[...]
+    dw_ref[...] += part * _gate_tile(gates_ref[0, g, 0], block_in, block_out,
+                                     tile_out, column_tile)
+    row_sums = jnp.sum(
+        (part * w).reshape(tile_in // block_in, block_in, tile_out), axis=1)
+    dgates_ref[0, 0, 0, g] = jnp.dot(
+        row_sums, column_blocks.astype(jnp.float32), precision=_HIGHEST,
+        preferred_element_type=jnp.float32)
 
-      _for_row_windows(start, end, length, rows)
-      part = part_ref[...]
-      dw_ref[...] += part * _gate_tile(gates_ref[0, g, 0], block_in,
-                                       block_out, tile_out, column_tile)
-      row_sums = jnp.sum((part * w).reshape(tile_in // block_in, block_in,
-                                            tile_out), axis=1)
-      dgates_ref[0, 0, 0, g] = jnp.dot(row_sums, column_blocks, precision=_HIGHEST,
-                                 preferred_element_type=jnp.float32)
-    return carry
-
-  jax.lax.fori_loop(0, num_groups, group, 0)
+  _for_each_group(row, num_groups, starts_ref, ends_ref, x_ref, groups_ref,
+                  on_group)
 
 
 def _mxu_dtype(dtype) -> jnp.dtype:
@@ -250,6 +280,24 @@ def _mxu_dtype(dtype) -> jnp.dtype:
 
 def _interpret() -> bool:
   return placement.target_platform() != 'tpu'
+
+
+def _call(kernel, out_shape, grid: tuple[int, int, int], prefetch: int, *,
+          in_specs, out_specs, cost: pl.CostEstimate, scratch=()):
+  """One of this module's kernels on a grid of 3 axes, the last one
+  accumulated ('arbitrary'), the others independent; its first `prefetch`
+  operands in scalar memory; in Pallas's interpreter off TPU."""
+  return pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=prefetch, grid=grid, in_specs=in_specs,
+          out_specs=out_specs, scratch_shapes=list(scratch)),
+      compiler_params=pltpu.CompilerParams(
+          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+      cost_estimate=cost,
+      interpret=_interpret(),
+  )
 
 
 def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
@@ -277,27 +325,20 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   kernel = functools.partial(
       _gated_matmul_kernel, num_groups=num_groups, block_in=block_in,
       block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
-  return pl.pallas_call(
+  return _call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((rows, length, d_out), x.dtype),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=2,
-          grid=grid,
-          in_specs=[
-              pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
-              pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
-              pl.BlockSpec((tile_in, tile_out), lambda r, n, k, *_: (k, n)),
-              pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
-                           lambda r, n, k, *_: (r, 0, k, 0, 0)),
-          ],
-          out_specs=pl.BlockSpec((1, length, tile_out),
-                                 lambda r, n, k, *_: (r, 0, n)),
-          scratch_shapes=[pltpu.VMEM((length, tile_out), jnp.float32)]),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
-      cost_estimate=cost,
-      interpret=_interpret(),
-  )(starts, ends, groups[..., None], x, w, _tiled(gates, grid[2]))
+      jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 2,
+      in_specs=[
+          pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
+          pl.BlockSpec((tile_in, tile_out), lambda r, n, k, *_: (k, n)),
+          pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
+                       lambda r, n, k, *_: (r, 0, k, 0, 0)),
+      ],
+      out_specs=pl.BlockSpec((1, length, tile_out),
+                             lambda r, n, k, *_: (r, 0, n)),
+      scratch=[pltpu.VMEM((length, tile_out), jnp.float32)],
+      cost=cost)(starts, ends, groups[..., None], x, w, _tiled(gates, grid[2]))
 
 
 def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
@@ -325,36 +366,30 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
   kernel = functools.partial(
       _gated_weight_grad_kernel, num_groups=num_groups, block_in=block_in,
       block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
-  dw, dgates = pl.pallas_call(
+  dw, dgates = _call(
       kernel,
-      out_shape=(jax.ShapeDtypeStruct((d_in, d_out), jnp.float32),
+      (jax.ShapeDtypeStruct((d_in, d_out), jnp.float32),
                  jax.ShapeDtypeStruct(
                      grid + (num_groups, tile_in // block_in,
-                             tile_out // block_out), jnp.float32)),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=2,
-          grid=grid,
-          in_specs=[
-              pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
-              pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
-              pl.BlockSpec((1, length, tile_out),
-                           lambda k, n, r, *_: (r, 0, n)),
-              pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
-              pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
-                           lambda k, n, r, *_: (r, 0, k, 0, 0)),
-          ],
-          out_specs=[
-              pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
-              pl.BlockSpec((1, 1, 1, num_groups, tile_in // block_in,
-                            tile_out // block_out),
-                           lambda k, n, r, *_: (k, n, r, 0, 0, 0)),
-          ],
-          scratch_shapes=[pltpu.VMEM((tile_in, tile_out), jnp.float32)]),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
-      cost_estimate=cost,
-      interpret=_interpret(),
-  )(starts, ends, groups[..., None], x, dy, w, _tiled(gates, grid[0]))
+                             tile_out // block_out), jnp.float32)), grid, 2,
+      in_specs=[
+          pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
+          pl.BlockSpec((1, length, tile_out),
+                       lambda k, n, r, *_: (r, 0, n)),
+          pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
+          pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
+                       lambda k, n, r, *_: (r, 0, k, 0, 0)),
+      ],
+      out_specs=[
+          pl.BlockSpec((tile_in, tile_out), lambda k, n, r, *_: (k, n)),
+          pl.BlockSpec((1, 1, 1, num_groups, tile_in // block_in,
+                        tile_out // block_out),
+                       lambda k, n, r, *_: (k, n, r, 0, 0, 0)),
+      ],
+      scratch=[pltpu.VMEM((tile_in, tile_out), jnp.float32)],
+      cost=cost)(starts, ends, groups[..., None], x, dy, w,
+                 _tiled(gates, grid[0]))
   # [tiles in, tiles out, rows, G, in blocks a tile, out blocks a tile]
   dgates = jnp.transpose(dgates, (2, 3, 0, 4, 1, 5))
   return dw, dgates.reshape(rows, num_groups, k_in, k_out)
@@ -506,63 +541,33 @@ def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
 def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
                         x_ref, w_ref, out_ref, acc_ref, *, num_groups: int,
                         mxu_dtype):
-  row, k_step = pl.program_id(0), pl.program_id(2)
-  length = x_ref.shape[1]
-
-  @pl.when(k_step == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  def group(g, carry):
-    at = row * num_groups + g
-    start, end = starts_ref[at], ends_ref[at]
-
-    @pl.when(end > start)
-    def _():
-      w = w_ref[group_tasks_ref[at]].astype(mxu_dtype)
-
-      def rows(offset, size):
-        mine = groups_ref[0, pl.ds(offset, size), :] == g
-        x = jnp.where(mine, x_ref[0, pl.ds(offset, size), :], 0)
-        acc_ref[pl.ds(offset, size), :] += jnp.dot(
-            x.astype(mxu_dtype), w, preferred_element_type=jnp.float32)
-
-      _for_row_windows(start, end, length, rows)
-    return carry
-
-  jax.lax.fori_loop(0, num_groups, group, 0)
-
-  @pl.when(k_step == pl.num_programs(2) - 1)
-  def _():
-    out_ref[0] = acc_ref[...].astype(out_ref.dtype)
+  _matmul_by_group(pl.program_id(0), num_groups, starts_ref, ends_ref, x_ref,
+                   groups_ref, out_ref, acc_ref,
+                   lambda g, at: w_ref[group_tasks_ref[at]], mxu_dtype)
 
 
 def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
                              groups_ref, x_ref, dy_ref, dw_ref, *,
                              num_groups: int, mxu_dtype):
   row = pl.program_id(2)
-  length = x_ref.shape[1]
 
   @pl.when(row == 0)
   def _():
     dw_ref[...] = jnp.zeros_like(dw_ref)
 
-  def group(g, carry):
-    at = row * num_groups + g
+  product = _products_by_group(dy_ref, mxu_dtype)
+
+  def on_group(g, at, windows):
+    del g
     task = group_tasks_ref[at]
 
-    def rows(offset, size):
-      mine = groups_ref[0, pl.ds(offset, size), :] == g
-      x = jnp.where(mine, x_ref[0, pl.ds(offset, size), :], 0)
-      dy = dy_ref[0, pl.ds(offset, size), :]
-      dw_ref[task] += jax.lax.dot_general(
-          x.astype(mxu_dtype), dy.astype(mxu_dtype), (((0,), (0,)), ((), ())),
-          preferred_element_type=jnp.float32)
+    def accumulate(offset, size, x):
+      dw_ref[task] += product(offset, size, x)
 
-    _for_row_windows(starts_ref[at], ends_ref[at], length, rows)
-    return carry
+    windows(accumulate)
 
-  jax.lax.fori_loop(0, num_groups, group, 0)
+  _for_each_group(row, num_groups, starts_ref, ends_ref, x_ref, groups_ref,
+                  on_group)
 
 
 def _task_matmul(x: Array, w: Array, groups: Array,
@@ -581,27 +586,20 @@ def _task_matmul(x: Array, w: Array, groups: Array,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + rows * w.size) * itemsize
       + rows * length * (d_out * itemsize + 4 * grid[1]))
-  return pl.pallas_call(
+  return _call(
       functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
                         mxu_dtype=_mxu_dtype(x.dtype)),
-      out_shape=jax.ShapeDtypeStruct((rows, length, d_out), x.dtype),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=3,
-          grid=grid,
-          in_specs=[
-              pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
-              pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
-              pl.BlockSpec((num_tasks, tile_in, tile_out),
-                           lambda r, n, k, *_: (0, k, n)),
-          ],
-          out_specs=pl.BlockSpec((1, length, tile_out),
-                                 lambda r, n, k, *_: (r, 0, n)),
-          scratch_shapes=[pltpu.VMEM((length, tile_out), jnp.float32)]),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
-      cost_estimate=cost,
-      interpret=_interpret(),
-  )(*ranges, groups[..., None], x, w.astype(x.dtype))
+      jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 3,
+      in_specs=[
+          pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
+          pl.BlockSpec((num_tasks, tile_in, tile_out),
+                       lambda r, n, k, *_: (0, k, n)),
+      ],
+      out_specs=pl.BlockSpec((1, length, tile_out),
+                             lambda r, n, k, *_: (r, 0, n)),
+      scratch=[pltpu.VMEM((length, tile_out), jnp.float32)],
+      cost=cost)(*ranges, groups[..., None], x, w.astype(x.dtype))
 
 
 def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
@@ -619,26 +617,19 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * dy.size) * itemsize
       + num_tasks * d_in * d_out * 4 + rows * length * 4 * grid[0] * grid[1])
-  return pl.pallas_call(
+  return _call(
       functools.partial(_task_weight_grad_kernel, num_groups=num_tasks + 1,
                         mxu_dtype=_mxu_dtype(x.dtype)),
-      out_shape=jax.ShapeDtypeStruct((num_tasks, d_in, d_out), jnp.float32),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=3,
-          grid=grid,
-          in_specs=[
-              pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
-              pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
-              pl.BlockSpec((1, length, tile_out),
-                           lambda k, n, r, *_: (r, 0, n)),
-          ],
-          out_specs=pl.BlockSpec((num_tasks, tile_in, tile_out),
-                                 lambda k, n, r, *_: (0, k, n))),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
-      cost_estimate=cost,
-      interpret=_interpret(),
-  )(*ranges, groups[..., None], x, dy)
+      jax.ShapeDtypeStruct((num_tasks, d_in, d_out), jnp.float32), grid, 3,
+      in_specs=[
+          pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
+          pl.BlockSpec((1, length, tile_out),
+                       lambda k, n, r, *_: (r, 0, n)),
+      ],
+      out_specs=pl.BlockSpec((num_tasks, tile_in, tile_out),
+                             lambda k, n, r, *_: (0, k, n)),
+      cost=cost)(*ranges, groups[..., None], x, dy)
 
 
 def _task_rows_bound(rows: int, length: int, num_tasks: int) -> int:
