@@ -283,6 +283,11 @@ def test_missing_task_ids_raise(kind):
      'PROMPT_TUNING_LENGTH'),
     (dict(adapter=adapters.AdapterConfig(activation='nope')),
      'Unknown MLP activation'),
+    (dict(adapter=adapters.AdapterConfig(packed_form='blocks')),
+     r"AdapterConfig.packed_form must be one of \('auto', 'task_blocks', "
+     r"'pallas'\), got 'blocks'"),
+    (dict(hyperformer=hyperformer.HyperFormerConfig(packed_form='kernel')),
+     'HyperFormerConfig.packed_form must be one of'),
 ])
 def test_bad_configuration_raises(change, message):
   cfg = dataclasses.replace(T5X_TINY_CONFIG, **change)

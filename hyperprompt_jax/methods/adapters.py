@@ -429,7 +429,8 @@ class LayerAdapters:
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
     """Packed rows (`task_ids [batch, length]`): each token through its own
-    task's adapter, without the adapter update `h -> h + .`.
+    task's adapter, without the adapter update `h -> h + .`; in
+    `packed_form` 'pallas' by `_per_token_on_chip`, else as follows.
 
     The tokens are laid out by task in blocks of one task each
     (`task_blocks`), every block goes through its task's adapter as one
@@ -451,7 +452,6 @@ class LayerAdapters:
     x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
     out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
-
 
   def _per_token_on_chip(self, h: Array, w: AdapterWeights, task_ids: Array
                          ) -> Array:
