@@ -457,15 +457,18 @@ class LayerAdapters:
                          ) -> Array:
     """`_per_token` by the TPU kernels of `segment_kernels.per_task_matmul`:
     each token's rows times its task's W_down and W_up where the tokens lie
-    (no task blocks), the biases and the norm per token."""
+    (no task blocks), the biases and the norm per token. W_up's bias rides
+    in the kernel as one more row of W_up against a ones column of the
+    bottleneck, so no `[batch, length, d]` bias is gathered."""
 
     def take(a):  # each token's task's: [batch, length, ...]
       return task_blocks_lib.take_tasks(a, task_ids)
 
     pre = segment_kernels.per_task_matmul(h, w.down, task_ids)
     z = self.activation(pre + take(w.down_bias)).astype(h.dtype)
-    out = segment_kernels.per_task_matmul(z, w.up, task_ids) + take(
-        w.up_bias)
+    z = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)
+    up = jnp.concatenate([w.up, w.up_bias[:, None]], axis=1)  # [T, b + 1, d]
+    out = segment_kernels.per_task_matmul(z, up, task_ids)
     if w.norm_scale is not None:
       out = layer_norm(out, take(w.norm_scale), take(w.norm_bias))
     return out.astype(h.dtype)
