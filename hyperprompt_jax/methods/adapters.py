@@ -456,22 +456,42 @@ class LayerAdapters:
   def _per_token_on_chip(self, h: Array, w: AdapterWeights, task_ids: Array
                          ) -> Array:
     """`_per_token` by the TPU kernels of `segment_kernels.per_task_matmul`:
-    each token's rows times its task's W_down and W_up where the tokens lie
-    (no task blocks), the biases and the norm per token. W_up's bias rides
-    in the kernel as one more row of W_up against a ones column of the
-    bottleneck, so no `[batch, length, d]` bias is gathered."""
-
-    def take(a):  # each token's task's: [batch, length, ...]
-      return task_blocks_lib.take_tasks(a, task_ids)
-
+    each token's rows times its task's weights where the tokens lie (no task
+    blocks). No `[batch, length, d]` array is gathered per token: W_up's
+    bias rides in the kernel as one more row of W_up against a ones column
+    of the bottleneck u = [z; 1], and so does HyperFormer++'s norm, in
+    `_up_and_norm_on_chip`."""
     pre = segment_kernels.per_task_matmul(h, w.down, task_ids)
-    z = self.activation(pre + take(w.down_bias)).astype(h.dtype)
-    z = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)
+    pre = pre + task_blocks_lib.take_tasks(w.down_bias, task_ids)
+    z = self.activation(pre).astype(h.dtype)
+    u = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)
     up = jnp.concatenate([w.up, w.up_bias[:, None]], axis=1)  # [T, b + 1, d]
-    out = segment_kernels.per_task_matmul(z, up, task_ids)
-    if w.norm_scale is not None:
-      out = layer_norm(out, take(w.norm_scale), take(w.norm_bias))
-    return out.astype(h.dtype)
+    if w.norm_scale is None:
+      return segment_kernels.per_task_matmul(u, up, task_ids)
+    return _up_and_norm_on_chip(u, up, w.norm_scale, w.norm_bias, task_ids)
+
+
+def _up_and_norm_on_chip(u: Array, up: Array, scale: Array, bias: Array,
+                         task_ids: Array) -> Array:
+  """HyperFormer++'s `layer_norm(u W, scale, bias)` per token by its
+  task's `W = up [T, b + 1, d]`, `scale`, `bias [T, d]`, from the
+  bottleneck `u [batch, length, b + 1]` (as `_norm_up_fwd`): with W centred
+  over d (Wc), the row's centred output is u Wc and its variance u (Wc
+  Wc^T / d) u^T, so the normed row is `[inv_std u; 1] [Wc ⊙ scale; bias]`,
+  one kernel call, and the variance one more of width b + 1 (float32)."""
+  up32 = up.astype(jnp.float32)
+  centred = up32 - jnp.mean(up32, axis=-1, keepdims=True)
+  gram = jnp.einsum('tbd,tcd->tbc', centred, centred,
+                    precision=_HIGHEST) / up.shape[-1]
+  u32 = u.astype(jnp.float32)
+  variance = jnp.sum(
+      segment_kernels.per_task_matmul(u32, gram, task_ids) * u32, axis=-1)
+  inv_std = jax.lax.rsqrt(jnp.maximum(variance, 0) + _LAYER_NORM_EPSILON)
+  normed_u = jnp.concatenate(
+      [(u32 * inv_std[..., None]).astype(u.dtype), jnp.ones_like(u[..., :1])],
+      axis=-1)
+  weights = jnp.concatenate([centred * scale[:, None], bias[:, None]], axis=1)
+  return segment_kernels.per_task_matmul(normed_u, weights, task_ids)
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):
