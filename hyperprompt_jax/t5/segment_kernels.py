@@ -60,16 +60,18 @@ _SMALL = 8
 _BIG = 128
 # The most contracted values and output columns a kernel tile takes: a
 # row's tokens are read once an output tile, so once where d_model fits
-# (768 at Base). The weight gradients' tiles hold float32 sums: on TPU v3
-# (16 MiB of VMEM, which also holds the tiles' float32 copies) they take
-# 512 columns.
+# (768 at Base). TPU v3's 16 MiB of VMEM also holds the tiles' float32
+# copies: there the forward tiles take at most 768 columns and the weight
+# gradients' (float32 sums) 512 (Large's 1024 overflow it).
 _TILE_IN = 512
 _TILE_OUT = 1024
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _weight_grad_tile_out() -> int:
-  return 512 if placement.target_device_kind() == 'TPU v3' else _TILE_OUT
+def _tile_out_most(weight_grad: bool = False) -> int:
+  if placement.target_device_kind() != 'TPU v3':
+    return _TILE_OUT
+  return 512 if weight_grad else 768
 
 
 def segment_groups(segment_ids: Array, num_segments: int) -> Array:
@@ -312,7 +314,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   num_groups, k_in, k_out = gates.shape[1:]
   block_in, block_out = d_in // k_in, d_out // k_out
   tile_in = _tile(d_in, block_in, _TILE_IN)
-  tile_out = _tile(d_out, 1, _TILE_OUT)
+  tile_out = _tile(d_out, 1, _tile_out_most())
   grid = (rows, d_out // tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
@@ -354,7 +356,7 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
   num_groups, k_in, k_out = gates.shape[1:]
   block_in, block_out = d_in // k_in, d_out // k_out
   tile_in = _tile(d_in, block_in, _TILE_IN)
-  tile_out = _tile(d_out, block_out, _weight_grad_tile_out())
+  tile_out = _tile(d_out, block_out, _tile_out_most(weight_grad=True))
   grid = (d_in // tile_in, d_out // tile_out, rows)
   itemsize = x.dtype.itemsize
   visited = rows * (length + (num_groups - 1) * _chunk(length))
@@ -580,7 +582,7 @@ def _task_matmul(x: Array, w: Array, groups: Array,
   rows, length, d_in = x.shape
   num_tasks, _, d_out = w.shape
   tile_in = _tile(d_in, 1, _TILE_IN)
-  tile_out = _tile(d_out, 1, _TILE_OUT)
+  tile_out = _tile(d_out, 1, _tile_out_most())
   grid = (rows, d_out // tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
@@ -611,7 +613,7 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
   rows, length, d_in = x.shape
   d_out = dy.shape[-1]
   tile_in = _tile(d_in, 1, _TILE_IN)
-  tile_out = _tile(d_out, 1, _weight_grad_tile_out())
+  tile_out = _tile(d_out, 1, _tile_out_most(weight_grad=True))
   grid = (d_in // tile_in, d_out // tile_out, rows)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
