@@ -511,10 +511,10 @@ def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
                              sizes.reshape(-1))
     return out.reshape(rows, length, -1)
 
-  rows = x.shape[0]
-  if placement.batch_shards(rows) == 1:
+  batch_axes = placement.batch_axes(x.shape[0])
+  if batch_axes is None:
     return flat(x, weights, sizes)
-  mesh, batch_axes = placement.batch_split()
+  mesh = placement.current_mesh()
   spec = jax.sharding.PartitionSpec(batch_axes)
   return jax.shard_map(flat, mesh=mesh, in_specs=(spec, spec, spec),
                        out_specs=spec, axis_names=set(batch_axes),

@@ -77,3 +77,9 @@ def batch_shards(rows: int) -> int:
   mesh, axes = split
   shards = math.prod(mesh.shape[a] for a in axes)
   return shards if rows % shards == 0 else 1
+
+
+def batch_axes(rows: int) -> Optional[tuple[str, ...]]:
+  """The mesh axes a batch of `rows` is split over (`batch_split`), for a
+  `shard_map`'s specs; None where `batch_shards` is 1."""
+  return batch_split()[1] if batch_shards(rows) > 1 else None

@@ -473,9 +473,7 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
   if mesh is None:
     return _segment_gated_matmul(x, kernel, grid, segment_ids)
   spec = jax.sharding.PartitionSpec
-  batch = None
-  if placement.batch_shards(x.shape[0]) > 1:
-    batch = placement.batch_split()[1]
+  batch = placement.batch_axes(x.shape[0])
   split_in, split_out = _kernel_split(mesh, kernel_axes, kernel.shape,
                                       grid.shape[2:])
   rows = spec(batch)
@@ -688,9 +686,7 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
   if mesh is None:
     return _per_task_matmul(x, weights, task_ids)
   spec = jax.sharding.PartitionSpec
-  batch = None
-  if placement.batch_shards(x.shape[0]) > 1:
-    batch = placement.batch_split()[1]
+  batch = placement.batch_axes(x.shape[0])
   return jax.shard_map(_per_task_matmul, mesh=mesh,
                        in_specs=(spec(batch), spec(), spec(batch)),
                        out_specs=spec(batch), check_vma=False)(
