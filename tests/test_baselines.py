@@ -371,6 +371,35 @@ def test_adapt_groups_is_the_textbook_adapter(activation, with_norm):
         *forward * 2, length))
 
 
+@pytest.mark.parametrize('with_norm', [False, True])
+def test_on_chip_adapter_keeps_its_input_and_down_projection(with_norm,
+                                                             capsys):
+  """On packed rows on TPU (`adapters.adapt_on_chip`), the backward pass
+  keeps the adapter's input and the down projection's `[batch, length, b]`
+  only: no bottleneck `[.., b + 1]`, float32 pre-activations, variances or
+  weight copies (each of b columns fills a TPU's 128 lanes)."""
+  rng = np.random.default_rng(4)
+  t, d, b = 3, 16, 4
+  arrays = [rng.normal(size=shape).astype(np.float32) for shape in
+            ((t, d, b), (t, b), (t, b, d), (t, d), (t, d), (t, d))]
+  w = adapters.AdapterWeights(*map(jnp.asarray, arrays))
+  if not with_norm:
+    w = w.replace(norm_scale=None, norm_bias=None)
+  h = jnp.asarray(rng.normal(size=(2, 16, d)), jnp.bfloat16)
+  task_ids = jnp.asarray([[0] * 5 + [2] * 7 + [1] * 4, [1] * 16])
+
+  def loss(h, w):
+    return jnp.sum(adapters.adapt_on_chip(jax.nn.relu, h, w, task_ids)
+                   .astype(jnp.float32))
+
+  jax.ad_checkpoint.print_saved_residuals(loss, h, w)
+  kept = [line for line in capsys.readouterr().out.splitlines()
+          if line and 'from the argument' not in line
+          and 'from a constant' not in line]
+  assert len(kept) == 1 and kept[0].startswith(
+      "bf16[2,16,4] named 'adapter_down_projection'"), kept
+
+
 def test_adapter_weights_per_layer_are_the_layers_slices():
   """`adapters.per_layer` gives layer m's `[T, ...]` arrays of every kind,
   and its gradient is one concatenate of the layers' (no zero-padded

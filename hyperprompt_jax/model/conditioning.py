@@ -443,7 +443,7 @@ def _adapter_weights(cfg, stack: str, num_layers: int):
   elif adapters_lib.is_active(cfg.hyperformer, stack):
     weights = hyperformer_lib.HyperFormerGenerator(
         cfg.hyperformer, cfg.num_tasks, num_layers, cfg.emb_dim,
-        name='hyperformer')()
+        dtype=cfg.dtype, name='hyperformer')()
     method = cfg.hyperformer
   else:
     return None
