@@ -30,17 +30,31 @@ def _segment_layouts(rows, length, segments, contiguous, rng):
   return layout
 
 
-@pytest.mark.parametrize('length, contiguous', [
-    (256, True),    # windows of 128 rows and of 16
-    (48, False),    # any layout is exact, only slower
-    (20, True),     # a length of no whole chunk: one window a segment
+def _small_tiles(monkeypatch):
+  """Tiles of 128 and blocks of 2 rows at lengths of 48: the kernels' grids
+  then contract over several tiles, write several output tiles and keep
+  sums for blocks of rows, as at a model's sizes."""
+  monkeypatch.setattr(segment_kernels, '_TILE_IN', 128)
+  monkeypatch.setattr(segment_kernels, '_TILE_OUT', 128)
+  monkeypatch.setattr(segment_kernels, '_SUMS_BYTES', 2 * 48 * 128 * 4)
+
+
+@pytest.mark.parametrize('length, contiguous, tiled', [
+    (256, True, False),   # windows of 128 rows and of 16
+    (48, False, False),   # any layout is exact, only slower
+    (20, True, False),    # a length of no whole chunk: one window a segment
+    (48, True, True),     # several tiles each way, blocks of 2 rows
 ])
-def test_gated_matmul_matches_numpy_token_by_token(length, contiguous):
+def test_gated_matmul_matches_numpy_token_by_token(length, contiguous, tiled,
+                                                   monkeypatch):
   """HyperGrid's kernel: `sum(w * out)` and its gradients for x, the kernel
   and every segment's grid are numpy's token-by-token `x ((1 +
   psi(grid[s])) ⊙ W)` (HyperGrid Eq. 7; padding ungated)."""
   rng = np.random.default_rng(length)
   rows, d_in, d_out, segments, k_in, k_out = 3, 32, 48, 3, 4, 6
+  if tiled:
+    _small_tiles(monkeypatch)
+    rows, d_in, d_out = 4, 256, 384
   x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
   kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
   grid = rng.uniform(size=(rows, segments, k_in, k_out)).astype(np.float32)
@@ -115,12 +129,21 @@ def _per_task_reference(x, weights, tasks, w):
   return (value, dx, dweights), (size, dx_size, dweights_size)
 
 
-@pytest.mark.parametrize('length', [256, 48, 20])
-def test_per_task_matmul_matches_numpy_token_by_token(length):
+@pytest.mark.parametrize('length, d_in, d_out, tiled', [
+    (256, 32, 24, False), (48, 32, 24, False), (20, 32, 24, False),
+    (48, 24, 32, False),  # a weight gradient wider than tall
+    (48, 256, 384, True), (48, 384, 24, True),  # several tiles, row blocks
+])
+def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
+                                                      tiled, monkeypatch):
   """The adapters' kernel: `sum(w * out)` and its gradients for x and every
-  task's weights are numpy's `x_t W[task_t]` token by token."""
+  task's weights are numpy's `x_t W[task_t]` token by token (narrow outputs'
+  weight gradients are made transposed)."""
   rng = np.random.default_rng(length)
-  rows, d_in, d_out, num_tasks = 3, 32, 24, 4
+  rows, num_tasks = 3, 4
+  if tiled:
+    _small_tiles(monkeypatch)
+    rows = 4
   x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
   weights = rng.normal(size=(num_tasks, d_in, d_out)).astype(np.float32)
   w = rng.normal(size=(rows, length, d_out)).astype(np.float32)

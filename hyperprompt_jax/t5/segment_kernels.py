@@ -180,23 +180,25 @@ def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
   jax.lax.fori_loop(0, num_groups, group, 0)
 
 
-def _matmul_by_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
+def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
                      groups_ref, out_ref, acc_ref, weights_of, mxu_dtype
                      ) -> None:
-  """The forward kernels' body (grid `(rows, output tiles, contracted
-  tiles)`): each group's rows times `weights_of(g, at)`, accumulated over
-  the contracted tiles and written at the last."""
-  k_step = pl.program_id(2)
+  """The forward kernels' body (grid `(row blocks, output tiles, contracted
+  tiles, rows of a block)`, `_forward_grid`): each group's rows times
+  `weights_of(g, at)`, accumulated over the contracted tiles in the row's
+  float32 sums and written at the last."""
+  k_step, i = pl.program_id(2), pl.program_id(3)
+  row = pl.program_id(0) * acc_ref.shape[0] + i
 
   @pl.when(k_step == 0)
   def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
+    acc_ref[i] = jnp.zeros(acc_ref.shape[1:], acc_ref.dtype)
 
   def on_group(g, at, windows):
     w = weights_of(g, at).astype(mxu_dtype)
 
     def multiply(offset, size, x):
-      acc_ref[pl.ds(offset, size), :] += jnp.dot(
+      acc_ref[i, pl.ds(offset, size), :] += jnp.dot(
           x.astype(mxu_dtype), w, preferred_element_type=jnp.float32)
 
     windows(multiply)
@@ -206,7 +208,44 @@ def _matmul_by_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
 
   @pl.when(k_step == pl.num_programs(2) - 1)
   def _():
-    out_ref[0] = acc_ref[...].astype(out_ref.dtype)
+    out_ref[0] = acc_ref[i].astype(out_ref.dtype)
+
+
+# The forward kernels keep float32 sums for a block of rows, so that each
+# tile of the weights is read once a block (its rows visit the tile in
+# turn) rather than once a row; the block is the most rows whose sums fit
+# this much VMEM. TPU v3 has 16 MiB in all, which 4 rows of T5 v1.0 Base's
+# `wo` (6 MiB of sums) overflow beside the tiles.
+_SUMS_BYTES = 6 * 2**20
+_SUMS_BYTES_V3 = 3 * 2**20
+
+
+def _sums_bytes() -> int:
+  if placement.target_device_kind() == 'TPU v3':
+    return min(_SUMS_BYTES, _SUMS_BYTES_V3)
+  return _SUMS_BYTES
+
+
+def _forward_grid(rows: int, length: int, tiles_out: int, tile_out: int,
+                  tiles_in: int):
+  """The forward kernels' grid `(row blocks, output tiles, contracted
+  tiles, rows of a block)`, its rows a block, and the index maps of a
+  row's blocks, of the weights' tile and of the output."""
+  fit = max(1, _sums_bytes() // (length * tile_out * 4))
+  block = max(r for r in range(1, min(rows, fit) + 1) if rows % r == 0)
+  grid = (rows // block, tiles_out, tiles_in, block)
+
+  def row(b, n, k, i, *_):
+    del n, k
+    return b * block + i
+
+  def output(b, n, k, i, *_):
+    # Until the last contracted tile the row block's first output block
+    # stays put: a block is written to HBM when its index changes, so only
+    # finished rows are written, each once.
+    return (jnp.where(k == tiles_in - 1, b * block + i, b * block), 0, n)
+
+  return grid, block, row, output
 
 
 def _products_by_group(dy_ref, mxu_dtype):
@@ -223,7 +262,7 @@ def _products_by_group(dy_ref, mxu_dtype):
 def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
                          gates_ref, out_ref, acc_ref, *, num_groups: int,
                          block_in: int, block_out: int, mxu_dtype):
-  row, column_tile = pl.program_id(0), pl.program_id(1)
+  column_tile = pl.program_id(1)
   tile_out = w_ref.shape[1]
   w = w_ref[...].astype(jnp.float32)
 
@@ -232,8 +271,8 @@ def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
     return w * _gate_tile(gates_ref[0, g, 0], block_in, block_out, tile_out,
                           column_tile)
 
-  _matmul_by_group(row, num_groups, starts_ref, ends_ref, x_ref,
-                   groups_ref, out_ref, acc_ref, gated, mxu_dtype)
+  _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
+                   out_ref, acc_ref, gated, mxu_dtype)
 
 
 def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
@@ -286,10 +325,10 @@ def _interpret() -> bool:
   return placement.target_platform() != 'tpu'
 
 
-def _call(kernel, out_shape, grid: tuple[int, int, int], prefetch: int, *,
+def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
           in_specs, out_specs, cost: pl.CostEstimate, scratch=()):
-  """One of this module's kernels on a grid of 3 axes, the last one
-  accumulated ('arbitrary'), the others independent; its first `prefetch`
+  """One of this module's kernels on a grid whose first two axes are
+  independent and the rest accumulated ('arbitrary'); its first `prefetch`
   operands in scalar memory; in Pallas's interpreter off TPU."""
   return pl.pallas_call(
       kernel,
@@ -298,7 +337,8 @@ def _call(kernel, out_shape, grid: tuple[int, int, int], prefetch: int, *,
           num_scalar_prefetch=prefetch, grid=grid, in_specs=in_specs,
           out_specs=out_specs, scratch_shapes=list(scratch)),
       compiler_params=pltpu.CompilerParams(
-          dimension_semantics=('parallel', 'parallel', 'arbitrary')),
+          dimension_semantics=('parallel', 'parallel')
+          + ('arbitrary',) * (len(grid) - 2)),
       cost_estimate=cost,
       interpret=_interpret(),
   )
@@ -315,7 +355,8 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   block_in, block_out = d_in // k_in, d_out // k_out
   tile_in = _tile(d_in, block_in, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
-  grid = (rows, d_out // tile_out, d_in // tile_in)
+  grid, block, row, output = _forward_grid(rows, length, d_out // tile_out,
+                                           tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
   # boundary (module docstring); W gated once a group and tile.
@@ -323,7 +364,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   cost = pl.CostEstimate(
       flops=2 * visited * d_in * d_out + 2 * rows * num_groups * d_in * d_out,
       transcendentals=0,
-      bytes_accessed=(grid[1] * x.size + rows * w.size) * itemsize
+      bytes_accessed=(grid[1] * x.size + grid[0] * w.size) * itemsize
       + grid[1] * gates.size * 4
       + rows * length * (d_out * itemsize + 4 * grid[1]))
   kernel = functools.partial(
@@ -333,15 +374,14 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
       kernel,
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 2,
       in_specs=[
-          pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
-          pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
-          pl.BlockSpec((tile_in, tile_out), lambda r, n, k, *_: (k, n)),
+          pl.BlockSpec((1, length, 1), lambda *a: (row(*a), 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda *a: (row(*a), 0, a[2])),
+          pl.BlockSpec((tile_in, tile_out), lambda b, n, k, *_: (k, n)),
           pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
-                       lambda r, n, k, *_: (r, 0, k, 0, 0)),
+                       lambda *a: (row(*a), 0, a[2], 0, 0)),
       ],
-      out_specs=pl.BlockSpec((1, length, tile_out),
-                             lambda r, n, k, *_: (r, 0, n)),
-      scratch=[pltpu.VMEM((length, tile_out), jnp.float32)],
+      out_specs=pl.BlockSpec((1, length, tile_out), output),
+      scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
       cost=cost)(starts, ends, groups[..., None], x, w, _tiled(gates, grid[2]))
 
 
@@ -543,8 +583,8 @@ def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
 def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
                         x_ref, w_ref, out_ref, acc_ref, *, num_groups: int,
                         mxu_dtype):
-  _matmul_by_group(pl.program_id(0), num_groups, starts_ref, ends_ref, x_ref,
-                   groups_ref, out_ref, acc_ref,
+  _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
+                   out_ref, acc_ref,
                    lambda g, at: w_ref[group_tasks_ref[at]], mxu_dtype)
 
 
@@ -581,26 +621,26 @@ def _task_matmul(x: Array, w: Array, groups: Array,
   num_tasks, _, d_out = w.shape
   tile_in = _tile(d_in, 1, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
-  grid = (rows, d_out // tile_out, d_in // tile_in)
+  grid, block, row, output = _forward_grid(rows, length, d_out // tile_out,
+                                           tile_out, d_in // tile_in)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
       flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
       transcendentals=0,
-      bytes_accessed=(grid[1] * x.size + rows * w.size) * itemsize
+      bytes_accessed=(grid[1] * x.size + grid[0] * w.size) * itemsize
       + rows * length * (d_out * itemsize + 4 * grid[1]))
   return _call(
       functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
                         mxu_dtype=_mxu_dtype(x.dtype)),
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 3,
       in_specs=[
-          pl.BlockSpec((1, length, 1), lambda r, n, k, *_: (r, 0, 0)),
-          pl.BlockSpec((1, length, tile_in), lambda r, n, k, *_: (r, 0, k)),
+          pl.BlockSpec((1, length, 1), lambda *a: (row(*a), 0, 0)),
+          pl.BlockSpec((1, length, tile_in), lambda *a: (row(*a), 0, a[2])),
           pl.BlockSpec((num_tasks, tile_in, tile_out),
-                       lambda r, n, k, *_: (0, k, n)),
+                       lambda b, n, k, *_: (0, k, n)),
       ],
-      out_specs=pl.BlockSpec((1, length, tile_out),
-                             lambda r, n, k, *_: (r, 0, n)),
-      scratch=[pltpu.VMEM((length, tile_out), jnp.float32)],
+      out_specs=pl.BlockSpec((1, length, tile_out), output),
+      scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
       cost=cost)(*ranges, groups[..., None], x, w.astype(x.dtype))
 
 
@@ -660,7 +700,15 @@ def _per_task_backward(residuals, dy):
   x, weights, groups, ranges = residuals
   dy = dy.astype(x.dtype)
   dx = _task_matmul(dy, jnp.swapaxes(weights, 1, 2), groups, ranges)
-  dw = _task_weight_grad(x, dy, weights.shape[0], groups, ranges)
+  num_tasks, d_in, d_out = weights.shape
+  if d_out < d_in:
+    # Made as dy^T x, the wide side last: a TPU lays an array's last axis
+    # on its 128 lanes, so `[T, d, b]` at b = 24 would take 5x its size
+    # (the adapters' down projection; the transpose is a layout change).
+    dw = jnp.swapaxes(_task_weight_grad(dy, x, num_tasks, groups, ranges),
+                      1, 2)
+  else:
+    dw = _task_weight_grad(x, dy, num_tasks, groups, ranges)
   return dx, dw.astype(weights.dtype), None
 
 
