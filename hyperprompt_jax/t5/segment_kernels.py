@@ -229,8 +229,8 @@ def _sums_bytes() -> int:
 def _forward_grid(rows: int, length: int, tiles_out: int, tile_out: int,
                   tiles_in: int):
   """The forward kernels' grid `(row blocks, output tiles, contracted
-  tiles, rows of a block)`, its rows a block, and the index maps of a
-  row's blocks, of the weights' tile and of the output."""
+  tiles, rows of a block)`, the rows in a block, and two index maps: the
+  row a step reads (for its row-indexed blocks) and its output block."""
   fit = max(1, _sums_bytes() // (length * tile_out * 4))
   block = max(r for r in range(1, min(rows, fit) + 1) if rows % r == 0)
   grid = (rows // block, tiles_out, tiles_in, block)
