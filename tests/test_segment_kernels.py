@@ -36,7 +36,8 @@ def _small_tiles(monkeypatch):
   sums for blocks of rows, as at a model's sizes."""
   monkeypatch.setattr(segment_kernels, '_TILE_IN', 128)
   monkeypatch.setattr(segment_kernels, '_TILE_OUT', 128)
-  monkeypatch.setattr(segment_kernels, '_SUMS_BYTES', 2 * 48 * 128 * 4)
+  monkeypatch.setattr(segment_kernels, '_VMEM_BYTES',
+                      segment_kernels._vmem_bytes(2, 48, 128, 128, 4))
 
 
 @pytest.mark.parametrize('length, contiguous, tiled', [

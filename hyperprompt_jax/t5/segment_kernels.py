@@ -214,26 +214,33 @@ def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
 # The forward kernels keep float32 sums for a block of rows, so that each
 # tile of the weights is read once a block (its rows visit the tile in
 # turn) rather than once a row; the block is the most rows whose sums fit
-# this much VMEM. TPU v3 has 16 MiB in all, which 4 rows of T5 v1.0 Base's
-# `wo` (6 MiB of sums) overflow beside the tiles.
-_SUMS_BYTES = 6 * 2**20
-_SUMS_BYTES_V3 = 3 * 2**20
+# beside the tiles in this much VMEM, as `_vmem_bytes` counts it. Mosaic
+# scopes 16 MiB (all of TPU v3's); the kernels' own temporaries take the
+# rest (compiled for v3, 4 rows: T5 v1.0 Base's `wo`, 11.6 MiB counted,
+# fits; T5.1.1-Base's, 13.0 MiB counted, overflows by 0.7 MiB).
+_VMEM_BYTES = 12.5 * 2**20
 
 
-def _sums_bytes() -> int:
-  if placement.target_device_kind() == 'TPU v3':
-    return min(_SUMS_BYTES, _SUMS_BYTES_V3)
-  return _SUMS_BYTES
+def _vmem_bytes(block: int, length: int, tile_in: int, tile_out: int,
+                itemsize: int) -> int:
+  """A forward kernel's VMEM as `_VMEM_BYTES` counts it: the block's float32
+  sums, the double-buffered x, W and output blocks, and two float32 copies
+  of the weights' tile (gated, and for the MXU)."""
+  return (block * length * tile_out * 4
+          + 2 * itemsize * (length * tile_in + tile_in * tile_out
+                            + length * tile_out)
+          + 2 * 4 * tile_in * tile_out)
 
 
-def _forward_grid(rows: int, length: int, tiles_out: int, tile_out: int,
-                  tiles_in: int):
+def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
+                  tile_in: int, tile_out: int, itemsize: int):
   """The forward kernels' grid `(row blocks, output tiles, contracted
   tiles, rows of a block)`, the rows in a block, and two index maps: the
   row a step reads (for its row-indexed blocks) and its output block."""
-  fit = max(1, _sums_bytes() // (length * tile_out * 4))
-  block = max(r for r in range(1, min(rows, fit) + 1) if rows % r == 0)
-  grid = (rows // block, tiles_out, tiles_in, block)
+  tiles_in = d_in // tile_in
+  block = max([r for r in range(1, rows + 1) if rows % r == 0 and _vmem_bytes(
+      r, length, tile_in, tile_out, itemsize) <= _VMEM_BYTES] or [1])
+  grid = (rows // block, d_out // tile_out, tiles_in, block)
 
   def row(b, n, k, i, *_):
     del n, k
@@ -264,12 +271,11 @@ def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
                          block_in: int, block_out: int, mxu_dtype):
   column_tile = pl.program_id(1)
   tile_out = w_ref.shape[1]
-  w = w_ref[...].astype(jnp.float32)
 
   def gated(g, at):
     del at
-    return w * _gate_tile(gates_ref[0, g, 0], block_in, block_out, tile_out,
-                          column_tile)
+    return w_ref[...].astype(jnp.float32) * _gate_tile(
+        gates_ref[0, g, 0], block_in, block_out, tile_out, column_tile)
 
   _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
                    out_ref, acc_ref, gated, mxu_dtype)
@@ -355,8 +361,8 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   block_in, block_out = d_in // k_in, d_out // k_out
   tile_in = _tile(d_in, block_in, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
-  grid, block, row, output = _forward_grid(rows, length, d_out // tile_out,
-                                           tile_out, d_in // tile_in)
+  grid, block, row, output = _forward_grid(rows, length, d_in, d_out,
+                                           tile_in, tile_out, x.dtype.itemsize)
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
   # boundary (module docstring); W gated once a group and tile.
@@ -621,8 +627,8 @@ def _task_matmul(x: Array, w: Array, groups: Array,
   num_tasks, _, d_out = w.shape
   tile_in = _tile(d_in, 1, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
-  grid, block, row, output = _forward_grid(rows, length, d_out // tile_out,
-                                           tile_out, d_in // tile_in)
+  grid, block, row, output = _forward_grid(rows, length, d_in, d_out,
+                                           tile_in, tile_out, x.dtype.itemsize)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
       flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
