@@ -222,24 +222,27 @@ _VMEM_BYTES = 12.5 * 2**20
 
 
 def _vmem_bytes(block: int, length: int, tile_in: int, tile_out: int,
-                itemsize: int) -> int:
+                itemsize: int, weight_tiles: int = 1) -> int:
   """A forward kernel's VMEM as `_VMEM_BYTES` counts it: the block's float32
-  sums, the double-buffered x, W and output blocks, and two float32 copies
-  of the weights' tile (gated, and for the MXU)."""
+  sums, the double-buffered x, W (`weight_tiles` tiles: a task's each) and
+  output blocks, and two float32 copies of a weights' tile (gated, and for
+  the MXU)."""
   return (block * length * tile_out * 4
-          + 2 * itemsize * (length * tile_in + tile_in * tile_out
-                            + length * tile_out)
+          + 2 * itemsize * (length * tile_in + weight_tiles * tile_in
+                            * tile_out + length * tile_out)
           + 2 * 4 * tile_in * tile_out)
 
 
 def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
-                  tile_in: int, tile_out: int, itemsize: int):
+                  tile_in: int, tile_out: int, itemsize: int,
+                  weight_tiles: int = 1):
   """The forward kernels' grid `(row blocks, output tiles, contracted
   tiles, rows of a block)`, the rows in a block, and two index maps: the
   row a step reads (for its row-indexed blocks) and its output block."""
   tiles_in = d_in // tile_in
   block = max([r for r in range(1, rows + 1) if rows % r == 0 and _vmem_bytes(
-      r, length, tile_in, tile_out, itemsize) <= _VMEM_BYTES] or [1])
+      r, length, tile_in, tile_out, itemsize, weight_tiles) <= _VMEM_BYTES]
+              or [1])
   grid = (rows // block, d_out // tile_out, tiles_in, block)
 
   def row(b, n, k, i, *_):
@@ -628,7 +631,8 @@ def _task_matmul(x: Array, w: Array, groups: Array,
   tile_in = _tile(d_in, 1, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
   grid, block, row, output = _forward_grid(rows, length, d_in, d_out,
-                                           tile_in, tile_out, x.dtype.itemsize)
+                                           tile_in, tile_out, x.dtype.itemsize,
+                                           weight_tiles=num_tasks)
   itemsize = x.dtype.itemsize
   cost = pl.CostEstimate(
       flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
