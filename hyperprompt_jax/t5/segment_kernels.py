@@ -237,23 +237,22 @@ def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
                   tile_in: int, tile_out: int, itemsize: int,
                   weight_tiles: int = 1):
   """The forward kernels' grid `(row blocks, output tiles, contracted
-  tiles, rows of a block)`, the rows in a block, and two index maps: the
-  row a step reads (for its row-indexed blocks) and its output block."""
+  tiles, rows of a block)`, the rows in a block, the row of block b's i-th
+  step (`row(b, i)`) and the output's index map."""
   tiles_in = d_in // tile_in
   block = max([r for r in range(1, rows + 1) if rows % r == 0 and _vmem_bytes(
       r, length, tile_in, tile_out, itemsize, weight_tiles) <= _VMEM_BYTES]
               or [1])
   grid = (rows // block, d_out // tile_out, tiles_in, block)
 
-  def row(b, n, k, i, *_):
-    del n, k
+  def row(b, i):
     return b * block + i
 
   def output(b, n, k, i, *_):
     # Until the last contracted tile the row block's first output block
     # stays put: a block is written to HBM when its index changes, so only
     # finished rows are written, each once.
-    return (jnp.where(k == tiles_in - 1, b * block + i, b * block), 0, n)
+    return (jnp.where(k == tiles_in - 1, row(b, i), row(b, 0)), 0, n)
 
   return grid, block, row, output
 
@@ -383,11 +382,13 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
       kernel,
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 2,
       in_specs=[
-          pl.BlockSpec((1, length, 1), lambda *a: (row(*a), 0, 0)),
-          pl.BlockSpec((1, length, tile_in), lambda *a: (row(*a), 0, a[2])),
+          pl.BlockSpec((1, length, 1),
+                       lambda b, n, k, i, *_: (row(b, i), 0, 0)),
+          pl.BlockSpec((1, length, tile_in),
+                       lambda b, n, k, i, *_: (row(b, i), 0, k)),
           pl.BlockSpec((tile_in, tile_out), lambda b, n, k, *_: (k, n)),
           pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
-                       lambda *a: (row(*a), 0, a[2], 0, 0)),
+                       lambda b, n, k, i, *_: (row(b, i), 0, k, 0, 0)),
       ],
       out_specs=pl.BlockSpec((1, length, tile_out), output),
       scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
@@ -644,8 +645,10 @@ def _task_matmul(x: Array, w: Array, groups: Array,
                         mxu_dtype=_mxu_dtype(x.dtype)),
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 3,
       in_specs=[
-          pl.BlockSpec((1, length, 1), lambda *a: (row(*a), 0, 0)),
-          pl.BlockSpec((1, length, tile_in), lambda *a: (row(*a), 0, a[2])),
+          pl.BlockSpec((1, length, 1),
+                       lambda b, n, k, i, *_: (row(b, i), 0, 0)),
+          pl.BlockSpec((1, length, tile_in),
+                       lambda b, n, k, i, *_: (row(b, i), 0, k)),
           pl.BlockSpec((num_tasks, tile_in, tile_out),
                        lambda b, n, k, *_: (0, k, n)),
       ],
