@@ -431,7 +431,7 @@ class LayerAdapters:
                  ) -> Array:
     """Packed rows (`task_ids [batch, length]`): each token through its own
     task's adapter, without the adapter update `h -> h + .`; in
-    `packed_form` 'pallas' by `_per_token_on_chip`, else as follows.
+    `packed_form` 'pallas' by `adapt_on_chip`, else as follows.
 
     The tokens are laid out by task in blocks of one task each
     (`task_blocks`), every block goes through its task's adapter as one
@@ -444,7 +444,7 @@ class LayerAdapters:
     pass.
     """
     if self.packed_form == 'pallas':
-      return self._per_token_on_chip(h, w, task_ids)
+      return adapt_on_chip(self.activation, h, w, task_ids)
     n, length, d = h.shape
     num_tasks = w.down.shape[0]
     # A block copies its task's W_down and W_up: 2 b rows of d.
@@ -453,13 +453,6 @@ class LayerAdapters:
     x = blocks.to_blocks(h.reshape(n * length, d))  # [S * K, block, d]
     out = self._adapt(x, w, blocks.tasks)
     return blocks.from_blocks(out).reshape(n, length, d)
-
-  def _per_token_on_chip(self, h: Array, w: AdapterWeights, task_ids: Array
-                         ) -> Array:
-    """`_per_token` by the TPU kernels of `segment_kernels.per_task_matmul`:
-    each token's rows times its task's weights where the tokens lie (no task
-    blocks); `adapt_on_chip`."""
-    return adapt_on_chip(self.activation, h, w, task_ids)
 
 
 _DOWN_PROJECTION = 'adapter_down_projection'
