@@ -23,8 +23,8 @@ range; the rest are masked), only slower.
 
 HyperGrid (`segment_gated_matmul`), three kernels a gated matmul:
 - `_gated_matmul`: `y = x (S_g ⊙ W)` per segment g (the forward pass; and
-  the input gradient, `dx = dy (S_g ⊙ W)^T`, with the transposed kernel
-  and gates);
+  the input gradient, `dx = dy (S_g ⊙ W)^T`, contracting W's columns where
+  they lie);
 - `_gated_weight_grad`: `dW = sum_g (x_g^T dy_g) ⊙ S_g` and each segment's
   gate gradient, the block sums of `(x_g^T dy_g) ⊙ W`;
 with `S_g = 1 + grid[g]` handed over as `[rows, S + 1, k_in, k_out]` (the
@@ -181,11 +181,12 @@ def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
 
 
 def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
-                     groups_ref, out_ref, acc_ref, weights_of, mxu_dtype
-                     ) -> None:
+                     groups_ref, out_ref, acc_ref, weights_of, mxu_dtype,
+                     transposed: bool = False) -> None:
   """The forward kernels' body (grid `(row blocks, output tiles, contracted
   tiles, rows of a block)`, `_forward_grid`): each group's rows times
-  `weights_of(g, at)`, accumulated over the contracted tiles in the row's
+  `weights_of(g, at)` (`[contracted, output]` tile; `[output, contracted]`
+  if `transposed`), accumulated over the contracted tiles in the row's
   float32 sums and written at the last."""
   k_step, i = pl.program_id(2), pl.program_id(3)
   row = pl.program_id(0) * acc_ref.shape[0] + i
@@ -198,8 +199,10 @@ def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
     w = weights_of(g, at).astype(mxu_dtype)
 
     def multiply(offset, size, x):
-      acc_ref[i, pl.ds(offset, size), :] += jnp.dot(
-          x.astype(mxu_dtype), w, preferred_element_type=jnp.float32)
+      acc_ref[i, pl.ds(offset, size), :] += jax.lax.dot_general(
+          x.astype(mxu_dtype), w, (((1,), (1 if transposed else 0,)),
+                                   ((), ())),
+          preferred_element_type=jnp.float32)
 
     windows(multiply)
 
@@ -270,17 +273,21 @@ def _products_by_group(dy_ref, mxu_dtype):
 
 def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
                          gates_ref, out_ref, acc_ref, *, num_groups: int,
-                         block_in: int, block_out: int, mxu_dtype):
-  column_tile = pl.program_id(1)
-  tile_out = w_ref.shape[1]
+                         block_rows: int, block_columns: int, mxu_dtype,
+                         transposed: bool):
+  # The W tile's column tile: the output's, or the contracted one's when
+  # the tile is multiplied transposed.
+  column_tile = pl.program_id(2 if transposed else 1)
+  tile_columns = w_ref.shape[1]
 
   def gated(g, at):
     del at
     return w_ref[...].astype(jnp.float32) * _gate_tile(
-        gates_ref[0, g, 0], block_in, block_out, tile_out, column_tile)
+        gates_ref[0, g, 0], block_rows, block_columns, tile_columns,
+        column_tile)
 
   _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
-                   out_ref, acc_ref, gated, mxu_dtype)
+                   out_ref, acc_ref, gated, mxu_dtype, transposed)
 
 
 def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
@@ -353,46 +360,72 @@ def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
 
 
 def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
-                  starts: Array, ends: Array) -> Array:
+                  starts: Array, ends: Array,
+                  transposed: bool = False) -> Array:
   """`x [rows, length, d_in]`, `w [d_in, d_out]`, `gates [rows, G, k_in,
   k_out]` (float32 `1 + grid`), `groups [rows, length]` -> `[rows, length,
-  d_out]`: each token times `w` gated by its group's gates."""
-  rows, length, d_in = x.shape
-  d_out = w.shape[1]
-  num_groups, k_in, k_out = gates.shape[1:]
-  block_in, block_out = d_in // k_in, d_out // k_out
-  tile_in = _tile(d_in, block_in, _TILE_IN)
-  tile_out = _tile(d_out, 1, _tile_out_most())
-  grid, block, row, output = _forward_grid(rows, length, d_in, d_out,
+  d_out]`: each token times `w` gated by its group's gates.
+
+  `transposed`: each token times the gated `w` transposed (`x [rows,
+  length, d_out]` -> `[rows, length, d_in]`; the input gradient), `w` and
+  its gates read as they lie: a transposed copy of the kernel is a layout
+  change XLA makes in HBM every step."""
+  rows, length, d_x = x.shape
+  d_w_rows, d_w_columns = w.shape
+  num_groups, k_rows, k_columns = gates.shape[1:]
+  block_rows, block_columns = d_w_rows // k_rows, d_w_columns // k_columns
+  # A tile along W's rows holds whole gate blocks (`_tiled`); along its
+  # columns the gate tile picks any range (`_gate_tile`).
+  if transposed:
+    d_y = d_w_rows
+    tile_in = _tile(d_w_columns, 1, _TILE_IN)
+    tile_out = _tile(d_w_rows, block_rows, _tile_out_most())
+  else:
+    d_y = d_w_columns
+    tile_in = _tile(d_w_rows, block_rows, _TILE_IN)
+    tile_out = _tile(d_w_columns, 1, _tile_out_most())
+  grid, block, row, output = _forward_grid(rows, length, d_x, d_y,
                                            tile_in, tile_out, x.dtype.itemsize)
+  gate_tiles = grid[1] if transposed else grid[2]
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
   # boundary (module docstring); W gated once a group and tile.
   visited = rows * (length + (num_groups - 1) * _chunk(length))
   cost = pl.CostEstimate(
-      flops=2 * visited * d_in * d_out + 2 * rows * num_groups * d_in * d_out,
+      flops=2 * visited * d_x * d_y + 2 * rows * num_groups * d_x * d_y,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * w.size) * itemsize
-      + grid[1] * gates.size * 4
-      + rows * length * (d_out * itemsize + 4 * grid[1]))
+      + grid[1] * grid[2] // gate_tiles * gates.size * 4
+      + rows * length * (d_y * itemsize + 4 * grid[1]))
   kernel = functools.partial(
-      _gated_matmul_kernel, num_groups=num_groups, block_in=block_in,
-      block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
+      _gated_matmul_kernel, num_groups=num_groups, block_rows=block_rows,
+      block_columns=block_columns, mxu_dtype=_mxu_dtype(x.dtype),
+      transposed=transposed)
+  if transposed:
+    w_spec = pl.BlockSpec((tile_out, tile_in), lambda b, n, k, *_: (n, k))
+    gates_spec = pl.BlockSpec(
+        (1, num_groups, 1, tile_out // block_rows, k_columns),
+        lambda b, n, k, i, *_: (row(b, i), 0, n, 0, 0))
+  else:
+    w_spec = pl.BlockSpec((tile_in, tile_out), lambda b, n, k, *_: (k, n))
+    gates_spec = pl.BlockSpec(
+        (1, num_groups, 1, tile_in // block_rows, k_columns),
+        lambda b, n, k, i, *_: (row(b, i), 0, k, 0, 0))
   return _call(
       kernel,
-      jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 2,
+      jax.ShapeDtypeStruct((rows, length, d_y), x.dtype), grid, 2,
       in_specs=[
           pl.BlockSpec((1, length, 1),
                        lambda b, n, k, i, *_: (row(b, i), 0, 0)),
           pl.BlockSpec((1, length, tile_in),
                        lambda b, n, k, i, *_: (row(b, i), 0, k)),
-          pl.BlockSpec((tile_in, tile_out), lambda b, n, k, *_: (k, n)),
-          pl.BlockSpec((1, num_groups, 1, tile_in // block_in, k_out),
-                       lambda b, n, k, i, *_: (row(b, i), 0, k, 0, 0)),
+          w_spec,
+          gates_spec,
       ],
       out_specs=pl.BlockSpec((1, length, tile_out), output),
       scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
-      cost=cost)(starts, ends, groups[..., None], x, w, _tiled(gates, grid[2]))
+      cost=cost)(starts, ends, groups[..., None], x, w,
+                 _tiled(gates, gate_tiles))
 
 
 def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
@@ -483,10 +516,10 @@ def _forward(x, kernel, grid, segment_ids):
 def _backward(residuals, dy):
   x, kernel, grid, groups, starts, ends = residuals
   dy = dy.astype(x.dtype)
-  dx = _gated_matmul(dy, kernel.T, _gates(jnp.swapaxes(grid, -1, -2)),
-                     groups, starts, ends)
-  dw, dgates = _gated_weight_grad(x, dy, kernel, _gates(grid), groups,
-                                  starts, ends)
+  gates = _gates(grid)
+  dx = _gated_matmul(dy, kernel, gates, groups, starts, ends,
+                     transposed=True)
+  dw, dgates = _gated_weight_grad(x, dy, kernel, gates, groups, starts, ends)
   return dx, dw.astype(kernel.dtype), dgates[:, :-1].astype(grid.dtype), None
 
 
