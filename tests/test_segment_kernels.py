@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -130,16 +131,21 @@ def _per_task_reference(x, weights, tasks, w):
   return (value, dx, dweights), (size, dx_size, dweights_size)
 
 
-@pytest.mark.parametrize('length, d_in, d_out, tiled', [
-    (256, 32, 24, False), (48, 32, 24, False), (20, 32, 24, False),
-    (48, 24, 32, False),  # a weight gradient wider than tall
-    (48, 256, 384, True), (48, 384, 24, True),  # several tiles, row blocks
+@pytest.mark.parametrize('length, d_in, d_out, tiled, transposed', [
+    (256, 32, 24, False, False), (48, 32, 24, False, False),
+    (20, 32, 24, False, False), (48, 24, 32, False, False),
+    (48, 32, 24, False, True),  # W_down as the adapters give it, [T, b, d]
+    # several tiles and row blocks
+    (48, 256, 384, True, False), (48, 384, 24, True, False),
+    (48, 256, 384, True, True), (48, 384, 24, True, True),
 ])
 def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
-                                                      tiled, monkeypatch):
+                                                      tiled, transposed,
+                                                      monkeypatch):
   """The adapters' kernel: `sum(w * out)` and its gradients for x and every
-  task's weights are numpy's `x_t W[task_t]` token by token (narrow outputs'
-  weight gradients are made transposed)."""
+  task's weights are numpy's `x_t W[task_t]` token by token, with the
+  weights given as `[T, d_in, d_out]` or, `transposed`, `[T, d_out, d_in]`
+  (their gradient in the same layout)."""
   rng = np.random.default_rng(length)
   rows, num_tasks = 3, 4
   if tiled:
@@ -151,6 +157,9 @@ def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
   tasks = _task_layout(rng, rows, length, num_tasks)
 
   def loss(x, weights):
+    if transposed:
+      return (segment_kernels.per_task_matmul(
+          x, jnp.swapaxes(weights, 1, 2), tasks, transposed=True) * w).sum()
     return (segment_kernels.per_task_matmul(x, weights, tasks) * w).sum()
 
   value, grads = jax.value_and_grad(loss, argnums=(0, 1))(x, weights)

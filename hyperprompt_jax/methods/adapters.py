@@ -478,8 +478,11 @@ def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
   1.07x with this (T5.1.1-Base, 4 rows a device of TPU v3;
   docs/performance.md).
   """
+  # W_down given as `[T, b, d]`, its wide side last (`per_task_matmul`).
   down = checkpoint_name(
-      segment_kernels.per_task_matmul(h, w.down, task_ids), _DOWN_PROJECTION)
+      segment_kernels.per_task_matmul(h, jnp.swapaxes(w.down, -1, -2),
+                                      task_ids, transposed=True),
+      _DOWN_PROJECTION)
   pre = down + task_blocks_lib.take_tasks(w.down_bias, task_ids)
   z = activation(pre).astype(h.dtype)
   u = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)

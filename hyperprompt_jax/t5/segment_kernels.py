@@ -625,10 +625,11 @@ def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
 
 def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
                         x_ref, w_ref, out_ref, acc_ref, *, num_groups: int,
-                        mxu_dtype):
+                        mxu_dtype, transposed: bool):
   _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
                    out_ref, acc_ref,
-                   lambda g, at: w_ref[group_tasks_ref[at]], mxu_dtype)
+                   lambda g, at: w_ref[group_tasks_ref[at]], mxu_dtype,
+                   transposed)
 
 
 def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
@@ -656,12 +657,15 @@ def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
 
 
 def _task_matmul(x: Array, w: Array, groups: Array,
-                 ranges: tuple[Array, Array, Array]) -> Array:
+                 ranges: tuple[Array, Array, Array],
+                 transposed: bool = False) -> Array:
   """`x [rows, length, d_in]`, `w [T, d_in, d_out]` -> `[rows, length,
   d_out]`: each token times its task's weights (`groups`: `task_groups`;
-  `ranges`: each group's start, end and task)."""
+  `ranges`: each group's start, end and task). `transposed`: `w [T, d_out,
+  d_in]`, each token times its task's `w` transposed, read as it lies."""
   rows, length, d_in = x.shape
-  num_tasks, _, d_out = w.shape
+  num_tasks = w.shape[0]
+  d_out = w.shape[1 if transposed else 2]
   tile_in = _tile(d_in, 1, _TILE_IN)
   tile_out = _tile(d_out, 1, _tile_out_most())
   grid, block, row, output = _forward_grid(rows, length, d_in, d_out,
@@ -673,17 +677,22 @@ def _task_matmul(x: Array, w: Array, groups: Array,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * w.size) * itemsize
       + rows * length * (d_out * itemsize + 4 * grid[1]))
+  if transposed:
+    w_spec = pl.BlockSpec((num_tasks, tile_out, tile_in),
+                          lambda b, n, k, *_: (0, n, k))
+  else:
+    w_spec = pl.BlockSpec((num_tasks, tile_in, tile_out),
+                          lambda b, n, k, *_: (0, k, n))
   return _call(
       functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
-                        mxu_dtype=_mxu_dtype(x.dtype)),
+                        mxu_dtype=_mxu_dtype(x.dtype), transposed=transposed),
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 3,
       in_specs=[
           pl.BlockSpec((1, length, 1),
                        lambda b, n, k, i, *_: (row(b, i), 0, 0)),
           pl.BlockSpec((1, length, tile_in),
                        lambda b, n, k, i, *_: (row(b, i), 0, k)),
-          pl.BlockSpec((num_tasks, tile_in, tile_out),
-                       lambda b, n, k, *_: (0, k, n)),
+          w_spec,
       ],
       out_specs=pl.BlockSpec((1, length, tile_out), output),
       scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
@@ -729,30 +738,29 @@ def _task_rows_bound(rows: int, length: int, num_tasks: int) -> int:
   return rows * (length + (num_tasks - 1) * _chunk(length) + length // 4)
 
 
-@jax.custom_vjp
-def _per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
-  return _per_task_forward(x, weights, task_ids)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _per_task_matmul(x: Array, weights: Array, task_ids: Array,
+                     transposed: bool) -> Array:
+  return _per_task_forward(x, weights, task_ids, transposed)[0]
 
 
-def _per_task_forward(x, weights, task_ids):
+def _per_task_forward(x, weights, task_ids, transposed):
   num_tasks = weights.shape[0]
   groups, group_tasks = task_groups(task_ids, num_tasks)
   ranges = (*group_ranges(groups, num_tasks + 1), group_tasks)
-  y = _task_matmul(x, weights, groups, ranges)
+  y = _task_matmul(x, weights, groups, ranges, transposed)
   return y, (x, weights, groups, ranges)
 
 
-def _per_task_backward(residuals, dy):
+def _per_task_backward(transposed, residuals, dy):
   x, weights, groups, ranges = residuals
   dy = dy.astype(x.dtype)
-  dx = _task_matmul(dy, jnp.swapaxes(weights, 1, 2), groups, ranges)
-  num_tasks, d_in, d_out = weights.shape
-  if d_out < d_in:
-    # Made as dy^T x, the wide side last: a TPU lays an array's last axis
-    # on its 128 lanes, so `[T, d, b]` at b = 24 would take 5x its size
-    # (the adapters' down projection; the transpose is a layout change).
-    dw = jnp.swapaxes(_task_weight_grad(dy, x, num_tasks, groups, ranges),
-                      1, 2)
+  num_tasks = weights.shape[0]
+  # Both the input gradient and the weights' read / make the weights as
+  # they lie (`x^T dy` or, transposed, `dy^T x`).
+  dx = _task_matmul(dy, weights, groups, ranges, not transposed)
+  if transposed:
+    dw = _task_weight_grad(dy, x, num_tasks, groups, ranges)
   else:
     dw = _task_weight_grad(x, dy, num_tasks, groups, ranges)
   return dx, dw.astype(weights.dtype), None
@@ -761,12 +769,18 @@ def _per_task_backward(residuals, dy):
 _per_task_matmul.defvjp(_per_task_forward, _per_task_backward)
 
 
-def per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
+def per_task_matmul(x: Array, weights: Array, task_ids: Array,
+                    transposed: bool = False) -> Array:
   """`x_t W[task_t]` for every token t of packed rows, on chip.
 
   Args:
     x: `[batch, length, d_in]`.
-    weights: `[T, d_in, d_out]`, one matrix a task.
+    weights: `[T, d_in, d_out]`, one matrix a task; with `transposed`,
+      `[T, d_out, d_in]` and `x_t W[task_t]^T`. A TPU lays an array's last
+      axis on its 128 lanes: weights of few columns (an adapter's down
+      projection, `[T, d, 24]`) take 5x their size there, and so do their
+      gradients; given with the wide side last, they and their gradients
+      stay as they are (a gradient comes in the weights' layout).
     task_ids: `[batch, length]` int32, each token's task.
 
   Returns:
@@ -777,11 +791,12 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array) -> Array:
   are small).
   """
   mesh = placement.current_mesh()
+  matmul = functools.partial(_per_task_matmul, transposed=transposed)
   if mesh is None:
-    return _per_task_matmul(x, weights, task_ids)
+    return matmul(x, weights, task_ids)
   spec = jax.sharding.PartitionSpec
   batch = placement.batch_axes(x.shape[0])
-  return jax.shard_map(_per_task_matmul, mesh=mesh,
+  return jax.shard_map(matmul, mesh=mesh,
                        in_specs=(spec(batch), spec(), spec(batch)),
                        out_specs=spec(batch), check_vma=False)(
                            x, weights, task_ids)
