@@ -458,9 +458,6 @@ class LayerAdapters:
 _DOWN_PROJECTION = 'adapter_down_projection'
 
 
-@functools.partial(
-    jax.checkpoint, static_argnums=(0,),
-    policy=jax.checkpoint_policies.save_only_these_names(_DOWN_PROJECTION))
 def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
                   w: AdapterWeights, task_ids: Array) -> Array:
   """The adapter's output (the update h -> h + . left to the caller) for
@@ -469,41 +466,58 @@ def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
 
   No `[batch, length, d]` array is gathered per token: W_up's bias rides in
   the kernel as one more row of W_up against a ones column of the
-  bottleneck u = [z; 1], and so does HyperFormer++'s norm
-  (`_up_and_norm_on_chip`). The backward pass keeps `h` and the down
-  projection's output only (`[batch, length, b]` in h's dtype) and
-  recomputes the rest of the bottleneck and the weights' copies: an array
-  of b columns fills a TPU's 128 lanes (5x its size at b = 24), and keeping
-  them all made the Vanilla Adapter's step hold 1.21x MTL's temporaries,
-  1.07x with this (T5.1.1-Base, 4 rows a device of TPU v3;
-  docs/performance.md).
+  bottleneck u = [z; 1], and so does HyperFormer++'s norm (`_norm_weights`).
+  The weights the kernels take are made here, once (`[T, ...]`); the tokens'
+  part (`_tokens_on_chip`) keeps `h` and the down projection's output only
+  for the backward pass and recomputes the rest of the bottleneck.
   """
-  # W_down given as `[T, b, d]`, its wide side last (`per_task_matmul`).
-  down = checkpoint_name(
-      segment_kernels.per_task_matmul(h, jnp.swapaxes(w.down, -1, -2),
-                                      task_ids, transposed=True),
-      _DOWN_PROJECTION)
-  pre = down + task_blocks_lib.take_tasks(w.down_bias, task_ids)
-  z = activation(pre).astype(h.dtype)
-  u = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)
   up = jnp.concatenate([w.up, w.up_bias[:, None]], axis=1)  # [T, b + 1, d]
   if w.norm_scale is None:
-    return segment_kernels.per_task_matmul(u, up, task_ids)
-  return _up_and_norm_on_chip(u, up, w.norm_scale, w.norm_bias, task_ids)
+    gram = None
+  else:
+    up, gram = _norm_weights(up, w.norm_scale, w.norm_bias)
+  # W_down given as `[T, b, d]`, its wide side last (`per_task_matmul`).
+  return _tokens_on_chip(activation, h, jnp.swapaxes(w.down, -1, -2),
+                         w.down_bias, up, gram, task_ids)
 
 
-def _up_and_norm_on_chip(u: Array, up: Array, scale: Array, bias: Array,
-                         task_ids: Array) -> Array:
-  """HyperFormer++'s `layer_norm(u W, scale, bias)` per token by its
-  task's `W = up [T, b + 1, d]`, `scale`, `bias [T, d]`, from the
-  bottleneck `u [batch, length, b + 1]` (as `_norm_up_fwd`): with W centred
-  over d (Wc), the row's centred output is u Wc and its variance u (Wc
-  Wc^T / d) u^T, so the normed row is `[inv_std u; 1] [Wc ⊙ scale; bias]`,
-  one kernel call, and the variance one more of width b + 1 (float32)."""
+def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
+  """HyperFormer++'s post layer norm, `layer_norm(u W, scale, bias)` per
+  task, in terms of the bottleneck `u [.., b + 1]` and `W = up [T, b + 1,
+  d]` (as `_norm_up_fwd`): with W centred over d (Wc), a row's centred
+  output is u Wc and its variance u (Wc Wc^T / d) u^T, so the normed row
+  is `[inv_std u; 1] [Wc ⊙ scale; bias]`. Returns those weights `[T, b +
+  2, d]` and the float32 gram `Wc Wc^T / d` `[T, b + 1, b + 1]`."""
   up32 = up.astype(jnp.float32)
   centred = up32 - jnp.mean(up32, axis=-1, keepdims=True)
   gram = jnp.einsum('tbd,tcd->tbc', centred, centred,
                     precision=_HIGHEST) / up.shape[-1]
+  weights = jnp.concatenate([centred * scale[:, None], bias[:, None]], axis=1)
+  return weights.astype(up.dtype), gram
+
+
+# Under `jax.checkpoint`, saving only the down projection: an array of b
+# columns fills a TPU's 128 lanes (5x its size at b = 24), and keeping the
+# bottleneck, float32 pre-activations, bias sums and variances made the
+# Vanilla Adapter's step hold 1.21x MTL's temporaries, 1.07x with this
+# (T5.1.1-Base, 4 rows a device of TPU v3; docs/performance.md).
+@functools.partial(
+    jax.checkpoint, static_argnums=(0,),
+    policy=jax.checkpoint_policies.save_only_these_names(_DOWN_PROJECTION))
+def _tokens_on_chip(activation: Callable[[Array], Array], h: Array,
+                    down: Array, down_bias: Array, up: Array,
+                    gram: Optional[Array], task_ids: Array) -> Array:
+  """`adapt_on_chip`'s tokens: `down [T, b, d]`, `down_bias [T, b]`, `up
+  [T, b + 1, d]` (W_up and its bias) or, with the norm, `_norm_weights`'
+  `[T, b + 2, d]` and `gram`."""
+  projection = checkpoint_name(
+      segment_kernels.per_task_matmul(h, down, task_ids, transposed=True),
+      _DOWN_PROJECTION)
+  pre = projection + task_blocks_lib.take_tasks(down_bias, task_ids)
+  z = activation(pre).astype(h.dtype)
+  u = jnp.concatenate([z, jnp.ones_like(z[..., :1])], axis=-1)
+  if gram is None:
+    return segment_kernels.per_task_matmul(u, up, task_ids)
   u32 = u.astype(jnp.float32)
   variance = jnp.sum(
       segment_kernels.per_task_matmul(u32, gram, task_ids) * u32, axis=-1)
@@ -511,8 +525,7 @@ def _up_and_norm_on_chip(u: Array, up: Array, scale: Array, bias: Array,
   normed_u = jnp.concatenate(
       [(u32 * inv_std[..., None]).astype(u.dtype), jnp.ones_like(u[..., :1])],
       axis=-1)
-  weights = jnp.concatenate([centred * scale[:, None], bias[:, None]], axis=1)
-  return segment_kernels.per_task_matmul(normed_u, weights, task_ids)
+  return segment_kernels.per_task_matmul(normed_u, up, task_ids)
 
 
 def _flatten_layer_adapters(adapters: LayerAdapters):

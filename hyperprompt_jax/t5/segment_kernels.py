@@ -633,13 +633,13 @@ def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
 
 
 def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
-                             groups_ref, x_ref, dy_ref, dw_ref, *,
+                             groups_ref, x_ref, dy_ref, dw_ref, acc_ref, *,
                              num_groups: int, mxu_dtype):
   row = pl.program_id(2)
 
   @pl.when(row == 0)
   def _():
-    dw_ref[...] = jnp.zeros_like(dw_ref)
+    acc_ref[...] = jnp.zeros_like(acc_ref)
 
   product = _products_by_group(dy_ref, mxu_dtype)
 
@@ -648,12 +648,16 @@ def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
     task = group_tasks_ref[at]
 
     def accumulate(offset, size, x):
-      dw_ref[task] += product(offset, size, x)
+      acc_ref[task] += product(offset, size, x)
 
     windows(accumulate)
 
   _for_each_group(row, num_groups, starts_ref, ends_ref, x_ref, groups_ref,
                   on_group)
+
+  @pl.when(row == pl.num_programs(2) - 1)
+  def _():
+    dw_ref[...] = acc_ref[...].astype(dw_ref.dtype)
 
 
 def _task_matmul(x: Array, w: Array, groups: Array,
@@ -700,9 +704,11 @@ def _task_matmul(x: Array, w: Array, groups: Array,
 
 
 def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
-                      ranges: tuple[Array, Array, Array]) -> Array:
-  """The gradient of `_task_matmul` for its weights: float32 `[T, d_in,
-  d_out]`, each task's `sum x^T dy` over its tokens."""
+                      ranges: tuple[Array, Array, Array], dtype) -> Array:
+  """The gradient of `_task_matmul` for its weights: `[T, d_in, d_out]` in
+  `dtype` (the weights'), each task's `sum x^T dy` over its tokens, summed
+  in float32 in VMEM: a float32 result of bfloat16 weights (HyperFormer++'s
+  generated ones) was written, then read and written again converted."""
   rows, length, d_in = x.shape
   d_out = dy.shape[-1]
   tile_in = _tile(d_in, 1, _TILE_IN)
@@ -713,11 +719,12 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
       flops=2 * _task_rows_bound(rows, length, num_tasks) * d_in * d_out,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * dy.size) * itemsize
-      + num_tasks * d_in * d_out * 4 + rows * length * 4 * grid[0] * grid[1])
+      + num_tasks * d_in * d_out * jnp.dtype(dtype).itemsize
+      + rows * length * 4 * grid[0] * grid[1])
   return _call(
       functools.partial(_task_weight_grad_kernel, num_groups=num_tasks + 1,
                         mxu_dtype=_mxu_dtype(x.dtype)),
-      jax.ShapeDtypeStruct((num_tasks, d_in, d_out), jnp.float32), grid, 3,
+      jax.ShapeDtypeStruct((num_tasks, d_in, d_out), dtype), grid, 3,
       in_specs=[
           pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
           pl.BlockSpec((1, length, tile_in), lambda k, n, r, *_: (r, 0, k)),
@@ -726,6 +733,7 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
       ],
       out_specs=pl.BlockSpec((num_tasks, tile_in, tile_out),
                              lambda k, n, r, *_: (0, k, n)),
+      scratch=[pltpu.VMEM((num_tasks, tile_in, tile_out), jnp.float32)],
       cost=cost)(*ranges, groups[..., None], x, dy)
 
 
@@ -760,10 +768,10 @@ def _per_task_backward(transposed, residuals, dy):
   # they lie (`x^T dy` or, transposed, `dy^T x`).
   dx = _task_matmul(dy, weights, groups, ranges, not transposed)
   if transposed:
-    dw = _task_weight_grad(dy, x, num_tasks, groups, ranges)
+    dw = _task_weight_grad(dy, x, num_tasks, groups, ranges, weights.dtype)
   else:
-    dw = _task_weight_grad(x, dy, num_tasks, groups, ranges)
-  return dx, dw.astype(weights.dtype), None
+    dw = _task_weight_grad(x, dy, num_tasks, groups, ranges, weights.dtype)
+  return dx, dw, None
 
 
 _per_task_matmul.defvjp(_per_task_forward, _per_task_backward)
