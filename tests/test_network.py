@@ -244,3 +244,28 @@ def test_abstract_variables_are_the_initialised_shapes_each_caller_its_own():
   again = network.abstract_variables(
       network.Transformer(dataclasses.replace(CFG, num_tasks=3)))
   assert jax.tree.map(lambda x: (x.shape, x.dtype), again['params']) == real
+
+
+def test_kernel_gradients_laid_out_as_stored_batch_as_numbers():
+  """`layers.gradient_laid_out_as_stored` is the identity with its gradient
+  in the stored (row-major) layout: `x @ k`'s gradient for k is numpy's `x^T
+  g`, and under `jax.vmap` with the batch on any axis the program's output is
+  row major and reads back right element by element (JAX's own batching of
+  a layout constraint makes the batch axis the most major one where it lies:
+  indexing such an output eagerly reads wrong values on XLA:CPU)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(5, 4)).astype(np.float32)
+  g = rng.normal(size=(5, 3)).astype(np.float32)
+  cotangents = rng.normal(size=(4, 2, 3)).astype(np.float32)  # batch: axis 1
+
+  def gradient(kernel):
+    return jax.vjp(lambda k: x @ layers.gradient_laid_out_as_stored(k),
+                   kernel)[1](g)[0]
+
+  np.testing.assert_allclose(gradient(cotangents[:, 0]), x.T @ g, rtol=1e-5)
+  pullback = jax.vjp(layers.gradient_laid_out_as_stored, cotangents[:, 0])[1]
+  batched = jax.jit(jax.vmap(lambda c: pullback(c)[0], in_axes=1,
+                             out_axes=1))(cotangents)
+  assert batched.format.layout.major_to_minor == (0, 1, 2)
+  for i in range(2):
+    np.testing.assert_array_equal(batched[:, i], cotangents[:, i])
