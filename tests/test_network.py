@@ -262,7 +262,8 @@ def test_kernel_gradients_laid_out_as_stored_batch_as_numbers():
     return jax.vjp(lambda k: x @ layers.gradient_laid_out_as_stored(k),
                    kernel)[1](g)[0]
 
-  np.testing.assert_allclose(gradient(cotangents[:, 0]), x.T @ g, rtol=1e-5)
+  np.testing.assert_allclose(gradient(rng.normal(size=(4, 3))), x.T @ g,
+                             rtol=1e-5)
   pullback = jax.vjp(layers.gradient_laid_out_as_stored, cotangents[:, 0])[1]
   batched = jax.jit(jax.vmap(lambda c: pullback(c)[0], in_axes=1,
                              out_axes=1))(cotangents)
