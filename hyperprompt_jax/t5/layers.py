@@ -65,7 +65,7 @@ def gradient_laid_out_as_stored(kernel: Array) -> Array:
   pick its layout, then may carry the optimizer's update in that layout:
   in HyperFormer++'s step (T5.1.1-Base, TPU v3) every attention kernel's
   gradient came out transposed and each float32 kernel was copied to that
-  layout and back every step (144 kernels, 1 GB of its 30 GB). Asked for
+  layout and back every step (144 kernels, 1.2 GB of its 29). Asked for
   the stored layout, XLA transposes the bfloat16 gradient once instead, as
   it chooses to in the other models' steps (there this is no change).
   """
@@ -90,8 +90,9 @@ def _row_major(x: Array) -> Array:
 def _row_major_vmap(axis_size, in_batched, x):
   # The batch axis leads here; row major over all axes is the default
   # layout. JAX's own rule keeps the batch axis where it lies (e.g. third)
-  # and asks for that axis as the most major: a program output in that
-  # layout read back wrong on XLA:CPU (indexing it eagerly).
+  # and asks for that axis as the most major: a program's output in that
+  # layout reads back wrong on XLA:CPU when indexed eagerly
+  # (test_network.py).
   del axis_size, in_batched
   return _row_major(x), True
 

@@ -707,8 +707,8 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
                       ranges: tuple[Array, Array, Array], dtype) -> Array:
   """The gradient of `_task_matmul` for its weights: `[T, d_in, d_out]` in
   `dtype` (the weights'), each task's `sum x^T dy` over its tokens, summed
-  in float32 in VMEM: a float32 result of bfloat16 weights (HyperFormer++'s
-  generated ones) was written, then read and written again converted."""
+  in float32 in VMEM (a float32 result for bfloat16 weights, HyperFormer++'s
+  generated ones, would be written, then read and written again converted)."""
   rows, length, d_in = x.shape
   d_out = dy.shape[-1]
   tile_in = _tile(d_in, 1, _TILE_IN)
