@@ -476,9 +476,12 @@ def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
     gram = None
   else:
     up, gram = _norm_weights(up, w.norm_scale, w.norm_bias)
-  # W_down given as `[T, b, d]`, its wide side last (`per_task_matmul`).
-  return _tokens_on_chip(activation, h, jnp.swapaxes(w.down, -1, -2),
-                         w.down_bias, up, gram, task_ids)
+  # In the activations' dtype, as the kernels take them (the backward pass
+  # keeps them); W_down as `[T, b, d]`, its wide side last
+  # (`per_task_matmul`).
+  return _tokens_on_chip(activation, h,
+                         jnp.swapaxes(w.down, -1, -2).astype(h.dtype),
+                         w.down_bias, up.astype(h.dtype), gram, task_ids)
 
 
 def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
