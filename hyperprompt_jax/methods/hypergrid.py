@@ -76,8 +76,8 @@ example's gated weight, by one of three exact forms (`packed_form`):
   sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
   (tests; slow).
 'auto' (`resolve_packed_form`) is 'pallas' where the model is compiled for
-a TPU: at T5.1.1-Base on a v3 slice its step takes 1.18x MTL's bytes and
-1.29x its temporaries, where 'token_blocks' takes 4.0x and 2.1x (and
+a TPU: at T5.1.1-Base on a v3 slice its step takes 1.17x MTL's bytes and
+1.25x its temporaries, where 'token_blocks' takes 4.0x and 2.1x (and
 'grouped' more); elsewhere 'token_blocks' (XLA:CPU has no grouped matmul,
 a GPU runs no TPU kernel).
 The L variant and Output Gating gate elementwise: a per-token gate vector,
