@@ -157,10 +157,9 @@ def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
   tasks = _task_layout(rng, rows, length, num_tasks)
 
   def loss(x, weights):
-    if transposed:
-      return (segment_kernels.per_task_matmul(
-          x, jnp.swapaxes(weights, 1, 2), tasks, transposed=True) * w).sum()
-    return (segment_kernels.per_task_matmul(x, weights, tasks) * w).sum()
+    given = jnp.swapaxes(weights, 1, 2) if transposed else weights
+    return (segment_kernels.per_task_matmul(x, given, tasks,
+                                            transposed=transposed) * w).sum()
 
   value, grads = jax.value_and_grad(loss, argnums=(0, 1))(x, weights)
   want, size = _per_task_reference(x, weights, tasks, w)

@@ -490,13 +490,13 @@ def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
   d]` (as `_norm_up_fwd`): with W centred over d (Wc), a row's centred
   output is u Wc and its variance u (Wc Wc^T / d) u^T, so the normed row
   is `[inv_std u; 1] [Wc ⊙ scale; bias]`. Returns those weights `[T, b +
-  2, d]` and the float32 gram `Wc Wc^T / d` `[T, b + 1, b + 1]`."""
+  2, d]` and the gram `Wc Wc^T / d` `[T, b + 1, b + 1]`, float32 both."""
   up32 = up.astype(jnp.float32)
   centred = up32 - jnp.mean(up32, axis=-1, keepdims=True)
   gram = jnp.einsum('tbd,tcd->tbc', centred, centred,
                     precision=_HIGHEST) / up.shape[-1]
   weights = jnp.concatenate([centred * scale[:, None], bias[:, None]], axis=1)
-  return weights.astype(up.dtype), gram
+  return weights, gram
 
 
 # Under `jax.checkpoint`, saving only the down projection: an array of b

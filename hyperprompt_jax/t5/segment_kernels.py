@@ -260,6 +260,19 @@ def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
   return grid, block, row, output
 
 
+def _weight_block(tile_in: int, tile_out: int, transposed: bool,
+                  tasks: tuple[int, ...] = ()) -> pl.BlockSpec:
+  """A forward kernel's weights on its grid `(b, n, k, i)`: the `[tile_in,
+  tile_out]` tile at `(k, n)`, or transposed `[tile_out, tile_in]` at `(n,
+  k)`; `tasks` (`(T,)`) leads whole."""
+  lead = (0,) * len(tasks)
+  if transposed:
+    return pl.BlockSpec(tasks + (tile_out, tile_in),
+                        lambda b, n, k, *_: lead + (n, k))
+  return pl.BlockSpec(tasks + (tile_in, tile_out),
+                      lambda b, n, k, *_: lead + (k, n))
+
+
 def _products_by_group(dy_ref, mxu_dtype):
   """`windows -> x_g^T dy_g`'s accumulation step: `body(offset, size, x)`
   returning the window's `[d_in, d_out]` float32 product."""
@@ -386,7 +399,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
     tile_out = _tile(d_w_columns, 1, _tile_out_most())
   grid, block, row, output = _forward_grid(rows, length, d_x, d_y,
                                            tile_in, tile_out, x.dtype.itemsize)
-  gate_tiles = grid[1] if transposed else grid[2]
+  gate_tiles = grid[1] if transposed else grid[2]  # W's row tiles
   itemsize = x.dtype.itemsize
   # Rows multiplied: each row's tokens plus at most a chunk a segment
   # boundary (module docstring); W gated once a group and tile.
@@ -401,16 +414,11 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
       _gated_matmul_kernel, num_groups=num_groups, block_rows=block_rows,
       block_columns=block_columns, mxu_dtype=_mxu_dtype(x.dtype),
       transposed=transposed)
-  if transposed:
-    w_spec = pl.BlockSpec((tile_out, tile_in), lambda b, n, k, *_: (n, k))
-    gates_spec = pl.BlockSpec(
-        (1, num_groups, 1, tile_out // block_rows, k_columns),
-        lambda b, n, k, i, *_: (row(b, i), 0, n, 0, 0))
-  else:
-    w_spec = pl.BlockSpec((tile_in, tile_out), lambda b, n, k, *_: (k, n))
-    gates_spec = pl.BlockSpec(
-        (1, num_groups, 1, tile_in // block_rows, k_columns),
-        lambda b, n, k, i, *_: (row(b, i), 0, k, 0, 0))
+  # The gates' tile follows W's rows: the output tile, transposed.
+  tile_rows = tile_out if transposed else tile_in
+  gates_spec = pl.BlockSpec(
+      (1, num_groups, 1, tile_rows // block_rows, k_columns),
+      lambda b, n, k, i, *_: (row(b, i), 0, n if transposed else k, 0, 0))
   return _call(
       kernel,
       jax.ShapeDtypeStruct((rows, length, d_y), x.dtype), grid, 2,
@@ -419,7 +427,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
                        lambda b, n, k, i, *_: (row(b, i), 0, 0)),
           pl.BlockSpec((1, length, tile_in),
                        lambda b, n, k, i, *_: (row(b, i), 0, k)),
-          w_spec,
+          _weight_block(tile_in, tile_out, transposed),
           gates_spec,
       ],
       out_specs=pl.BlockSpec((1, length, tile_out), output),
@@ -681,12 +689,6 @@ def _task_matmul(x: Array, w: Array, groups: Array,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * w.size) * itemsize
       + rows * length * (d_out * itemsize + 4 * grid[1]))
-  if transposed:
-    w_spec = pl.BlockSpec((num_tasks, tile_out, tile_in),
-                          lambda b, n, k, *_: (0, n, k))
-  else:
-    w_spec = pl.BlockSpec((num_tasks, tile_in, tile_out),
-                          lambda b, n, k, *_: (0, k, n))
   return _call(
       functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
                         mxu_dtype=_mxu_dtype(x.dtype), transposed=transposed),
@@ -696,7 +698,7 @@ def _task_matmul(x: Array, w: Array, groups: Array,
                        lambda b, n, k, i, *_: (row(b, i), 0, 0)),
           pl.BlockSpec((1, length, tile_in),
                        lambda b, n, k, i, *_: (row(b, i), 0, k)),
-          w_spec,
+          _weight_block(tile_in, tile_out, transposed, (num_tasks,)),
       ],
       out_specs=pl.BlockSpec((1, length, tile_out), output),
       scratch=[pltpu.VMEM((block, length, tile_out), jnp.float32)],
