@@ -351,7 +351,7 @@ def resolve_packed_form(form: str) -> str:
   (`placement.target_platform`), 'task_blocks' on a CPU. Compiled for a
   TPU v3 slice (T5.1.1-Base, batch 128 packed), 'all_tasks' costs 1.03x
   MTL's FLOPs, 1.14x its bytes accessed and 1.11x its temporaries, against
-  1.01x, 1.36x and 1.25x for 'task_blocks' (docs/performance.md, On a TPU
+  1.01x, 1.35x and 1.32x for 'task_blocks' (docs/performance.md, On a TPU
   slice); the CPU figures of docs/performance.md are 'task_blocks''s."""
   check_packed_form(form)
   if form == 'auto':
