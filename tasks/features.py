@@ -46,6 +46,15 @@ class GinSentencePieceVocabulary(seqio.SentencePieceVocabulary):
       return self._sentencepiece_model_file
     return sentencepiece_model_file()
 
+  def __getstate__(self):
+    # seqio compares vocabularies by their state (t5x's
+    # `verify_matching_vocabs` too): the state names the file the model is,
+    # or will be, read from, so that a loaded and an unloaded copy, or a
+    # plain `seqio.SentencePieceVocabulary` of the same file, compare equal.
+    state = super().__getstate__()
+    state['_sentencepiece_model_file'] = self.sentencepiece_model_file
+    return state
+
 
 def _features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
   return {

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from hyperprompt_jax import tasks
+from hyperprompt_jax.tasks import features
 from hyperprompt_jax.tasks import fixture_data
 from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import metrics
@@ -470,6 +471,36 @@ def test_prepared_tfds_task_reads_with_gin_data_dir_and_vocab(prepared_rte):
   test = list(task.get_dataset(LENGTHS, split='test', shuffle=False)
               .as_numpy_iterator())
   assert [ex['targets_pretokenized'] for ex in test] == [b'<unk>']
+
+
+def test_sentencepiece_vocabularies_match_whatever_their_load_state(
+    prepared_rte, tmp_path):
+  """The task's vocabulary (loaded by reading data) and the model's (built
+  by gin, never loaded) name the same file: seqio and t5x compare them by
+  state, and t5x.train refuses to start when they differ."""
+  data_dir, spm_model = prepared_rte
+  gin.bind_parameter('tfds_data_dir.data_dir', data_dir)
+  gin.bind_parameter('sentencepiece_model_file.path', spm_model)
+  task = seqio.get_mixture_or_task('glue_rte')
+  next(iter(task.get_dataset(LENGTHS, split='train', shuffle=False)))
+  loaded = task.output_features['targets'].vocabulary
+  assert loaded.vocab_size < 1000  # loaded, from the gin-set file (not T5's)
+  fresh = features.GinSentencePieceVocabulary()
+  assert loaded == fresh and fresh == loaded
+  plain = seqio.SentencePieceVocabulary(spm_model, extra_ids=100)
+  assert loaded == plain and fresh == plain
+  assert fresh != features.GinSentencePieceVocabulary(extra_ids=10)
+  assert fresh != seqio.SentencePieceVocabulary(str(tmp_path / 'other.model'),
+                                                extra_ids=100)
+  try:
+    from t5x import utils as t5x_utils  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return  # t5x's own check below runs where t5x is installed
+  config = t5x_utils.DatasetConfig(
+      mixture_or_task_name='glue_rte', task_feature_lengths=LENGTHS,
+      split='train', batch_size=2, shuffle=False, seed=0)
+  model = mock.Mock(input_vocabulary=fresh, output_vocabulary=fresh)
+  t5x_utils.verify_matching_vocabs(config, model)  # raises on a mismatch
 
 
 def test_seqio_data_dir_override_wins(prepared_rte, tmp_path):
