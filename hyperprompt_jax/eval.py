@@ -15,9 +15,11 @@ Writes, in EVAL_OUTPUT_DIR, seqio's `inference_eval/<task>-metrics.jsonl`
 (the files t5x writes), `summary.json`, `best_per_task.json` and
 `task_scores.png` (`eval_summary`), and prints the per-task table with the
 GLUE / SuperGLUE averages. SELECTION says which checkpoint each task is read
-at, as the papers did: 'best_per_task' (HyperPrompt, the default),
-'best_average' (HyperGrid: one checkpoint, the best SELECTION_BENCHMARK
-average) or 'last'; `eval_summary` cites the papers' lines. A checkpoint
+at, as the papers did: 'best_per_task' (HyperPrompt), 'best_average'
+(HyperGrid: one checkpoint, the best SELECTION_BENCHMARK average) or 'last';
+`eval_summary` cites the papers' lines. By default it is the protocol the
+run records (its setup's experiment file, in MODEL_DIR/config.gin, which
+both runners write), else 'best_per_task'; one given that differs is said. A checkpoint
 that cannot be read is skipped and listed in `summary.json`
 (`unreadable_checkpoints`); the others are still summarised, and the command
 then exits with status 1.
@@ -33,7 +35,7 @@ EVAL_OUTPUT_DIR/summary.json and task_scores.png.
 t5x users who evaluated on TPU get the same summaries from t5x's output:
 
   python -m hyperprompt_jax.eval --metrics_dir=gs://.../inference_eval \
-    --output_dir=/tmp/summary [--selection=best_average]
+    --output_dir=/tmp/summary
   python -m hyperprompt_jax.eval --metrics_dir gs://.../seed0/eval \
     gs://.../seed1/eval gs://.../seed2/eval --output_dir=/tmp/summary
 """
@@ -54,19 +56,22 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--output_dir', help='where --metrics_dir writes the '
                       'summary (default: the metrics directory; required for '
                       'several)')
-  parser.add_argument('--selection', default='best_per_task',
-                      help="with --metrics_dir: 'best_per_task' (HyperPrompt, "
-                      "default), 'best_average' (HyperGrid: one checkpoint, "
-                      "the best --selection_benchmark average) or 'last' "
-                      '(SELECTION with gin; see eval_summary)')
+  parser.add_argument('--selection',
+                      help="with --metrics_dir: 'best_per_task' (HyperPrompt), "
+                      "'best_average' (HyperGrid: one checkpoint, the best "
+                      "--selection_benchmark average) or 'last' (SELECTION "
+                      'with gin; see eval_summary); default: the protocol the '
+                      "evaluated run records in its config.gin, else "
+                      "'best_per_task'")
   parser.add_argument('--compare_to',
                       help='a paper setup (paper_results.setups(), e.g. '
                       'hyperprompt_global_glue): print and plot the scores '
                       "beside the paper's (COMPARE_TO with gin)")
-  parser.add_argument('--selection_benchmark', default='glue',
+  parser.add_argument('--selection_benchmark',
                       help="with --metrics_dir and --selection=best_average: "
-                      "'glue' (default), 'super_glue', 'glue_super_glue' or "
-                      "'all' (SELECTION_BENCHMARK with gin)")
+                      "'glue', 'super_glue', 'glue_super_glue' or 'all' "
+                      "(SELECTION_BENCHMARK with gin); default: the run's, "
+                      "else 'glue'")
   gin_utils.add_distributed_flags(parser)
 
 

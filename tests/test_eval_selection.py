@@ -9,6 +9,7 @@ import pytest
 from hyperprompt_jax import eval as eval_command
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import protocol
 
 import conftest
 
@@ -231,13 +232,115 @@ def _macros(files):
 @pytest.mark.parametrize('experiment, expected', [
     ('hypergrid_l2_glue_super_glue', ('best_average', 'glue')),
     ('hypergrid_lg_glue_super_glue', ('best_average', 'glue')),
-    ('mtl_glue_super_glue', ('last', 'glue')),
-    ('hyperprompt_global_glue', ('best_per_task', 'glue')),
+    ('mtl_glue_super_glue', ('last', None)),
+    ('hyperprompt_global_glue', ('best_per_task', None)),
+    ('adapter_super_glue', ('best_per_task', None)),
 ])
 def test_experiment_files_set_their_papers_selection(experiment, expected):
   assert _macros(['runs/eval.gin', f'experiments/{experiment}.gin']) == (
       expected)
+  # The other order leaves the protocol to the run's record (below).
+  assert _macros([f'experiments/{experiment}.gin', 'runs/eval.gin']) == (
+      None, None)
 
 
-def test_quickstart_eval_selects_best_per_task():
-  assert _macros(['runs/quickstart_eval.gin']) == ('best_per_task', 'glue')
+def test_quickstart_eval_takes_the_runs_protocol():
+  assert _macros(['runs/quickstart_eval.gin']) == (None, None)
+
+
+# ------------------------------------------------ the protocol a run records --
+
+# What t5x.train writes to MODEL_DIR/config.gin (gin.config_str(): imports,
+# configurables, then macros), abridged.
+T5X_TRAIN_CONFIG = """from __gin__ import dynamic_registration
+import __main__ as train_script
+from t5x import utils
+
+# Macros:
+# ==============================================================================
+BATCH_SIZE = 128
+MIXTURE_OR_TASK_NAME = 'glue_super_glue_proportional'
+SELECTION = 'best_average'
+SELECTION_BENCHMARK = 'super_glue'
+TASK_FEATURE_LENGTHS = {'inputs': 512, 'targets': 32}
+
+# Parameters for train_script.train:
+# ==============================================================================
+train_script.train.model = %MODEL
+train_script.train.train_dataset_cfg = @train/utils.DatasetConfig()
+"""
+
+
+def test_config_macros_reads_literal_macros_only():
+  macros = protocol.config_macros(T5X_TRAIN_CONFIG)
+  assert macros == {'BATCH_SIZE': 128,
+                    'MIXTURE_OR_TASK_NAME': 'glue_super_glue_proportional',
+                    'SELECTION': 'best_average',
+                    'SELECTION_BENCHMARK': 'super_glue',
+                    'TASK_FEATURE_LENGTHS': {'inputs': 512, 'targets': 32}}
+
+
+def _t5x_eval_output(tmp_path, run_config):
+  """A t5x run and its t5x eval output: the run's config, the eval's config
+  naming the run, and metrics where the protocols pick differently
+  (`_results`: the best GLUE average at step 4, SST-2's best score at 8)."""
+  run = tmp_path / 'run'
+  run.mkdir()
+  if run_config is not None:
+    (run / 'config.gin').write_text(run_config)
+  out = tmp_path / 'eval'
+  metrics = out / 'inference_eval'
+  metrics.mkdir(parents=True)
+  (out / 'config.gin').write_text(
+      f"CHECKPOINT_PATH = '{run}'\nEVAL_OUTPUT_DIR = '{out}'\n")
+  for step, results in _results().items():
+    for task, values in results.items():
+      with open(metrics / f'{task}-metrics.jsonl', 'a') as f:
+        f.write(json.dumps({'step': step, **values}) + '\n')
+  return run, out
+
+
+def test_metrics_dir_is_scored_with_the_runs_protocol(tmp_path, caplog):
+  config = T5X_TRAIN_CONFIG.replace("'super_glue'", "'glue'")
+  _, out = _t5x_eval_output(tmp_path, config)
+  caplog.set_level('INFO', logger='hyperprompt_jax.eval')
+  assert eval_command.main([f'--metrics_dir={out / "inference_eval"}']) == 0
+  written = json.loads((out / 'inference_eval' / 'summary.json').read_text())
+  assert written['selection']['protocol'] == 'best_average'
+  assert written['selection']['step'] == 4  # GLUE 77.125 vs 76.875 at 2
+  assert 'as the run records' in caplog.text
+  # Given explicitly and different from the run's: scored so, and said.
+  caplog.clear()
+  assert eval_command.main([f'--metrics_dir={out}',
+                            '--selection=best_per_task']) == 0
+  written = json.loads((out / 'summary.json').read_text())
+  assert written['selection']['protocol'] == 'best_per_task'
+  assert _steps(written['selection'])['glue_sst2'] == 8  # 91 there
+  assert 'though the run records best_average' in caplog.text
+
+
+def test_an_unrecorded_protocol_is_the_default_and_said(tmp_path, caplog):
+  _, out = _t5x_eval_output(tmp_path, None)
+  caplog.set_level('INFO', logger='hyperprompt_jax.eval')
+  assert eval_command.main([f'--metrics_dir={out}']) == 0
+  written = json.loads((out / 'summary.json').read_text())
+  assert written['selection']['protocol'] == 'best_per_task'
+  assert 'the run records none' in caplog.text
+
+
+def test_the_protocol_of_a_checkpoint_is_its_runs(tmp_path):
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.gin').write_text(T5X_TRAIN_CONFIG)
+  expected = protocol.Protocol('best_average', 'super_glue')
+  for path in (run, run / 'checkpoint_300', f'{run}/'):
+    assert protocol.resolve(None, None, [str(path)]) == expected
+  assert protocol.resolve('last', None, [str(run)]) == protocol.Protocol(
+      'last', 'super_glue')
+  other = tmp_path / 'other'
+  other.mkdir()
+  (other / 'config.gin').write_text("SELECTION = 'last'\n")
+  with pytest.raises(ValueError, match='record different evaluation'):
+    protocol.resolve(None, None, [str(run), str(other)])
+  assert protocol.resolve('last', 'glue', [str(run), str(other)]) == (
+      protocol.Protocol('last', 'glue'))

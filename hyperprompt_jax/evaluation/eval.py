@@ -5,6 +5,7 @@ t5x's metrics files. Its command: `python -m hyperprompt_jax.eval`."""
 
 import argparse
 import collections
+import dataclasses
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.evaluation import predictor as predictor_lib
+from hyperprompt_jax.evaluation import protocol as protocol_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
@@ -155,8 +157,8 @@ def evaluate(
     *,
     job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     majority_baseline: bool = False,
-    selection: str = 'best_per_task',
-    selection_benchmark: str = 'glue',
+    selection: Optional[str] = None,
+    selection_benchmark: Optional[str] = None,
     compare_to: Optional[str] = None,
     use_cached_tasks: bool = False,
     write_n_results: Optional[int] = None,
@@ -172,8 +174,10 @@ def evaluate(
       `output_dir` takes the metrics, summaries and the plot.
     majority_baseline: also score the majority-class baseline per task.
     selection: which checkpoint each task is read at: 'best_per_task',
-      'best_average' or 'last' (`eval_summary.select`).
-    selection_benchmark: the average 'best_average' picks by.
+      'best_average' or 'last' (`eval_summary.select`); None: the protocol
+      the run records (`protocol`), else 'best_per_task'.
+    selection_benchmark: the average 'best_average' picks by (None: the
+      run's, else 'glue').
     compare_to: a paper setup (`paper_results`) to print and plot the
       selected scores (several runs: their means) beside.
     use_cached_tasks: read seqio's offline cache.
@@ -185,6 +189,8 @@ def evaluate(
     `eval_summary.runs_summary`).
   """
   run_paths = _as_paths(job.checkpoint_path)
+  selection, selection_benchmark = dataclasses.astuple(
+      protocol_lib.resolve(selection, selection_benchmark, run_paths))
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)  # an unknown setup fails before the work
@@ -395,15 +401,20 @@ def _line_step(line: str) -> Optional[int]:
 
 
 def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
-                          output_dir: str, selection: str = 'best_per_task',
-                          selection_benchmark: str = 'glue',
+                          output_dir: str, selection: Optional[str] = None,
+                          selection_benchmark: Optional[str] = None,
                           compare_to: Optional[str] = None) -> dict:
   """The summary of t5x's evaluation output (`--metrics_dir`); of several
-  runs, each run's summary in `output_dir/<run>/` and their aggregate."""
+  runs, each run's summary in `output_dir/<run>/` and their aggregate.
+  The protocol (None: the run's) as `evaluate`'s; the run is the one t5x's
+  eval config in each metrics directory names."""
+  metrics_dirs = _as_paths(metrics_dirs)
+  selection, selection_benchmark = dataclasses.astuple(protocol_lib.resolve(
+      selection, selection_benchmark,
+      [protocol_lib.evaluated_run(d) for d in metrics_dirs]))
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)
-  metrics_dirs = _as_paths(metrics_dirs)
   paths.check_writable_dir(output_dir, '--output_dir')
   read = {name: eval_summary.read_metrics_dir(d)
           for name, d in zip(run_names(metrics_dirs), metrics_dirs)}
