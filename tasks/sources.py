@@ -47,9 +47,10 @@ def check_prepared(tfds_name: str, data_dir: Optional[str]) -> None:
     return
   raise FileNotFoundError(
       f'TFDS dataset {tfds_name} is not prepared in {builder.data_dir}. '
-      'Downloads are off in this project. Prepare it once on a machine with '
-      f'network access: `tfds build {tfds_name.split(":")[0]} '
-      '--data_dir=DIR`, then point runs '
+      'Downloads are off in this project. Prepare the run\'s datasets once '
+      'on a machine with network access: `python -m '
+      'hyperprompt_jax.prepare_data --gin_file=<the run\'s gin file> '
+      '--data_dir=DIR --prepare` (TFDS\'s own builders), then point runs '
       'at that directory with --gin.TFDS_DATA_DIR="\'DIR\'" (t5x: '
       '--tfds_data_dir=DIR). For an offline run use the fixture_* tasks.')
 

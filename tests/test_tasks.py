@@ -413,7 +413,8 @@ def test_missing_tfds_dataset_fails_fast_with_the_fix(tmp_path):
   assert time.time() - start < 10
   msg = str(e.value)
   assert 'glue/qnli:2.0.0' in msg and str(tmp_path) in msg
-  assert 'tfds build glue/qnli' in msg and 'TFDS_DATA_DIR' in msg
+  assert 'python -m hyperprompt_jax.prepare_data' in msg
+  assert 'TFDS_DATA_DIR' in msg
 
 
 @pytest.fixture(scope='module')
