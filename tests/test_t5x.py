@@ -148,6 +148,29 @@ def test_t5x_trains_hypergrid_on_packed_rows(tmp_path):
   assert 'target/encoder/hypergrid/task_embeddings' in changed
 
 
+def test_t5x_resumes_its_data_where_the_checkpoint_left_it(tmp_path):
+  """A t5x run stopped after its step-2 checkpoint and started again trains
+  steps 3 and 4 on the batches an uninterrupted run trains them on (the
+  shipped files save the data iterator: SAVE_DATASET), packed rows
+  included: its step-4 parameters equal the uninterrupted run's, bit for
+  bit (restarting the data would train steps 3 and 4 on batches 1 and 2)."""
+  def train(model_dir, steps):
+    _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_train.gin',
+         f"--gin.MODEL_DIR='{model_dir}'", f'--gin.TRAIN_STEPS={steps}',
+         '--gin.SAVE_PERIOD=2', '--gin.PACK=True',
+         '--gin.train/utils.DatasetConfig.seed=7', *QUICK)
+
+  train(tmp_path / 'whole', 4)
+  train(tmp_path / 'cut', 2)
+  assert (tmp_path / 'cut' / 'checkpoint_2' / 'dataset').is_dir()
+  train(tmp_path / 'cut', 4)
+  whole = _read_t5x_state(tmp_path / 'whole' / 'checkpoint_4')
+  cut = _read_t5x_state(tmp_path / 'cut' / 'checkpoint_4')
+  assert int(cut['state/step']) == 4
+  for key, value in whole.items():
+    np.testing.assert_array_equal(cut[key], value, err_msg=key)
+
+
 def test_t5x_eval_and_metrics_summary(quickstart_dir, tmp_path):
   out = tmp_path / 'eval'
   _run('t5x.eval', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_eval.gin',
