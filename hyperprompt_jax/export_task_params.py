@@ -10,7 +10,7 @@ run's model, variant and task files (a run file that includes them):
 
   python -m hyperprompt_jax.export_task_params \
     --gin_file=runs/quickstart_model.gin \
-    --checkpoint_path=/tmp/hyperprompt_quickstart/checkpoint_1500 \
+    --checkpoint_path=/tmp/hyperprompt_quickstart/checkpoint_1300 \
     --output=/tmp/quickstart_task_params.npz
 
 Import it by starting a run from the same backbone checkpoint with

@@ -21,7 +21,7 @@ TASK_PARAMS_PATH, NEW_TASK_INIT); `eval` and `infer` read it too.
 
   python -m hyperprompt_jax.import_task_params \
     --gin_file=runs/quickstart_model.gin --gin.NUM_TASKS=17 \
-    --checkpoint_path=/tmp/hyperprompt_quickstart/checkpoint_1500 \
+    --checkpoint_path=/tmp/hyperprompt_quickstart/checkpoint_1300 \
     --output_dir=/tmp/quickstart_17_tasks
 """
 

@@ -4,7 +4,7 @@ Greedy decoding (`decoding`) of every task of a mixture (or one task) with
 one checkpoint of either runner, written as JSON lines per task:
 
   python -m hyperprompt_jax.infer --gin_file=runs/quickstart_infer.gin \
-    --gin.CHECKPOINT_PATH="'/tmp/hyperprompt_quickstart/checkpoint_2000'"
+    --gin.CHECKPOINT_PATH="'/tmp/hyperprompt_quickstart/checkpoint_1300'"
 
   <INFER_OUTPUT_DIR>/<task>-<step>.jsonl, one line per example:
     {"inputs": text, "targets": text, "prediction": decoded text,

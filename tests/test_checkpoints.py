@@ -80,3 +80,14 @@ def test_not_a_checkpoint_raises(tmp_path):
     checkpoints.load_t5x_params(str(tmp_path / 'nowhere'))
   with pytest.raises(ValueError, match='neither an orbax'):
     checkpoints.load_t5x_params(str(tmp_path))
+
+
+def test_a_run_directory_given_for_one_checkpoint_names_its_checkpoints(
+    tmp_path):
+  for step in (650, 1300):
+    (tmp_path / f'checkpoint_{step}' / 'state').mkdir(parents=True)
+  with pytest.raises(ValueError, match=r'is a run directory \(MODEL_DIR\) of '
+                     r'2 checkpoints; this reads one: give one of its '
+                     r'checkpoint_<step> folders, e.g. .*checkpoint_1300 \(the '
+                     r'newest; steps: 650, 1300\)'):
+    checkpoints.load_t5x_params(str(tmp_path))

@@ -7,14 +7,17 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import types
 
 import flax
 from flax.linen import partitioning as nn_partitioning
 import gin
 import jax
 import numpy as np
+import pytest
 
 from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import partitioning
@@ -238,3 +241,19 @@ def test_packed_task_blocks_stay_on_their_data_shards():
       32, 8, 3, 2), *[32, 32 // 8] * (
           2 * 2 * 4))
   _run_on_8_devices(PACKED_SCRIPT, 'PACKED_SHARDED_OK', bound)
+
+
+def test_mesh_and_batch_errors_name_the_setting_and_the_fix():
+  devices = [object()] * 8  # only counted before the mesh is built
+  with pytest.raises(ValueError, match=r'8 devices do not divide into '
+                     r'MESH_MODEL=3 parts: set --gin.MESH_MODEL to a divisor'):
+    partitioning.create_mesh(model=3, devices=devices)
+  with pytest.raises(ValueError, match=r'MESH_DATA=3 x MESH_MODEL=2 needs 6 '
+                     r'devices, found 8: set MESH_DATA=-1'):
+    partitioning.create_mesh(data=3, model=2, devices=devices)
+  mesh = types.SimpleNamespace(shape={'data': 4, 'model': 2})
+  with pytest.raises(ValueError, match=r'eval batch size 6 \(EVAL_BATCH_SIZE\) '
+                     r'does not divide over the mesh.s 4 data shards: set '
+                     r'--gin.EVAL_BATCH_SIZE to a multiple of 4 \(e.g. 8\)'):
+    predictor_lib.Predictor(None, None, mesh, batch_size=6,
+                            max_decode_length=4)

@@ -42,8 +42,13 @@ class Predictor:
                mesh: jax.sharding.Mesh, batch_size: int,
                max_decode_length: int):
     if batch_size % mesh.shape['data']:
-      raise ValueError(f'The eval batch size {batch_size} does not divide '
-                       f"over the mesh's {mesh.shape['data']} data shards.")
+      data = mesh.shape['data']
+      raise ValueError(
+          f'The eval batch size {batch_size} (EVAL_BATCH_SIZE) does not '
+          f"divide over the mesh's {data} data shards: set "
+          f'--gin.EVAL_BATCH_SIZE to a multiple of {data} (e.g. '
+          f'{-(-batch_size // data) * data}), or shard the model over more '
+          'devices (MESH_MODEL) to have fewer data shards.')
     self.model = model
     # `predict` checks every batch on the host before it is decoded.
     self._decode_model = network.checked_on_host(model)

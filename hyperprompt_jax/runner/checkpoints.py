@@ -78,6 +78,14 @@ def checkpoint_layout(path: str) -> str:
     return 'orbax'
   if (path / 'checkpoint').exists():
     return 'legacy'
+  steps = sorted(int(m[1]) for child in path.iterdir()
+                 if (m := _CHECKPOINT.match(child.name)))
+  if steps:
+    raise ValueError(
+        f'{path} is a run directory (MODEL_DIR) of {len(steps)} checkpoints; '
+        'this reads one: give one of its checkpoint_<step> folders, e.g. '
+        f'{path / f"checkpoint_{steps[-1]}"} (the newest; steps: '
+        f'{", ".join(map(str, steps))}).')
   raise ValueError(
       f'{path} is neither an orbax t5x checkpoint (no state/ directory) nor '
       'a legacy one (no checkpoint file).'

@@ -112,7 +112,8 @@ def train_dataset(mixture_or_task_name: str,
     shard_index, num_shards = jax.process_index(), jax.process_count()
   if batch_size % num_shards:
     raise ValueError(f'BATCH_SIZE={batch_size} does not divide over the '
-                     f'{num_shards} data shards of the hosts.')
+                     f'{num_shards} data shards of the hosts: set '
+                     f'--gin.BATCH_SIZE to a multiple of {num_shards}.')
   converter = rows.converter()
   return seqio.get_dataset(
       mixture_or_task_name,

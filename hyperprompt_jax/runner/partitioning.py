@@ -74,11 +74,16 @@ def create_mesh(data: int = -1, model: int = 1,
   n = jax.device_count() if devices is None else len(devices)
   if data == -1:
     if n % model:
-      raise ValueError(f'{n} devices do not divide into model={model} parts.')
+      raise ValueError(
+          f'{n} devices do not divide into MESH_MODEL={model} parts: set '
+          f'--gin.MESH_MODEL to a divisor of {n} (1 for data parallelism '
+          'alone).')
     data = n // model
   if data * model != n:
-    raise ValueError(f'Mesh data={data} x model={model} needs {data * model} '
-                     f'devices, found {n}.')
+    raise ValueError(f'Mesh MESH_DATA={data} x MESH_MODEL={model} needs '
+                     f'{data * model} devices, found {n}: set MESH_DATA=-1 '
+                     '(the devices MESH_MODEL leaves), or a MESH_DATA x '
+                     f'MESH_MODEL of {n}.')
   auto = jax.sharding.AxisType.Auto
   try:
     mesh = jax.sharding.Mesh(_torus_order(data, model, devices),

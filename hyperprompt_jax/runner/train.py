@@ -203,8 +203,12 @@ def _resolve(settings: run_settings.RunSettings,
       settings.mixture_or_task_name)
   mesh = partitioning.create_mesh(settings.mesh_data, settings.mesh_model)
   if settings.batch_size % mesh.shape['data']:
-    raise ValueError(f'BATCH_SIZE={settings.batch_size} does not divide over '
-                     f"the mesh's {mesh.shape['data']} data shards.")
+    data = mesh.shape['data']
+    raise ValueError(
+        f'BATCH_SIZE={settings.batch_size} does not divide over the mesh\'s '
+        f'{data} data shards (MESH_DATA x MESH_MODEL = {data} x '
+        f"{mesh.shape['model']} devices): set --gin.BATCH_SIZE to a multiple "
+        f'of {data}, or a larger MESH_MODEL for fewer data shards.')
   num_microbatches = trainer_lib.check_num_microbatches(
       settings.num_microbatches, settings.batch_size // mesh.shape['data'])
   optimizer, first_new_row = settings.optimizer, None
