@@ -300,10 +300,19 @@ def _t5x_eval_output(tmp_path, run_config):
   return run, out
 
 
-def test_metrics_dir_is_scored_with_the_runs_protocol(tmp_path, caplog):
+@pytest.fixture
+def protocol_log(caplog):
+  """The protocol lines, whatever `log_to_stdout` did to their logger."""
+  caplog.set_level('INFO', logger=protocol.log.name)
+  protocol.log.addHandler(caplog.handler)
+  yield caplog
+  protocol.log.removeHandler(caplog.handler)
+
+
+def test_metrics_dir_is_scored_with_the_runs_protocol(tmp_path, protocol_log):
+  caplog = protocol_log
   config = T5X_TRAIN_CONFIG.replace("'super_glue'", "'glue'")
   _, out = _t5x_eval_output(tmp_path, config)
-  caplog.set_level('INFO', logger='hyperprompt_jax.eval')
   assert eval_command.main([f'--metrics_dir={out / "inference_eval"}']) == 0
   written = json.loads((out / 'inference_eval' / 'summary.json').read_text())
   assert written['selection']['protocol'] == 'best_average'
@@ -319,13 +328,13 @@ def test_metrics_dir_is_scored_with_the_runs_protocol(tmp_path, caplog):
   assert 'though the run records best_average' in caplog.text
 
 
-def test_an_unrecorded_protocol_is_the_default_and_said(tmp_path, caplog):
+def test_an_unrecorded_protocol_is_the_default_and_said(tmp_path,
+                                                        protocol_log):
   _, out = _t5x_eval_output(tmp_path, None)
-  caplog.set_level('INFO', logger='hyperprompt_jax.eval')
   assert eval_command.main([f'--metrics_dir={out}']) == 0
   written = json.loads((out / 'summary.json').read_text())
   assert written['selection']['protocol'] == 'best_per_task'
-  assert 'the run records none' in caplog.text
+  assert 'the run records none' in protocol_log.text
 
 
 def test_the_protocol_of_a_checkpoint_is_its_runs(tmp_path):

@@ -195,7 +195,7 @@ def test_a_t5x_run_file_takes_another_model_size():
 
 
 def test_every_paper_setup_has_a_run_file_for_each_runner():
-  assert len(EXPERIMENTS) == 23  # 20 at Base, HyperGrid LG at 3 sizes
+  assert len(EXPERIMENTS) == 24  # 21 at Base, HyperGrid LG at 3 sizes
   for name in EXPERIMENTS:
     for runner in ('t5x', 'runs'):
       text = (GIN_DIR / runner / f'{name}.gin').read_text()
