@@ -317,3 +317,24 @@ def test_an_include_cycle_is_one_error_naming_the_files(tmp_path):
       f'include each other in a cycle: {a} -> {b} -> {a}.')) as info:
     gin_utils.parse_gin([str(a)], [], [str(tmp_path)])
   assert len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize('experiment, mixture, partitions', [
+    ('hyperprompt_global_glue', 'glue_proportional', 1),
+    ('hypergrid_lg_glue_super_glue_3b', 'glue_super_glue_proportional', 8),
+])
+def test_t5x_eval_takes_the_setups_experiment_file(experiment, mixture,
+                                                   partitions):
+  """t5x/eval.gin then the experiment file: the setup's model, tasks,
+  lengths and model parallelism, over t5x's eval defaults."""
+  t5x_root = _t5x_root()
+  with _t5x_main('eval'):
+    gin_utils.parse_gin(['t5x/eval.gin', f'experiments/{experiment}.gin'],
+                        ["CHECKPOINT_PATH = '/run'",
+                         "EVAL_OUTPUT_DIR = '/run/eval'"], [t5x_root])
+    assert gin.query_parameter('MIXTURE_OR_TASK_NAME/macro.value') == mixture
+    assert gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value') == {
+        'inputs': 512, 'targets': 32}
+    assert gin.query_parameter('MESH_MODEL/macro.value') == partitions
+    assert str(gin.query_parameter(
+        'partitioning.PjitPartitioner.num_partitions')) == '%MESH_MODEL'
