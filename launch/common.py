@@ -20,7 +20,10 @@ import time
 from typing import Optional, Sequence
 import urllib.parse
 
-MODES = ('train', 'eval', 'infer')
+MODES = ('train', 'eval', 'infer', 'leaderboard', 'probe')
+# The built-in runner's commands that t5x has no script for; they read t5x's
+# checkpoints too.
+BUILTIN_ONLY_MODES = ('leaderboard', 'probe')
 RUNNERS = ('t5x', 'builtin')
 
 # t5x and the two libraries it imports that the package index lacks (airio) or
@@ -55,7 +58,9 @@ PYTHON_VERSION = '3.11'
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The per-mode macros of t5x's run files, which the built-in runner shares.
-OUTPUT_DIR_MACRO = {'eval': 'EVAL_OUTPUT_DIR', 'infer': 'INFER_OUTPUT_DIR'}
+OUTPUT_DIR_MACRO = {'eval': 'EVAL_OUTPUT_DIR', 'infer': 'INFER_OUTPUT_DIR',
+                    'leaderboard': 'LEADERBOARD_OUTPUT_DIR',
+                    'probe': 'PROBE_OUTPUT_DIR'}
 
 Command = list  # of words: str, or Shell for shell syntax
 
@@ -169,8 +174,11 @@ def add_run_flags(parser: argparse.ArgumentParser,
   parser.add_argument('--model_dir',
                       help='train: checkpoints and summaries (MODEL_DIR)')
   parser.add_argument('--checkpoint_path',
-                      help='eval / infer: a checkpoint_<step> folder, or '
-                      '(eval) a MODEL_DIR of them (CHECKPOINT_PATH)')
+                      help='eval / infer / leaderboard / probe: a '
+                      'checkpoint_<step> folder, or (eval, probe) a MODEL_DIR '
+                      "of them (CHECKPOINT_PATH; t5x's eval reads every "
+                      'checkpoint of a MODEL_DIR: for one, add --gin '
+                      "\"utils.RestoreCheckpointConfig.mode='specific'\")")
   parser.add_argument('--output_dir',
                       help='eval / infer: EVAL_OUTPUT_DIR / INFER_OUTPUT_DIR')
   parser.add_argument('--tfds_data_dir',
@@ -204,6 +212,10 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     parser.error(f'no --gin_file: name a run file of --runner={args.runner}, '
                  f'e.g. --gin_file={EXAMPLE_RUN_FILE[args.runner]} (the '
                  f'shipped ones: {RUN_FILE_DIR[args.runner]}/*.gin)')
+  if args.mode in BUILTIN_ONLY_MODES and args.runner != 'builtin':
+    parser.error(f'--mode={args.mode} is the built-in runner\'s command '
+                 f'(python -m hyperprompt_jax.{args.mode}; t5x has none), '
+                 "which reads t5x's checkpoints too: add --runner=builtin")
   check_gin_files(parser, args, remote=remote)
   for binding in args.gin:
     if '=' not in binding:
@@ -211,8 +223,9 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                    "--gin TRAIN_STEPS=1000 or --gin \"X='a string'\"")
   if args.mode == 'train':
     if args.checkpoint_path or args.output_dir:
-      parser.error('--checkpoint_path / --output_dir are for --mode=eval / '
-                   'infer; training writes to --model_dir')
+      parser.error('--checkpoint_path / --output_dir are for the modes '
+                   'that read a checkpoint (eval, infer, leaderboard, probe); '
+                   'training writes to --model_dir')
     if require_dirs and not args.model_dir:
       parser.error('--mode=train needs --model_dir, where checkpoints go '
                    '(e.g. --model_dir=gs://my-bucket/hyperprompt/run1)')
@@ -229,7 +242,8 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
       parser.error(f'--mode={args.mode} needs --output_dir, where '
                    f'{OUTPUT_DIR_MACRO[args.mode]} results go')
   if gcs_only:
-    for flag in ('model_dir', 'checkpoint_path', 'output_dir'):
+    for flag in ('model_dir', 'checkpoint_path', 'output_dir',
+                 'tfds_data_dir'):
       value = getattr(args, flag)
       if value and not value.startswith('gs://'):
         parser.error(
@@ -237,6 +251,31 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             'hyperprompt/run1): the hosts of a TPU pod have separate local '
             'disks, so every host must read and write the same Cloud Storage '
             'folder')
+
+
+_INCLUDE = re.compile(r'''^include\s+['"]([^'"]+)['"]''', re.MULTILINE)
+_REAL_TASKS = re.compile(r'tasks/(?!fixture_)[\w]+\.gin')
+
+
+def reads_prepared_data(gin_files: Sequence[str]) -> bool:
+  """Whether the shipped gin files (and what they include) name a task file
+  of the real GLUE / SuperGLUE tasks, which read prepared TFDS data (the
+  `fixture_*` ones read the package's own files). Files of the user's own
+  are not read: they may exist on the hosts only."""
+  seen, todo = set(), list(gin_files)
+  dirs = gin_search_paths()
+  while todo:
+    name = todo.pop()
+    if _REAL_TASKS.fullmatch(name):
+      return True
+    path = next((os.path.join(d, name) for d in dirs
+                 if os.path.isfile(os.path.join(d, name))), None)
+    if path is None or path in seen:
+      continue
+    seen.add(path)
+    with open(path, encoding='utf-8') as f:
+      todo += _INCLUDE.findall(f.read())
+  return False
 
 
 def gin_search_paths() -> list[str]:

@@ -31,6 +31,8 @@ QUICKSTART_GIN = {
     'train': 'runs/quickstart.gin',
     'eval': 'runs/quickstart_eval.gin',
     'infer': 'runs/quickstart_infer.gin',
+    'leaderboard': 'runs/quickstart_leaderboard.gin',
+    'probe': 'runs/quickstart_probe.gin',
 }
 
 

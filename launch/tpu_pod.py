@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-r"""Runs a train / eval / infer job on every worker of a TPU VM pod.
+r"""Runs a train / eval / infer / leaderboard / probe job on every worker of a
+TPU VM pod.
 
   python launch/tpu_pod.py --tpu=NAME --zone=ZONE [--project=PROJECT] \
     [--accelerator=v4-32 --create [--runtime_version=VERSION]] \
     [--install [--source=checkout|git+URL@COMMIT | --package=SPEC]] \
-    [--runner={t5x,builtin}] [--mode={train,eval,infer}] \
+    [--runner={t5x,builtin}] \
+    [--mode={train,eval,infer,leaderboard,probe}] \
     --gin_file=FILE [--gin_file=...] [--gin KEY=VALUE ...] \
     [--model_dir=gs://...] [--checkpoint_path=gs://... --output_dir=gs://...] \
-    [--tfds_data_dir=DIR] [--python=PYTHON] [--foreground] [--dry-run]
+    [--tfds_data_dir=gs://...] [--python=PYTHON] [--foreground] [--dry-run]
 
 For example, HyperPrompt-Global on GLUE with t5x on a v4-32:
 
   python launch/tpu_pod.py --tpu=hp-v4-32 --zone=us-central2-b \
     --accelerator=v4-32 --create --install \
     --gin_file=t5x/hyperprompt_global_glue.gin \
-    --model_dir=gs://my-bucket/hyperprompt/glue --dry-run
+    --model_dir=gs://my-bucket/hyperprompt/glue \
+    --tfds_data_dir=gs://my-bucket/tfds --dry-run
 
 The steps, run from this machine:
   --create   gcloud compute tpus tpu-vm create NAME --accelerator-type=...
@@ -169,7 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument('--runtime_version',
                       help='TPU software version for --create (default: '
                       "Google's choice for the generation: "
-                      f'{_DEFAULT_RUNTIME_VERSION} for v4, '
+                      f'{_DEFAULT_RUNTIME_VERSION} for v2 / v3 / v4, '
                       'v2-alpha-tpuv5-lite, v2-alpha-tpuv5, v2-alpha-tpuv6e)')
   common.add_install_flags(parser, 'tpu', 'every worker')
   parser.add_argument('--foreground', action='store_true',
@@ -193,6 +196,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error('--runtime_version is used by --create only')
   common.check_run_args(parser, args, require_dirs=True, gcs_only=True,
                         remote=True)
+  if not args.tfds_data_dir and common.reads_prepared_data(args.gin_file):
+    parser.error(
+        'the run reads the GLUE / SuperGLUE TFDS data, and no '
+        '--tfds_data_dir says where: each worker would look in its own empty '
+        '~/tensorflow_datasets. Prepare the data once in Cloud Storage '
+        '(python -m hyperprompt_jax.prepare_data --gin_file=<the run file> '
+        '--data_dir=gs://my-bucket/tfds --prepare) and pass '
+        '--tfds_data_dir=gs://my-bucket/tfds')
   source = common.resolve_source(parser, args)
   if args.accelerator:
     # On stderr: stdout holds only the commands.

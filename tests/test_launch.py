@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 HEAD = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, text=True,
                       capture_output=True, check=True).stdout.strip()
 
-TPU = ['--tpu=hp-pod', '--zone=us-central2-b']
+TPU = ['--tpu=hp-pod', '--zone=us-central2-b', '--tfds_data_dir=gs://b/tfds']
 WHERE = '--zone=us-central2-b'
 SSH = f'gcloud compute tpus tpu-vm ssh hp-pod {WHERE} --worker=all --command='
 STAGE = 'TMP/hyperprompt_launch-hp-pod/hyperprompt_launch'
@@ -188,7 +188,7 @@ def test_tpu_v4_32_create_install_train_with_t5x():
       '--gin_file=t5x/hyperprompt_global_glue.gin', '--model_dir=gs://b/run')
   job = (f'{VENV_PY} -m t5x.train {SEARCH_PATHS} '
          '--gin_file=t5x/hyperprompt_global_glue.gin '
-         '--gin.MODEL_DIR="\'gs://b/run\'"')
+         '--gin.MODEL_DIR="\'gs://b/run\'" --tfds_data_dir=gs://b/tfds')
   assert lines == [
       'gcloud compute tpus tpu-vm create hp-pod --zone=us-central2-b '
       '--accelerator-type=v4-32 --version=tpu-ubuntu2204-base',
@@ -218,7 +218,7 @@ def test_tpu_v4_32_create_install_train_with_t5x():
       VENV_PY, '-m', 't5x.train',
       f'--gin_search_paths=$({VENV_PY} -m hyperprompt_jax.paths gin)',
       '--gin_file=t5x/hyperprompt_global_glue.gin',
-      "--gin.MODEL_DIR='gs://b/run'"]
+      "--gin.MODEL_DIR='gs://b/run'", '--tfds_data_dir=gs://b/tfds']
 
 
 _GIN_FILE = {'t5x': 't5x/mtl_glue.gin', 'builtin': 'runs/mtl_glue.gin'}
@@ -273,12 +273,13 @@ def test_tpu_every_runner_and_mode(runner, mode):
     assert _job_line(script) == [
         VENV_PY, '-m', f't5x.{mode}',
         f'--gin_search_paths=$({VENV_PY} -m hyperprompt_jax.paths gin)',
-        '--gin_file=t5x/mtl_glue.gin', *gin]
+        '--gin_file=t5x/mtl_glue.gin', *gin, '--tfds_data_dir=gs://b/tfds']
   else:
     # No search path (the runner searches its gin files); every worker joins.
     assert _job_line(script) == [
         VENV_PY, '-m', f'hyperprompt_jax.{mode}',
-        '--gin_file=runs/mtl_glue.gin', *gin, '--multiprocess']
+        '--gin_file=runs/mtl_glue.gin', *gin,
+        "--gin.TFDS_DATA_DIR='gs://b/tfds'", '--multiprocess']
   # How to follow worker 0's log, and where the logs go.
   hint = _normalize(result.stderr)
   assert (f"gcloud compute tpus tpu-vm ssh hp-pod {WHERE} --worker=0 "
@@ -433,6 +434,56 @@ def test_tpu_bad_input_fails_naming_the_fix(args, fix):
   assert result.returncode == 2
   assert fix in result.stderr
   assert not result.stdout
+
+
+NO_DATA_DIR = ['--tpu=hp-pod', '--zone=us-central2-b']
+
+
+@pytest.mark.parametrize('gin_files', [
+    ['t5x/mtl_glue.gin'],  # its experiment includes tasks/glue.gin
+    ['models/t5_1_1_small.gin', 'tasks/super_glue.gin'],
+])
+def test_tpu_a_run_of_the_real_tasks_needs_the_data_in_cloud_storage(
+    gin_files):
+  flags = [f'--gin_file={f}' for f in gin_files] + ['--model_dir=gs://b/r']
+  result = _launch('tpu_pod.py', *NO_DATA_DIR, *flags, '--dry-run')
+  assert result.returncode == 2
+  assert ('the run reads the GLUE / SuperGLUE TFDS data, and no '
+          '--tfds_data_dir says where') in result.stderr
+  assert ('python -m hyperprompt_jax.prepare_data --gin_file=<the run file> '
+          '--data_dir=gs://my-bucket/tfds --prepare') in result.stderr
+  result = _launch('tpu_pod.py', *NO_DATA_DIR, *flags,
+                   '--tfds_data_dir=/data/tfds', '--dry-run')
+  assert result.returncode == 2
+  assert '--tfds_data_dir=/data/tfds must be a gs:// path' in result.stderr
+
+
+def test_tpu_the_fixtures_need_no_data_dir():
+  result = _launch('tpu_pod.py', *NO_DATA_DIR,
+                   '--gin_file=t5x/quickstart_train.gin',
+                   '--model_dir=gs://b/r', '--dry-run')
+  assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize('mode,macro', [
+    ('leaderboard', 'LEADERBOARD_OUTPUT_DIR'), ('probe', 'PROBE_OUTPUT_DIR')])
+def test_tpu_leaderboard_and_probe_run_on_every_worker(mode, macro):
+  flags = ['--gin_file=runs/leaderboard.gin' if mode == 'leaderboard'
+           else '--gin_file=runs/probe.gin',
+           '--gin_file=experiments/hyperprompt_global_glue.gin',
+           '--checkpoint_path=gs://b/run/checkpoint_1000',
+           f'--output_dir=gs://b/{mode}', f'--mode={mode}']
+  _, files = _dry_run('tpu_pod.py', *TPU, '--runner=builtin', *flags)
+  assert _job_line(files[f'{STAGE}/{mode}-STAMP.sh']) == [
+      VENV_PY, '-m', f'hyperprompt_jax.{mode}', flags[0], flags[1],
+      "--gin.CHECKPOINT_PATH='gs://b/run/checkpoint_1000'",
+      f"--gin.{macro}='gs://b/{mode}'", "--gin.TFDS_DATA_DIR='gs://b/tfds'",
+      '--multiprocess']
+  result = _launch('tpu_pod.py', *TPU, *flags, '--dry-run')  # runner t5x
+  assert result.returncode == 2
+  assert (f"--mode={mode} is the built-in runner's command (python -m "
+          f"hyperprompt_jax.{mode}; t5x has none), which reads t5x's "
+          'checkpoints too: add --runner=builtin') in result.stderr
 
 
 @pytest.mark.parametrize('runner,gin_file,fix', [
@@ -594,6 +645,7 @@ def test_tpu_install_and_run_on_a_fake_worker(tmp_path, code):
       ['venv', '-m', 't5x.train',
        '--gin_search_paths=/site/hyperprompt_jax/gin',
        '--gin_file=t5x/mtl_glue.gin', "--gin.MODEL_DIR='gs://b/my run'",
+       '--tfds_data_dir=gs://b/tfds',
        """--gin.X='it''s "odd" $HOME !'"""],
   ]
   # The checkout's commit, unpacked where pip read it.
@@ -804,6 +856,8 @@ def test_gpu_refuses_a_run_file_of_the_other_runner():
     ('train', 'runs/quickstart.gin'),
     ('eval', 'runs/quickstart_eval.gin'),
     ('infer', 'runs/quickstart_infer.gin'),
+    ('leaderboard', 'runs/quickstart_leaderboard.gin'),
+    ('probe', 'runs/quickstart_probe.gin'),
 ])
 def test_local_defaults_to_the_quickstart(mode, gin_file):
   (line,), _ = _dry_run('local.py', f'--mode={mode}')
