@@ -60,14 +60,19 @@ TensorFlow (its flags are the ones marked --mfu, and --variants,
         --warmup_steps=3 --output_json=/tmp/mfu.json
 
 `--tpu_compile` compiles a run's training step and decode for a TPU slice
-(`--topology`) on this host, with no TPU (libtpu, the `[tpu]` extra), and
-prints what each chip would hold and do (`tpu_compile.py`): of the run of
-`--gin_file` (or of each `--setups` name), or, without gin, of the --mfu
-models (--model, --variants, --forms, --batch_size, --mesh_model):
+(`--topology`: a gcloud accelerator type such as v3-32, or a topology name
+such as v3:4x4) on this host, with no TPU (libtpu, the `[tpu]` extra), and
+prints what each device and chip would hold and do (`tpu_compile.py`): of
+the run of `--gin_file` (or of each `--setups` name), or, without gin, of
+the --mfu models (--model, --variants, --forms, --batch_size, --mesh_model).
+A t5x run file (gin/t5x/) compiles t5x's own train, eval and predict steps
+as t5x.train builds them (`hyperprompt_jax/t5x/compile.py`; needs t5x):
 
     python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3:4x4 \
         --gin_file=runs/hypergrid_lg_glue_super_glue.gin \
         --output_json=/tmp/tpu.json
+    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3-32 \
+        --gin_file=t5x/hypergrid_lg_glue_super_glue.gin
 """
 
 import argparse
@@ -203,8 +208,11 @@ def _add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
            'HBM, FLOPs, bytes, collectives, scatters; of the run of '
            '--gin_file / --setups, or without them of the --mfu models')
   parser.add_argument('--topology', default='v3:4x4',
-                      help='--tpu_compile: the TPU slice, e.g. v3:4x4, '
-                           'v5e:2x2, v5p:4x4x4 (default: v3:4x4)')
+                      help='--tpu_compile: the TPU slice, a gcloud '
+                           'accelerator type (v3-32, v4-16, v5p-64, '
+                           'v5litepod-16 or v5e-16, v6e-64) or a topology '
+                           'name (v3:4x4, v5e:2x2, v5p:4x4x4; default: '
+                           'v3:4x4)')
   parser.add_argument('--mesh_model', type=int, default=1,
                       help='--tpu_compile without gin: the model axis '
                            '(MESH_MODEL; default: 1)')
@@ -212,7 +220,9 @@ def _add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
                       help='--tpu_compile without gin: NUM_MICROBATCHES')
   parser.add_argument('--eval_batch_size', type=int, default=None,
                       help='--tpu_compile without gin: rows of the decode '
-                           'to compile too (default: none)')
+                           'to compile too (default: none); of a t5x run '
+                           "file: predict's rows (default: the run's "
+                           'infer_eval batch, else 64)')
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

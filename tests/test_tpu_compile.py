@@ -306,3 +306,225 @@ def test_a_model_axis_that_splits_a_physical_axis(tmp_path):
   printed = _run(['-c', _SPLIT_AXIS], tmp_path)
   assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
       "RESULT {'data': 8, 'model': 8} 64 8 4"]
+
+
+# gcloud accelerator types and the slices they are, by hand (Cloud TPU's
+# pages: v2 / v3 / v4 / v5p count TensorCores, two a chip; v5e and v6e
+# count chips): (topology name, chips).
+SLICE_NAMES = {
+    'v2-8': ('v2:2x2', 4), 'v2-32': ('v2:4x4', 16),
+    'v3-8': ('v3:2x2', 4), 'v3-32': ('v3:4x4', 16), 'v3-64': ('v3:4x8', 32),
+    'v3-128': ('v3:8x8', 64), 'v3-256': ('v3:8x16', 128),
+    'v3-512': ('v3:16x16', 256), 'v3-2048': ('v3:32x32', 1024),
+    'v4-8': ('v4:2x2x1', 4), 'v4-16': ('v4:2x2x2', 8),
+    'v4-32': ('v4:2x2x4', 16), 'v4-64': ('v4:2x4x4', 32),
+    'v4-128': ('v4:4x4x4', 64), 'v4-256': ('v4:4x4x8', 128),
+    'v4-512': ('v4:4x8x8', 256), 'v4-1024': ('v4:8x8x8', 512),
+    'v5p-8': ('v5p:2x2x1', 4), 'v5p-128': ('v5p:4x4x4', 64),
+    'v5litepod-1': ('v5e:1x1', 1), 'v5litepod-4': ('v5e:2x2', 4),
+    'v5e-8': ('v5e:2x4', 8), 'v5e-16': ('v5e:4x4', 16),
+    'v5e-32': ('v5e:4x8', 32), 'v5e-64': ('v5e:8x8', 64),
+    'v5e-128': ('v5e:8x16', 128), 'v5e-256': ('v5e:16x16', 256),
+    'v6e-1': ('v6e:1x1', 1), 'v6e-4': ('v6e:2x2', 4),
+    'v6e-256': ('v6e:16x16', 256),
+    # Topology names are kept as given.
+    'v3:4x4': ('v3:4x4', 16), 'v5p:4x4x8': ('v5p:4x4x8', 128),
+}
+
+
+@pytest.mark.parametrize('name', sorted(SLICE_NAMES))
+def test_slice_names_as_users_write_them(name):
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  tpu_slice = tpu_compile.parse_slice(name)
+  assert (tpu_slice.topology, tpu_slice.chips) == SLICE_NAMES[name]
+  assert tpu_slice.given == name
+  # A one-chip host: libtpu's default host bounds are 2x2.
+  assert bool(tpu_slice.options) == (tpu_slice.chips == 1)
+
+
+@pytest.mark.parametrize('name', ['v3-16', 'v5e-2', 'v4-6', 'v7-8', 'v3',
+                                  'v3:4', 'tpu-v3-32', ''])
+def test_unknown_slice_names_name_the_accepted_forms(name):
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r'--topology=.*(v3-32|:AxB)'):
+    tpu_compile.parse_slice(name)
+
+
+class _Device:
+  def __init__(self, kind, coords, process_index=0):
+    self.device_kind, self.coords = kind, coords
+    self.process_index = process_index
+
+
+def test_v3_reports_a_chip_as_twice_a_tensorcore():
+  """A v3 chip shows its two TensorCores as devices: the header says so,
+  and a program's memory per chip is twice a device's, against twice a
+  device's HBM."""
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  gib = 2**30
+  v3 = [_Device('TPU v3', (x, y, 0)) for x in (0, 1) for y in (0, 1)
+        for _ in range(2)]  # v3-8: 4 chips, 8 devices
+  assert tpu_compile.devices_per_chip(v3) == 2
+  header = tpu_compile.slice_header('v3-8', v3)
+  assert header == {
+      'given': 'v3-8', 'topology': 'v3:2x2', 'chips': 4, 'devices': 8,
+      'devices_per_chip': 2, 'device_kind': 'TPU v3',
+      'hbm_bytes_per_device': 16 * gib, 'hbm_bytes_per_chip': 32 * gib}
+  line = tpu_compile.format_slice(header)
+  assert line.startswith('v3-8 = v3:2x2: 4 chips, 8 devices (2 TensorCores')
+  assert '16.0 GiB HBM per device (TensorCore), 32.0 GiB per chip' in line
+  memory = {'argument': 3 * gib, 'output': 2 * gib, 'temp': 5 * gib,
+            'alias': 2 * gib, 'generated_code': 1}
+  memory['total'] = 8 * gib
+  program = {'memory': memory, 'hbm_bytes': 16 * gib, 'fits': True,
+             'flops': 1e12, 'bytes_accessed': 1e9, 'scatters': 0,
+             'gathers': 0, 'loops': 0, 'collectives': {},
+             'host_callbacks': [], 'compile_s': 1.0}
+  chip = tpu_compile.per_chip(program, 2)
+  assert chip == {'devices': 2, 'argument': 6 * gib, 'output': 4 * gib,
+                  'temp': 10 * gib, 'alias': 4 * gib, 'total': 16 * gib,
+                  'hbm_bytes': 32 * gib}
+  program['per_chip'] = chip
+  printed = tpu_compile.format_program('setup', 'train', program)
+  assert '8.00 GiB of 16 GiB (fits) per device (TensorCore)' in printed
+  assert 'per chip (2 TensorCores) 16.00 GiB of 32 GiB' in printed
+  # One device a chip (v5e): no per-chip figures, the header says so.
+  v5e = [_Device('TPU v5 lite', (x, y, 0)) for x in (0, 1) for y in (0, 1)]
+  header = tpu_compile.slice_header('v5litepod-4', v5e)
+  assert (header['chips'], header['devices_per_chip']) == (4, 1)
+  assert '(one a chip)' in tpu_compile.format_slice(header)
+
+
+def test_t5x_run_files_are_told_from_built_in_ones():
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  assert tpu_compile.t5x_script(['t5x/quickstart_train.gin']) == 'train'
+  assert tpu_compile.t5x_script(
+      ['t5x/hypergrid_lg_glue_super_glue.gin']) == 'train'
+  assert tpu_compile.t5x_script(['t5x/eval.gin']) == 'eval'
+  assert tpu_compile.t5x_script(['runs/quickstart.gin']) is None
+  assert tpu_compile.t5x_script(['models/t5_1_1_small.gin']) is None
+
+
+def test_a_t5x_run_without_t5x_names_the_built_in_run(monkeypatch):
+  """Where t5x is not installed, a t5x run file stops the compile command
+  with the built-in runner's run file of the same setup."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import importlib.util as util  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  find_spec = util.find_spec
+  monkeypatch.setattr(util, 'find_spec', lambda name, *a: (
+      None if name == 't5x' else find_spec(name, *a)))
+  for run, builtin in (('hypergrid_lg_glue_super_glue',
+                        'hypergrid_lg_glue_super_glue'),
+                       ('quickstart_train', 'quickstart')):
+    args = argparse.Namespace(
+        gin_file=[f't5x/{run}.gin'], gin_bindings=[], gin_search_paths='',
+        setups=None, topology='v3-32', output_json=None,
+        eval_batch_size=None)
+    with pytest.raises(ValueError, match=(
+        rf't5x is not installed.*--gin_file=runs/{builtin}\.gin')):
+      tpu_compile.run_gin(args)
+
+
+@needs_libtpu
+def test_slice_names_give_libtpu_s_devices(tmp_path):
+  """A few mappings against the devices libtpu gives (no compile)."""
+  printed = _run(['-c', '''
+from hyperprompt_jax.benchmarks import tpu_compile
+for name in ('v3-32', 'v4-16', 'v5p-8', 'v5litepod-1', 'v6e-4', 'v3:2x2'):
+  devices = tpu_compile.topology_devices(name)
+  print('RESULT', name, len(devices), tpu_compile.devices_per_chip(devices))
+'''], tmp_path)
+  assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
+      'RESULT v3-32 32 2', 'RESULT v4-16 16 2', 'RESULT v5p-8 4 1',
+      'RESULT v5litepod-1 1 1', 'RESULT v6e-4 4 1', 'RESULT v3:2x2 8 2']
+
+
+def _parameters_split(program: dict) -> int:
+  """The train state's arguments a device holds a part of."""
+  return sum(1 for a in program['arguments'] if not a['pruned']
+             and a['path'].startswith('[0]') and a['shard'] != a['shape'])
+
+
+@needs_libtpu
+def test_a_t5x_run_compiles_with_its_model_axis(tmp_path):
+  """t5x's quickstart run file (one layer a stack) through the compile
+  command's t5x path: on `v5e-4` t5x has no default mesh for a
+  `num_partitions`, and the error names the submesh binding; with the
+  submesh (1, 1, 1, 1) / (1, 2, 1, 1) the model axis is 1 / 2, the
+  parameters split over it and each device holds fewer argument bytes;
+  on `v3-8` `num_partitions=2` takes t5x's own table (a chip's two cores),
+  a chip holding twice a device. Train, eval and predict compile, with
+  FLOPs, within HBM, with no host callback."""
+  pytest.importorskip('t5x')
+  import tpu_programs  # pylint: disable=g-import-not-at-top
+  runs = _compile(tmp_path / 't5x_run.json', '--t5x_run')['t5x_run']
+  assert sorted(runs) == sorted(tpu_programs.T5X_RUNS)
+  error = runs.pop('v5e-4/num_partitions1')['error']
+  assert "no mesh for TPU v5 lite" in error
+  assert 'model_parallel_submesh=' in error and 'MESH_MODEL=None' in error
+  meshes = {'v5e-4/submesh1': {'data': 4, 'model': 1},
+            'v5e-4/submesh2': {'data': 2, 'model': 2},
+            'v3-8/num_partitions2': {'data': 4, 'model': 2}}
+  for key, report in runs.items():
+    assert 'error' not in report, (key, report['error'])
+    assert report['mesh'] == meshes[key], key
+    assert report['runner'] == 't5x' and report['trainer'] == 'Trainer'
+    assert (report['batch_size'], report['pack']) == (8, True)
+    assert sorted(report['programs']) == ['eval', 'predict', 'train'], key
+    for kind, program in report['programs'].items():
+      assert 'error' not in program, (key, kind, program['error'][:600])
+      assert program['flops'] > 0 and program['memory']['argument'] > 0
+      assert program['fits'] and not program['host_callbacks'], (key, kind)
+      memory = program['memory']
+      assert memory['total'] == (memory['argument'] + memory['output']
+                                 + memory['temp'] - memory['alias'])
+      # The batch is split over 'data'.
+      batch = [a for a in program['arguments']
+               if a['path'].startswith('[1]') and not a['pruned']]
+      assert batch and all(a['shard'][0] == a['shape'][0]
+                           // meshes[key]['data'] for a in batch), (key, kind)
+    train = report['programs']['train']
+    assert train['memory']['alias'] > 0  # the state is donated
+    assert 0.5 < train['flops_over_6nd'] < 10
+  one = runs['v5e-4/submesh1']['programs']
+  two = runs['v5e-4/submesh2']['programs']
+  assert _parameters_split(one['train']) == 0
+  assert _parameters_split(two['train']) > 0
+  for kind in ('train', 'eval', 'predict'):
+    assert two[kind]['memory']['argument'] < one[kind]['memory']['argument']
+  v3 = runs['v3-8/num_partitions2']
+  assert v3['slice']['devices_per_chip'] == 2
+  assert _parameters_split(v3['programs']['train']) > 0
+  for program in v3['programs'].values():
+    assert program['per_chip']['total'] == 2 * program['memory']['total']
+    assert program['per_chip']['hbm_bytes'] == 32 * 2**30
+
+
+@needs_libtpu
+def test_the_compile_command_takes_a_t5x_run_file(tmp_path):
+  """`benchmark --tpu_compile --gin_file=t5x/...` on a gcloud slice name:
+  the header names the slice both ways, and t5x's three programs are in
+  the JSON."""
+  pytest.importorskip('t5x')
+  import tpu_programs  # pylint: disable=g-import-not-at-top
+  out = tmp_path / 'tpu.json'
+  printed = _run(['-m', 'hyperprompt_jax.benchmark', '--tpu_compile',
+                  '--topology=v5litepod-4',
+                  '--gin_file=t5x/quickstart_train.gin',
+                  *[f'--gin.{b}' for b in tpu_programs.T5X_RUN_BINDINGS],
+                  '--gin.MESH_MODEL=None',
+                  '--gin.partitioning.PjitPartitioner.model_parallel_submesh'
+                  '=(1, 2, 1, 1)', '--eval_batch_size=4',
+                  f'--output_json={out}'], tmp_path)
+  report = json.loads(out.read_text())
+  assert report['slice']['given'] == 'v5litepod-4'
+  assert (report['topology'], report['slice']['chips']) == ('v5e:2x2', 4)
+  [setup] = report['setups']
+  assert setup['mesh'] == {'data': 2, 'model': 2}
+  assert setup['predict_batch_size'] == 4
+  assert setup['label'] == 'model_parallel_submesh=(1, 2, 1, 1)'
+  for kind in ('train', 'eval', 'predict'):
+    assert setup['programs'][kind]['flops'] > 0, kind
+    assert f'quickstart_train {kind}: ' in printed
+  assert 'v5litepod-4 = v5e:2x2: 4 chips, 4 devices (one a chip)' in printed

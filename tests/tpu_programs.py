@@ -14,7 +14,8 @@ the host) of every method and the greedy decode of
 `evaluation.predictor.Predictor` of one model per conditioning path, on a
 `v5e:2x2` slice: the batch split two ways over 'data' and the parameters
 over a 'model' axis of 2 (all), and the batch split four ways (`BOTH_MESHES`).
-With `--t5x`, t5x's train, eval and predict steps (`t5x_programs`).
+With `--t5x`, t5x's train, eval and predict steps (`t5x_programs`); with
+`--t5x_run`, a t5x run file through the compile command (`t5x_runs`).
 
 Per program the JSON holds `tpu_compile.figures`: the compile time, the
 memory, FLOPs and bytes accessed, the host transfers and callback custom
@@ -341,7 +342,53 @@ def mtl_and_t5x_network(devices) -> dict:
   return report
 
 
+# `--t5x_run`: t5x's quickstart run file (`t5x/quickstart_train.gin`) made
+# smaller still (one layer a stack, 8 rows of 32 / 8 tokens), compiled by
+# the compile command's `hyperprompt_jax.t5x.compile.compile_run` on each
+# slice with each partitioner setting: `v5e-4` has no t5x default mesh, so
+# its model axis is the submesh; `v3-8` takes t5x's `num_partitions` table.
+T5X_RUN_BINDINGS = ('network.T5Config.num_encoder_layers=1',
+                    'network.T5Config.num_decoder_layers=1', 'BATCH_SIZE=8',
+                    "TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}")
+T5X_RUNS = {
+    'v5e-4/submesh1': ('v5e-4', ('MESH_MODEL=None',
+                                 'partitioning.PjitPartitioner.'
+                                 'model_parallel_submesh=(1, 1, 1, 1)')),
+    'v5e-4/submesh2': ('v5e-4', ('MESH_MODEL=None',
+                                 'partitioning.PjitPartitioner.'
+                                 'model_parallel_submesh=(1, 2, 1, 1)')),
+    'v5e-4/num_partitions1': ('v5e-4', ('MESH_MODEL=1',)),
+    'v3-8/num_partitions2': ('v3-8', ('MESH_MODEL=2',)),
+}
+
+
+def t5x_runs() -> dict:
+  """Each of `T5X_RUNS` compiled by the compile command's t5x path: its
+  setup report, or the error that stopped it."""
+  from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
+  report = {}
+  devices = {}
+  for key, (topology, bindings) in T5X_RUNS.items():
+    if topology not in devices:
+      devices[topology] = tpu_compile.topology_devices(topology)
+    run = t5x_compile.T5xRun(
+        name='quickstart_train', gin_files=['t5x/quickstart_train.gin'],
+        bindings=list(T5X_RUN_BINDINGS + bindings), predict_batch_size=8)
+    try:
+      report[key] = t5x_compile.compile_run(run, devices[topology])
+      report[key]['slice'] = tpu_compile.slice_header(topology,
+                                                      devices[topology])
+    except ValueError as e:
+      report[key] = {'error': str(e)}
+    print('t5x run', key, flush=True)
+  return report
+
+
 def main(out_path: str, names=None) -> None:
+  if names == ['--t5x_run']:
+    with open(out_path, 'w') as f:
+      json.dump({'t5x_run': t5x_runs()}, f, indent=1)
+    return
   devices = tpu_compile.topology_devices(TOPOLOGY)
   if names in (['--t5x'], ['--vs_t5x']):  # t5x's steps; MTL against t5x's
     build = t5x_programs if names == ['--t5x'] else mtl_and_t5x_network

@@ -7,6 +7,12 @@ r"""A run's training step and decode compiled for a TPU slice, on a CPU host.
     python -m hyperprompt_jax.benchmark --tpu_compile --topology=v5e:2x2 \
         --model=t5_1_1_base --variants=mtl,global,hypergrid_lg --forms=auto \
         --batch_size=128 [--mesh_model=1] [--num_microbatches=1]
+    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3-32 \
+        --gin_file=t5x/hypergrid_lg_glue_super_glue.gin [--gin.X=Y ...]
+
+`--topology` is a gcloud accelerator type (`v3-32`, `v4-16`, `v5p-64`,
+`v5litepod-16` / `v5e-16`, `v6e-64`: `parse_slice` maps it to its chips'
+layout, `v3-32` -> `v3:4x4`) or a `jax.experimental.topologies` name.
 
 libtpu (`pip install -e '.[tpu]'`) holds the TPU compiler, and
 `jax.experimental.topologies` gives the devices of any slice
@@ -14,7 +20,11 @@ libtpu (`pip install -e '.[tpu]'`) holds the TPU compiler, and
 `jit(step).lower(shapes).compile()` builds the program each chip of the slice
 would run. Nothing is allocated and no data is read.
 
-With `--gin_file`, the setup is the run's: its gin files are parsed as
+With `--gin_file` of a t5x run file (gin/t5x/, which includes t5x's run
+configuration: `t5x_script`), t5x's own train, eval and predict steps are
+compiled, as t5x.train builds them from the file
+(`hyperprompt_jax.t5x.compile`, which needs t5x). With a built-in run file
+(runs/), the setup is the run's: its gin files are parsed as
 `python -m hyperprompt_jax.train` parses them, and the mesh (MESH_DATA x
 MESH_MODEL over the slice's devices), the model (REMAT_POLICY and every
 method setting), the optimizer (`make_optimizer` as bound, frozen embeddings
@@ -33,7 +43,9 @@ Without `--gin_file`, the setups are the MFU benchmark's models
 `--batch_size` at `--input_length` / `--target_length`; this path imports no
 gin, TensorFlow or seqio.
 
-Figures per program, for one chip (the SPMD program every chip runs):
+Figures per program, for one device (the SPMD program every device runs;
+a chip where it shows one device, and on TPU v2 / v3, whose chips show
+their two TensorCores as two devices, `per_chip` too: twice a device's):
 arguments, outputs, temporaries, aliased (donated) and the total
 (arguments + outputs + temporaries - aliased: XLA's `memory_analysis()`)
 against the chip's HBM (`HBM_GIB`); XLA's FLOPs and bytes accessed
@@ -50,7 +62,9 @@ compiled; each optimized module's text is written beside it
 (`<json>_hlo/<setup>.<program>.hlo.txt`).
 
 A TPU v3 chip shows its two TensorCores as two devices, each with half the
-chip's HBM: `v3:4x4` is 16 chips, 32 devices of 16 GiB.
+chip's HBM: `v3:4x4` (`v3-32`) is 16 chips, 32 devices of 16 GiB. libtpu
+describes a v4 slice compiled for from here the same way (two devices a
+chip, not megacore's one).
 """
 
 import collections
@@ -71,6 +85,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import files
+from hyperprompt_jax import paths
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
@@ -84,6 +99,7 @@ GIB = 2**30
 # (the first that matches; Google Cloud's TPU pages). A device is a
 # TensorCore where a chip shows two (TPU v3): it has its share.
 HBM_GIB = (
+    ('tpu v2', 16),
     ('tpu v3', 32),
     ('tpu v4', 32),
     ('tpu v5 lite', 16),  # v5e
@@ -130,8 +146,81 @@ _CALLBACK_TARGET = re.compile(
     r'custom_call_target="([^"]*(?:callback|python)[^"]*)"', re.IGNORECASE)
 
 
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  """A TPU slice as the user wrote it and as `jax.experimental.topologies`
+  names it (`topology`, with the topology options it needs: a one-chip
+  host's bounds)."""
+  given: str      # 'v3-32', 'v5litepod-4', or a topology name: 'v3:4x4'
+  topology: str   # 'v3:4x4'
+  chips: int
+  options: tuple[tuple[str, Any], ...] = ()
+
+
+# gcloud accelerator types (`gcloud compute tpus accelerator-types list`):
+# v2, v3, v4 and v5p count TensorCores, two a chip; v5e (v5litepod) and
+# v6e count chips. The chips of each count, as laid out in the slice.
+_PLANE = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8),
+          64: (8, 8), 128: (8, 16), 256: (16, 16), 512: (16, 32),
+          1024: (32, 32)}
+# v4 and v5p slices grow one axis at a time, z first.
+_CUBE = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4),
+         64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8),
+         1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16)}
+# generation -> (topology prefix, TensorCores counted a chip, the counts
+# gcloud offers, the chip layouts).
+_ACCELERATOR_TYPES = {
+    'v2': ('v2', 2, (8, 32, 128, 256, 512), _PLANE),
+    'v3': ('v3', 2, (8, 32, 64, 128, 256, 512, 1024, 2048), _PLANE),
+    'v4': ('v4', 2, tuple(2 * c for c in _CUBE), _CUBE),
+    'v5p': ('v5p', 2, tuple(2 * c for c in _CUBE), _CUBE),
+    'v5litepod': ('v5e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
+    'v5e': ('v5e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
+    'v6e': ('v6e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
+}
+_TOPOLOGY_NAME = re.compile(r'^(v2|v3|v4|v5p|v5e|v6e):(\d+(?:x\d+){1,2})$')
+_ACCELERATOR_TYPE = re.compile(r'^(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)$')
+SLICE_FORMS = ('a gcloud accelerator type (v2-8, v3-32, v4-16, v5p-64, '
+               'v5litepod-16 or v5e-16, v6e-64: v2 / v3 / v4 / v5p count '
+               'TensorCores, two a chip; v5e / v6e count chips) or a '
+               'jax.experimental.topologies name (v3:4x4, v4:2x2x4, v5e:4x4, '
+               'v5p:4x4x4, v6e:8x8)')
+
+
+def parse_slice(name: str) -> Slice:
+  """The slice of a gcloud accelerator type (`v3-32` -> `v3:4x4`, 16
+  chips) or of a topology name (kept as given); a pure function.
+
+  Raises:
+    ValueError: a name of neither form, or a count gcloud does not offer.
+  """
+  name = name.strip()
+  m = _TOPOLOGY_NAME.match(name)
+  if m:
+    return Slice(name, name, math.prod(int(n) for n in m.group(2).split('x')))
+  m = _ACCELERATOR_TYPE.match(name)
+  if not m:
+    raise ValueError(f'--topology={name}: not a TPU slice; give '
+                     f'{SLICE_FORMS}.')
+  prefix, per_chip, counts, layouts = _ACCELERATOR_TYPES[m.group(1)]
+  count = int(m.group(2))
+  if count not in counts:
+    raise ValueError(
+        f'--topology={name}: gcloud offers {m.group(1)}-N for N in '
+        f'{list(counts)}; or give the slice as a topology name '
+        f'({prefix}:AxB{"xC" if layouts is _CUBE else ""}).')
+  shape = layouts[count // per_chip]
+  # A one-chip host (v5litepod-1, v6e-1): libtpu's default host is 2x2.
+  options = ((('chips_per_host_bounds', (1, 1, 1)),)
+             if count // per_chip == 1 else ())
+  return Slice(name, f'{prefix}:{"x".join(map(str, shape))}',
+               count // per_chip, options)
+
+
 def topology_devices(topology: str) -> list[jax.Device]:
-  """The devices of a TPU slice (`'v3:4x4'`), compiled for, not opened."""
+  """The devices of a TPU slice (`'v3:4x4'`, `'v3-32'`: `parse_slice`),
+  compiled for, not opened."""
+  tpu_slice = parse_slice(topology)
   os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata
   # No TPU is opened, so libtpu's one-process lock (/tmp/libtpu_lockfile)
   # need not keep another compiling process out.
@@ -142,12 +231,45 @@ def topology_devices(topology: str) -> list[jax.Device]:
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   try:
     return list(topologies.get_topology_desc(
-        platform='tpu', topology_name=topology).devices)
+        platform='tpu', topology_name=tpu_slice.topology,
+        **dict(tpu_slice.options)).devices)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(
-        f'--topology={topology}: libtpu gives no devices for it ({e}); a '
-        'slice is e.g. v3:4x4, v4:2x2x4, v5e:2x2, v5p:4x4x4, v6e:4x4.'
-    ) from e
+        f'--topology={topology}: libtpu gives no devices for '
+        f'{tpu_slice.topology} ({e}); give {SLICE_FORMS}.') from e
+
+
+def devices_per_chip(devices: Sequence[jax.Device]) -> int:
+  """Devices a chip shows: 2 on TPU v2 / v3 (a device is a TensorCore; v4
+  too as libtpu describes a slice compiled for here), else 1."""
+  return len(devices) // len({tuple(d.coords) for d in devices})
+
+
+def slice_header(topology: str, devices: Sequence[jax.Device]
+                 ) -> dict[str, Any]:
+  """The slice as given and as mapped: chips, devices, HBM a device and a
+  chip."""
+  tpu_slice = parse_slice(topology)
+  per_chip = devices_per_chip(devices)
+  hbm = device_hbm_bytes(devices)
+  return {'given': tpu_slice.given, 'topology': tpu_slice.topology,
+          'chips': len(devices) // per_chip, 'devices': len(devices),
+          'devices_per_chip': per_chip, 'device_kind': devices[0].device_kind,
+          'hbm_bytes_per_device': hbm,
+          'hbm_bytes_per_chip': None if hbm is None else hbm * per_chip}
+
+
+def per_chip(program: dict[str, Any], cores: int) -> dict[str, Any]:
+  """A program's memory a chip holds (bytes): each of its `cores` devices
+  (TensorCores) runs the same SPMD program, so a chip holds `cores` times
+  one device's arguments, temporaries and total, against `cores` times a
+  device's HBM."""
+  memory = program['memory']
+  hbm = program.get('hbm_bytes')
+  return {'devices': cores,
+          **{k: memory[k] * cores
+             for k in ('argument', 'output', 'temp', 'alias', 'total')},
+          'hbm_bytes': None if hbm is None else hbm * cores}
 
 
 def device_hbm_bytes(devices: Sequence[jax.Device]) -> Optional[int]:
@@ -459,6 +581,7 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
   mesh = partitioning.create_mesh(setup.mesh_data, setup.mesh_model,
                                   devices=devices)
   hbm = device_hbm_bytes(devices)
+  cores = devices_per_chip(devices)
   report = {'setup': setup.name, 'label': setup.label,
             'mesh': dict(mesh.shape), 'batch_size': setup.batch_size,
             'lengths': setup.lengths, 'pack': setup.pack,
@@ -478,28 +601,46 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
   if setup.eval_batch_size:
     programs.append(('decode', compile_decode))
   for kind, build in programs:
-    hlo_path = None
-    if hlo_dir:
-      name = re.sub(r'[^\w.+=,-]+', '_', setup.name + (
-          f' {setup.label}' if setup.label else ''))
-      hlo_path = os.path.join(hlo_dir, f'{name}.{kind}.hlo.txt')
+    hlo_path = hlo_file(hlo_dir, setup.name + (
+        f' {setup.label}' if setup.label else ''), kind)
     try:
       report['programs'][kind] = build(setup, mesh, hbm, hlo_path)
+      if cores > 1:
+        report['programs'][kind]['per_chip'] = per_chip(
+            report['programs'][kind], cores)
     except Exception as e:  # pylint: disable=broad-except
       report['programs'][kind] = {'error': f'{type(e).__name__}: {e}'[:2000]}
-    log(format_program(setup.name, kind,
-                       report['programs'][kind]))
+    log(format_program(setup.name, kind, report['programs'][kind]))
   return report
 
 
+def hlo_file(hlo_dir: Optional[str], name: str, kind: str) -> Optional[str]:
+  """Where a program's optimized module goes: `hlo_dir/<name>.<kind>.hlo.txt`
+  (None without `hlo_dir`)."""
+  if not hlo_dir:
+    return None
+  return os.path.join(hlo_dir, re.sub(r'[^\w.+=,-]+', '_', name)
+                      + f'.{kind}.hlo.txt')
+
+
 def format_program(name: str, kind: str, p: dict[str, Any]) -> str:
-  """One line of a program's figures (per chip)."""
+  """One line of a program's figures: memory per device, and per chip
+  where a chip shows several devices (`per_chip`: TPU v2 / v3's
+  TensorCores)."""
   if 'error' in p:
     return f'{name} {kind}: does not compile: {p["error"][:300]}'
   m = p['memory']
   fit = '' if p['fits'] is None else (
       f' of {p["hbm_bytes"] / GIB:.0f} GiB '
       f'({"fits" if p["fits"] else "DOES NOT FIT"})')
+  chip = p.get('per_chip')
+  if chip:
+    fit += (f' per device (TensorCore); per chip ({chip["devices"]} '
+            f'TensorCores) {chip["total"] / GIB:.2f} GiB'
+            + ('' if chip['hbm_bytes'] is None
+               else f' of {chip["hbm_bytes"] / GIB:.0f} GiB')
+            + f' (arguments {chip["argument"] / GIB:.2f}, temporaries '
+            f'{chip["temp"] / GIB:.2f})')
   collectives = ', '.join(f'{k} {v["count"]} ({v["bytes"] / 1e6:.0f} MB)'
                           for k, v in sorted(p['collectives'].items()))
   ratio = p.get('flops_over_6nd')
@@ -521,10 +662,7 @@ def format_table(report: dict[str, Any]) -> str:
   names = [r['setup'] + (f' [{r["label"]}]' if r['label'] else '')
            for r in report['setups']]
   width = max([len(n) for n in names] + [5]) + 2
-  lines = [f'{report["topology"]}: {report["devices"]} devices of kind '
-           f'{report["device_kind"]}, '
-           + (f'{report["hbm_bytes"] / GIB:.1f} GiB HBM each'
-              if report['hbm_bytes'] else 'HBM unknown'),
+  lines = [format_slice(report['slice']),
            f'{"setup":<{width}}{"mesh":>7}{"rows":>6}{"GiB":>7}{"temp":>7}'
            f'{"TFLOP":>8}{"x":>7}{"GB acc":>8}{"x":>7}{"temp x":>7}'
            f'{"6ND x":>7}{"fits":>6}']
@@ -553,20 +691,45 @@ def format_table(report: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def compile_report(topology: str, setups: Sequence[Setup],
+def format_slice(header: dict[str, Any]) -> str:
+  """The slice as given and as mapped, its chips and devices, and HBM a
+  device and a chip (`slice_header`)."""
+  given = (header['given'] if header['given'] == header['topology']
+           else f'{header["given"]} = {header["topology"]}')
+  hbm = header['hbm_bytes_per_device']
+  if header['devices_per_chip'] > 1:
+    return (f'{given}: {header["chips"]} chips, {header["devices"]} devices '
+            f'({header["devices_per_chip"]} TensorCores a chip, each a '
+            f'device) of kind {header["device_kind"]}; '
+            + (f'{hbm / GIB:.1f} GiB HBM per device (TensorCore), '
+               f'{header["hbm_bytes_per_chip"] / GIB:.1f} GiB per chip; '
+               if hbm else 'HBM unknown; ')
+            + 'the figures are per device unless marked per chip')
+  return (f'{given}: {header["chips"]} chips, {header["devices"]} devices '
+          f'(one a chip) of kind {header["device_kind"]}; '
+          + (f'{hbm / GIB:.1f} GiB HBM per chip' if hbm else 'HBM unknown'))
+
+
+def compile_report(topology: str, setups: Sequence[Any],
                    output_json: Optional[str] = None,
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
-  """Compiles every setup for `topology`; the JSON is rewritten after
-  each, the optimized modules written beside it (`<json>_hlo/`)."""
+                   log: Callable[[str], None] = print,
+                   compile_fn: Callable[..., dict[str, Any]] = compile_setup
+                   ) -> dict[str, Any]:
+  """Compiles every setup for `topology` (`parse_slice`'s forms) with
+  `compile_fn(setup, devices, log, hlo_dir)` (the built-in runner's:
+  `compile_setup`); the JSON is rewritten after each, the optimized
+  modules written beside it (`<json>_hlo/`)."""
   hlo_dir = (os.path.splitext(output_json)[0] + '_hlo' if output_json
              else None)
   devices = topology_devices(topology)
-  report = {'topology': topology, 'devices': len(devices),
-            'device_kind': devices[0].device_kind,
+  header = slice_header(topology, devices)
+  log(format_slice(header))
+  report = {'topology': header['topology'], 'slice': header,
+            'devices': len(devices), 'device_kind': devices[0].device_kind,
             'hbm_bytes': device_hbm_bytes(devices), 'jax': jax.__version__,
             'setups': []}
   for setup in setups:
-    report['setups'].append(compile_setup(setup, devices, log, hlo_dir))
+    report['setups'].append(compile_fn(setup, devices, log, hlo_dir))
     if output_json:
       files.write_atomically(output_json, json.dumps(report, indent=1))
   return report
@@ -601,12 +764,41 @@ def run_models(args) -> int:
       args.model, variants, args.forms, args.dtype, args.batch_size,
       args.input_length, args.target_length, args.mesh_model,
       args.num_microbatches, args.eval_batch_size)
-  return _print(compile_report(args.topology, setups, args.output_json,
+  return print_report(compile_report(args.topology, setups, args.output_json,
                                log=lambda s: print(s, flush=True)),
                 args.output_json)
 
 
-def _print(report: dict[str, Any], output_json: Optional[str]) -> int:
+def _run_t5x(args, search: Sequence[str]) -> int:
+  """`--tpu_compile` of a t5x run file: t5x's own steps, compiled by
+  `hyperprompt_jax.t5x.compile` (imported here: the package works without
+  t5x)."""
+  script = t5x_script(args.gin_file, search)
+  first = args.gin_file[0]
+  if script != 'train':
+    raise ValueError(
+        f'--gin_file={first} is a t5x.{script} run file; the compile '
+        'command sizes a t5x.train run: give its run file (e.g. '
+        '--gin_file=t5x/hyperprompt_global_glue.gin), which compiles the '
+        'eval and predict steps too.')
+  if importlib.util.find_spec('t5x') is None:
+    # The built-in run file of the same setup: runs/<name>.gin
+    # (t5x/<name>_train.gin for the quickstarts).
+    stem = os.path.splitext(os.path.basename(first))[0]
+    builtin = next((f'runs/{s}.gin' for s in (stem, stem.removesuffix(
+        '_train')) if os.path.exists(os.path.join(paths.gin_dir(), 'runs',
+                                                  f'{s}.gin'))), None)
+    equivalent = (f"the built-in runner's equivalent: --gin_file={builtin}"
+                  if builtin else 'a built-in run file of runs/ instead')
+    raise ValueError(
+        f'--gin_file={first} is a t5x run file, and t5x is not installed '
+        'here: install it beside this package (docs/t5x.md), or compile '
+        f'{equivalent}.')
+  from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
+  return t5x_compile.run(args, search)
+
+
+def print_report(report: dict[str, Any], output_json: Optional[str]) -> int:
   print(format_table(report))
   if output_json:
     print(f'JSON: {output_json}')
@@ -675,11 +867,52 @@ def gin_setup(name: str, gin_files: Sequence[str],
   return setup
 
 
+# A t5x run configuration, as the gin/t5x files include it: the t5x script
+# whose `__main__` functions it binds.
+T5X_SCRIPTS = {'t5x/configs/runs/finetune.gin': 'train',
+               't5x/configs/runs/pretrain.gin': 'train',
+               't5x/configs/runs/eval.gin': 'eval',
+               't5x/configs/runs/infer.gin': 'infer'}
+_INCLUDE = re.compile(r"^include\s+'([^']+)'", re.MULTILINE)
+
+
+def t5x_script(gin_files: Sequence[str], search_paths: Sequence[str] = ()
+               ) -> Optional[str]:
+  """'train' / 'eval' / 'infer' where the first of `gin_files` includes
+  t5x's run configuration (directly or through the files it includes: a
+  gin/t5x run file), else None (a built-in run). Reads the files' include
+  lines only; needs neither gin nor t5x."""
+  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  search = [p for p in [*search_paths, paths.gin_dir()] if p]
+  seen = set()
+
+  def script(name):
+    if name in T5X_SCRIPTS:
+      return T5X_SCRIPTS[name]
+    try:
+      path = gin_utils.resolve_gin_file(name, search)
+    except ValueError:
+      return None  # t5x's own files, or a typo that parsing reports
+    if path in seen:
+      return None
+    seen.add(path)
+    with open(path) as f:
+      for include in _INCLUDE.findall(f.read()):
+        found = script(include)
+        if found:
+          return found
+    return None
+
+  return script(gin_files[0]) if gin_files else None
+
+
 def run_gin(args) -> int:
-  """`--tpu_compile` of run setups: `--gin_file`s (one setup), or
-  `--setups` (`setup_gin_files` names), each with the
-  `--gin.` bindings."""
+  """`--tpu_compile` of run setups: `--gin_file`s (one setup: a t5x run
+  file goes to `hyperprompt_jax.t5x.compile`), or `--setups`
+  (`setup_gin_files` names), each with the `--gin.` bindings."""
   search = [p for p in args.gin_search_paths.split(',') if p]
+  if not args.setups and t5x_script(args.gin_file, search):
+    return _run_t5x(args, search)
   if args.setups:
     setups = [gin_setup(name, setup_gin_files(name),
                         args.gin_bindings, search)
@@ -688,6 +921,6 @@ def run_gin(args) -> int:
     setups = [gin_setup('+'.join(os.path.splitext(os.path.basename(f))[0]
                                  for f in args.gin_file),
                         args.gin_file, args.gin_bindings, search)]
-  return _print(compile_report(args.topology, setups, args.output_json,
+  return print_report(compile_report(args.topology, setups, args.output_json,
                                log=lambda s: print(s, flush=True)),
                 args.output_json)

@@ -28,8 +28,9 @@ The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
 runners optimise identically. t5x's partitioner has no rule for the state of
 optax's Adafactor (`FactoredState`); importing this module registers one.
 
-This is the only module of the package that imports t5x, and no other module
-imports it (the gin/t5x files do), so the package works without t5x.
+t5x is imported in this folder only (here and by `compile.py`, the compile
+command's t5x path), and no module outside it imports them (the gin/t5x
+files do), so the package works without t5x.
 """
 
 import functools
