@@ -184,6 +184,11 @@ def add_run_flags(parser: argparse.ArgumentParser,
   parser.add_argument('--tfds_data_dir',
                       help="where the TFDS data was prepared (t5x's "
                       '--tfds_data_dir; TFDS_DATA_DIR for the built-in runner)')
+  parser.add_argument('--env', action='append', default=[],
+                      metavar='KEY=VALUE',
+                      help='environment variable of the job, repeatable, e.g. '
+                      '--env JAX_COMPILATION_CACHE_DIR=gs://my-bucket/jax_cache '
+                      '(exported in the job script each host runs)')
   parser.add_argument('--dry-run', action='store_true',
                       help='print the commands, one per line (the files '
                       'they write as heredocs), and run nothing')
@@ -217,6 +222,10 @@ def check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                  f'(python -m hyperprompt_jax.{args.mode}; t5x has none), '
                  "which reads t5x's checkpoints too: add --runner=builtin")
   check_gin_files(parser, args, remote=remote)
+  for variable in args.env:
+    if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*=.*', variable, re.DOTALL):
+      parser.error(f'--env {variable!r} is not KEY=VALUE, e.g. --env '
+                   'JAX_COMPILATION_CACHE_DIR=gs://my-bucket/jax_cache')
   for binding in args.gin:
     if '=' not in binding:
       parser.error(f'--gin {binding!r} is not KEY=VALUE, e.g. '
@@ -507,11 +516,13 @@ def install_script(source: Source, runner: str, python: Optional[str],
 
 
 def job_script(job: Command, *, log: str, copy_to: str,
-               worker: Sequence[str] = ()) -> list[str]:
+               worker: Sequence[str] = (),
+               env: Sequence[str] = ()) -> list[str]:
   """The lines of the script that runs `job` on a host: its output, shown and
   written to `log` (a path under LOG_DIR, which may use the variables that
   the `worker` lines set), copied into the folder `copy_to` (gs:// or a
-  path) when it ends; the script exits with the job's exit code."""
+  path) when it ends, with the `env` variables (KEY=VALUE) exported; the
+  script exits with the job's exit code."""
   if copy_to.startswith('gs://'):
     copy = [render(['gcloud', 'storage', 'cp', Shell('"$LOG"'),
                     copy_to + '/'])]
@@ -523,6 +534,7 @@ def job_script(job: Command, *, log: str, copy_to: str,
       f'# Written by launch/: runs the job, its output in the log, copied to '
       f'{copy_to}/ at the end.',
       *worker,
+      *(render(['export', variable]) for variable in env),
       f'LOG={log}',
       render(['mkdir', '-p', LOG_DIR]),
       render(job + [Shell('2>&1'), Shell('|'), 'tee', Shell('"$LOG"')]),

@@ -106,7 +106,7 @@ def commands(args: argparse.Namespace, source: Optional[common.Source],
     result.append(common.File(os.path.join(stage, f'{name}.sh'),
                               common.job_script(
                                   words, log=f'{common.LOG_DIR}/{name}.log',
-                                  copy_to=logs_dir(args))))
+                                  copy_to=logs_dir(args), env=args.env)))
   if not hosts:
     if source is not None:
       result.append(['bash', f'{stage}/install.sh'])

@@ -131,7 +131,7 @@ def commands(args: argparse.Namespace, source: Optional[common.Source],
   script = f'{job_name(args, stamp)}.sh'
   result.append(common.File(os.path.join(stage, script), common.job_script(
       job, log=log_path(args, stamp, '$W'), copy_to=logs_dir(args),
-      worker=[_WORKER])))
+      worker=[_WORKER], env=args.env)))
   run = f'bash {common.HOST_DIR}/{script}'
   if not args.foreground:
     # Its own session, hangups ignored: the job outlives the ssh connection.

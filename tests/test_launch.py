@@ -436,6 +436,21 @@ def test_tpu_bad_input_fails_naming_the_fix(args, fix):
   assert not result.stdout
 
 
+def test_tpu_job_environment():
+  _, files = _dry_run('tpu_pod.py', *TPU, '--gin_file=t5x/mtl_glue.gin',
+                      '--model_dir=gs://b/run',
+                      '--env', 'JAX_COMPILATION_CACHE_DIR=gs://b/jax cache',
+                      '--env', 'XLA_FLAGS=--xla_dump_to=/tmp/d')
+  script = files[f'{STAGE}/train-STAMP.sh']
+  assert script[2:5] == [
+      WORKER, "export 'JAX_COMPILATION_CACHE_DIR=gs://b/jax cache'",
+      'export XLA_FLAGS=--xla_dump_to=/tmp/d']
+  result = _launch('tpu_pod.py', *TPU, '--gin_file=t5x/mtl_glue.gin',
+                   '--model_dir=gs://b/run', '--env', '1X=y', '--dry-run')
+  assert result.returncode == 2
+  assert "--env '1X=y' is not KEY=VALUE" in result.stderr
+
+
 NO_DATA_DIR = ['--tpu=hp-pod', '--zone=us-central2-b']
 
 
