@@ -9,7 +9,7 @@ import pytest
 from hyperprompt_jax import eval as eval_command
 from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
-from hyperprompt_jax.evaluation import protocol
+from hyperprompt_jax.evaluation import run_config as protocol
 
 import conftest
 
@@ -353,3 +353,18 @@ def test_the_protocol_of_a_checkpoint_is_its_runs(tmp_path):
     protocol.resolve(None, None, [str(run), str(other)])
   assert protocol.resolve('last', 'glue', [str(run), str(other)]) == (
       protocol.Protocol('last', 'glue'))
+
+
+def test_a_checkpoint_job_takes_the_runs_model_parallelism(tmp_path):
+  from hyperprompt_jax.evaluation import checkpoint_job  # pylint: disable=g-import-not-at-top
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.gin').write_text(
+      T5X_TRAIN_CONFIG.replace('BATCH_SIZE = 128', 'MESH_MODEL = 8'))
+  job = lambda **kw: checkpoint_job.CheckpointJob(
+      str(run / 'checkpoint_300'), str(tmp_path / 'out'), 'glue_rte',
+      {'inputs': 8, 'targets': 4}, **kw)
+  assert job().model_parallelism() == 8  # the run's
+  assert job(mesh_model=2).model_parallelism() == 2  # given
+  (run / 'config.gin').write_text(T5X_TRAIN_CONFIG)
+  assert job().model_parallelism() == 1  # not recorded

@@ -13,6 +13,7 @@ import gin
 import jax
 
 from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import run_config
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.runner import multihost
@@ -36,7 +37,8 @@ class CheckpointJob:
       length is the most tokens decoded.
     split: the split every task is read from.
     batch_size: examples per device call, over all processes.
-    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+    mesh_data, mesh_model: the device mesh (-1: the remaining devices;
+      mesh_model None: the run's MESH_MODEL, from its config.gin, else 1).
   """
   checkpoint_path: Union[str, Sequence[str]]
   output_dir: str
@@ -45,10 +47,23 @@ class CheckpointJob:
   split: str = 'validation'
   batch_size: int = 64
   mesh_data: int = -1
-  mesh_model: int = 1
+  mesh_model: Optional[int] = None
 
   def mesh(self) -> jax.sharding.Mesh:
-    return partitioning.create_mesh(self.mesh_data, self.mesh_model)
+    return partitioning.create_mesh(self.mesh_data, self.model_parallelism())
+
+  def model_parallelism(self) -> int:
+    """MESH_MODEL: the one given, else the run's (its config.gin), else 1."""
+    if self.mesh_model is not None:
+      return self.mesh_model
+    first = (self.checkpoint_path if isinstance(self.checkpoint_path, str)
+             else self.checkpoint_path[0])
+    recorded = run_config.recorded_mesh_model(first)
+    if recorded is not None:
+      logging.getLogger('hyperprompt_jax').info(
+          'MESH_MODEL=%d, as the run records (%s).', recorded,
+          run_config.run_dir(first))
+    return recorded or 1
 
 
 def checked_model(model: Optional[network.Transformer], job: CheckpointJob,

@@ -25,7 +25,7 @@ from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import eval_summary
 from hyperprompt_jax.evaluation import paper_results
 from hyperprompt_jax.evaluation import predictor as predictor_lib
-from hyperprompt_jax.evaluation import protocol as protocol_lib
+from hyperprompt_jax.evaluation import run_config
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import checkpoints
 from hyperprompt_jax.runner import gin_utils
@@ -175,7 +175,7 @@ def evaluate(
     majority_baseline: also score the majority-class baseline per task.
     selection: which checkpoint each task is read at: 'best_per_task',
       'best_average' or 'last' (`eval_summary.select`); None: the protocol
-      the run records (`protocol`), else 'best_per_task'.
+      the run records (`run_config`), else 'best_per_task'.
     selection_benchmark: the average 'best_average' picks by (None: the
       run's, else 'glue').
     compare_to: a paper setup (`paper_results`) to print and plot the
@@ -190,7 +190,7 @@ def evaluate(
   """
   run_paths = _as_paths(job.checkpoint_path)
   selection, selection_benchmark = dataclasses.astuple(
-      protocol_lib.resolve(selection, selection_benchmark, run_paths))
+      run_config.resolve(selection, selection_benchmark, run_paths))
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)  # an unknown setup fails before the work
@@ -409,9 +409,9 @@ def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
   The protocol (None: the run's) as `evaluate`'s; the run is the one t5x's
   eval config in each metrics directory names."""
   metrics_dirs = _as_paths(metrics_dirs)
-  selection, selection_benchmark = dataclasses.astuple(protocol_lib.resolve(
+  selection, selection_benchmark = dataclasses.astuple(run_config.resolve(
       selection, selection_benchmark,
-      [protocol_lib.evaluated_run(d) for d in metrics_dirs]))
+      [run_config.evaluated_run(d) for d in metrics_dirs]))
   eval_summary.check_selection(selection, selection_benchmark)
   if compare_to is not None:
     paper_results.get(compare_to)

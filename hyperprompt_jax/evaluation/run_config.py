@@ -1,4 +1,5 @@
-"""The evaluation protocol a run records, read back when it is evaluated.
+"""What a run's gin config records, read back by the commands that read its
+checkpoints: the evaluation protocol and the model parallelism.
 
 A paper setup names its protocol in its experiment gin (HyperPrompt: each task
 at its best checkpoint; HyperGrid: one checkpoint, the best GLUE average;
@@ -8,7 +9,10 @@ checkpoints as `MODEL_DIR/config.gin` (the built-in runner with its first
 checkpoint, t5x's `summarize_gin_config` at start), and t5x's eval writes its
 own into EVAL_OUTPUT_DIR, naming the run in CHECKPOINT_PATH. Evaluation reads
 the protocol there, so the user never repeats the experiment file, and says
-so when a protocol given explicitly differs from the run's.
+so when a protocol given explicitly differs from the run's. Likewise the
+run's MESH_MODEL (3B / 11B setups set it), which eval, infer, probe and
+leaderboard take where their gin leaves it None, so the order of their gin
+files does not matter.
 """
 
 import dataclasses
@@ -84,6 +88,14 @@ def recorded(checkpoint_path: str) -> tuple[Optional[Protocol], str]:
   return Protocol(macros['SELECTION'],
                   benchmark if isinstance(benchmark, str)
                   else DEFAULT_BENCHMARK), where
+
+
+def recorded_mesh_model(checkpoint_path: str) -> Optional[int]:
+  """The MESH_MODEL the run of `checkpoint_path` trained with (None where
+  its config does not say)."""
+  macros = _read_macros(run_dir(checkpoint_path)) or {}
+  value = macros.get('MESH_MODEL')
+  return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def evaluated_run(metrics_dir: str) -> Optional[str]:
