@@ -23,7 +23,9 @@ directory. A t5x run file (t5x/*.gin) needs t5x to parse; without it, give
 the setup's runner-neutral experiment file (experiments/*.gin) instead.
 """
 
+import importlib
 import importlib.util
+import sys
 from typing import Optional, Sequence
 
 import gin
@@ -53,7 +55,12 @@ def add_flags(parser) -> None:
 
 def _from_gin(args) -> tuple[Optional[str], Optional[str]]:
   """(MIXTURE_OR_TASK_NAME, the TFDS data directory) of the gin setup."""
+  main = sys.modules['__main__']
   try:
+    if importlib.util.find_spec('t5x') is not None and any(
+        f.startswith('t5x/') for f in args.gin_file):
+      # t5x's run files bind `__main__.train`: parse them as t5x.train would.
+      sys.modules['__main__'] = importlib.import_module('t5x.train')
     gin_utils.parse_gin_flags(args)
   except ImportError as e:
     if importlib.util.find_spec('t5x') is not None:
@@ -63,6 +70,8 @@ def _from_gin(args) -> tuple[Optional[str], Optional[str]]:
         "t5x is not installed. Give the setup's experiment file instead "
         '(t5x/NAME.gin includes experiments/NAME.gin, which both runners '
         'share), or --mixture.') from e
+  finally:
+    sys.modules['__main__'] = main
   try:
     mixture = gin.query_parameter('%MIXTURE_OR_TASK_NAME')
   except ValueError:
