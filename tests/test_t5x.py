@@ -149,16 +149,17 @@ def test_t5x_trains_hypergrid_on_packed_rows(tmp_path):
 
 
 def test_t5x_resumes_its_data_where_the_checkpoint_left_it(tmp_path):
-  """A t5x run stopped after its step-2 checkpoint and started again trains
-  steps 3 and 4 on the batches an uninterrupted run trains them on (the
-  shipped files save the data iterator: SAVE_DATASET), packed rows
-  included: its step-4 parameters equal the uninterrupted run's, bit for
-  bit (restarting the data would train steps 3 and 4 on batches 1 and 2)."""
+  """A t5x run from scratch with SAVE_DATASET, stopped after its step-2
+  checkpoint and started again, trains steps 3 and 4 on the batches an
+  uninterrupted run trains them on, packed rows included: its step-4 state
+  equals the uninterrupted run's, bit for bit (restarting the data would
+  train steps 3 and 4 on batches 1 and 2; checked to fail without it)."""
   def train(model_dir, steps):
     _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_train.gin',
          f"--gin.MODEL_DIR='{model_dir}'", f'--gin.TRAIN_STEPS={steps}',
          '--gin.SAVE_PERIOD=2', '--gin.PACK=True',
-         '--gin.train/utils.DatasetConfig.seed=7', *QUICK)
+         '--gin.train/utils.DatasetConfig.seed=7', '--gin.SAVE_DATASET=True',
+         *QUICK)
 
   train(tmp_path / 'whole', 4)
   train(tmp_path / 'cut', 2)
