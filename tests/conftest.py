@@ -3,6 +3,8 @@
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -230,6 +232,19 @@ def _task_ids_restored():
   appended = list(task_ids._APPENDED)  # pylint: disable=protected-access
   yield
   task_ids._APPENDED[:] = appended  # pylint: disable=protected-access
+
+
+def run_module(module: str, *args: str, timeout: int = 600) -> str:
+  """Runs `python -m module args` on the CPU, failing with its output's
+  tail; returns its stdout."""
+  result = subprocess.run(
+      [sys.executable, '-m', module, *args],
+      env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+      text=True, timeout=timeout)
+  assert result.returncode == 0, (
+      f'python -m {module} failed:\n{result.stdout[-3000:]}\n'
+      f'{result.stderr[-6000:]}')
+  return result.stdout
 
 
 def flat(params) -> dict[str, np.ndarray]:

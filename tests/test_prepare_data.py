@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 from hyperprompt_jax import prepare_data
 from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.tasks import prepare
+import tfds_sources
 
 # Written by hand from the tasks' TFDS names (tasks/glue.py,
 # tasks/super_glue.py): what the joint mixture reads.
@@ -54,19 +55,6 @@ def test_each_mixture_resolves_to_its_datasets():
   assert _names('fixture_glue_super_glue_proportional') == []
 
 
-def _rte_download(root):
-  """GLUE's RTE folder in GLUE's TSV format, as TFDS extracts RTE.zip."""
-  src = root / 'download' / 'RTE'
-  src.mkdir(parents=True)
-  rows = ['index\tsentence1\tsentence2\tlabel',
-          '0\tDana sleeps in the park.\tDana sleeps.\tentailment',
-          '1\tThe cat runs home.\tThe dog runs.\tnot_entailment']
-  (src / 'train.tsv').write_text('\n'.join(rows) + '\n')
-  (src / 'dev.tsv').write_text('\n'.join(rows[:2]) + '\n')
-  (src / 'test.tsv').write_text('index\tsentence1\tsentence2\n0\tA b.\tC d.\n')
-  return str(src.parent)
-
-
 def _offline_download(result=None, error=None):
   """TFDS's download replaced: returns `result` or raises `error`."""
   return mock.patch.object(tfds.download.DownloadManager,
@@ -98,7 +86,7 @@ def test_an_empty_directory_lists_every_dataset_missing(tmp_path, capsys):
 def test_a_dataset_prepared_by_tfds_is_listed_prepared(tmp_path, capsys):
   data_dir = tmp_path / 'data'
   builder = tfds.builder('glue/rte:2.0.0', data_dir=str(data_dir))
-  with _offline_download(_rte_download(tmp_path)):
+  with _offline_download(tfds_sources.rte_download(tmp_path)):
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   capsys.readouterr()  # TFDS's own lines
@@ -117,7 +105,7 @@ def test_a_dataset_prepared_by_tfds_is_listed_prepared(tmp_path, capsys):
 
 def test_prepare_builds_the_missing_dataset_with_tfds(tmp_path, capsys):
   data_dir = tmp_path / 'data'
-  with _network(True), _offline_download(_rte_download(tmp_path)):
+  with _network(True), _offline_download(tfds_sources.rte_download(tmp_path)):
     assert prepare_data.main(['--mixture=glue_rte', f'--data_dir={data_dir}',
                               '--prepare']) == 0
   lines = _lines(capsys)

@@ -25,12 +25,11 @@ import json
 import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
 from hyperprompt_jax import paths
+import conftest
 import tfds_sources
 
 # Short rows: the model and the data are tiny; this is about the plumbing.
@@ -80,15 +79,7 @@ T5_WORDS = ('cola sst2 mrpc stsb qqp mnli qnli rte boolq cb copa multirc '
 
 
 def _run(module: str, *args: str, timeout: int = 900) -> str:
-  """`python -m module args` on the CPU; fails with its output's tail."""
-  result = subprocess.run(
-      [sys.executable, '-m', module, *args],
-      env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
-      text=True, timeout=timeout)
-  assert result.returncode == 0, (
-      f'python -m {module} failed:\n{result.stdout[-3000:]}\n'
-      f'{result.stderr[-6000:]}')
-  return result.stdout
+  return conftest.run_module(module, *args, timeout=timeout)
 
 
 @pytest.fixture(scope='module')

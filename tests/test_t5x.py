@@ -15,7 +15,6 @@ import importlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import flax
@@ -69,15 +68,7 @@ TINY_DIMS = ['--gin.network.T5Config.emb_dim=32',
 
 
 def _run(module: str, *args: str, timeout: int = 600) -> str:
-  """Runs `python -m module args`, failing with its output's tail."""
-  result = subprocess.run(
-      [sys.executable, '-m', module, *args],
-      env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
-      text=True, timeout=timeout)
-  assert result.returncode == 0, (
-      f'python -m {module} failed:\n{result.stdout[-3000:]}\n'
-      f'{result.stderr[-6000:]}')
-  return result.stdout
+  return conftest.run_module(module, *args, timeout=timeout)
 
 
 def _read_t5x_state(checkpoint: pathlib.Path) -> dict[str, np.ndarray]:

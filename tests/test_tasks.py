@@ -27,6 +27,7 @@ from hyperprompt_jax.tasks import scores
 from hyperprompt_jax.tasks import sources
 from hyperprompt_jax.tasks import task_ids
 import seqio_helpers
+import tfds_sources
 
 LENGTHS = {'inputs': 128, 'targets': 16}
 GLUE_IDS = {'cola': 0, 'sst2': 1, 'mrpc': 2, 'stsb': 3, 'qqp': 4, 'mnli': 5,
@@ -423,20 +424,12 @@ def prepared_rte(tmp_path_factory):
   (the download is replaced by a local folder), plus a tiny SentencePiece
   model standing in for T5's."""
   root = tmp_path_factory.mktemp('tfds')
-  src = root / 'download' / 'RTE'
-  src.mkdir(parents=True)
-  rows = ['index\tsentence1\tsentence2\tlabel',
-          '0\tDana sleeps in the park.\tDana sleeps.\tentailment',
-          '1\tThe cat runs home.\tThe dog runs.\tnot_entailment']
-  (src / 'train.tsv').write_text('\n'.join(rows) + '\n')
-  (src / 'dev.tsv').write_text('\n'.join(rows[:2]) + '\n')
-  (src / 'test.tsv').write_text(
-      'index\tsentence1\tsentence2\n0\tA b.\tC d.\n')
+  rows = list(tfds_sources.RTE_ROWS)
   data_dir = root / 'data'
   builder = tfds.builder('glue/rte:2.0.0', data_dir=str(data_dir))
   with mock.patch.object(tfds.download.DownloadManager,
                          'download_and_extract',
-                         return_value=str(src.parent)):
+                         return_value=tfds_sources.rte_download(root)):
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top

@@ -260,3 +260,20 @@ def prepare_all(sources: Sources, data_dir: str) -> None:
     for name in DATASETS:
       tfds.builder(name, data_dir=data_dir).download_and_prepare(
           download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+
+
+RTE_ROWS = ('index\tsentence1\tsentence2\tlabel',
+            '0\tDana sleeps in the park.\tDana sleeps.\tentailment',
+            '1\tThe cat runs home.\tThe dog runs.\tnot_entailment')
+
+
+def rte_download(root: pathlib.Path) -> str:
+  """GLUE's RTE folder alone, as TFDS extracts RTE.zip (`RTE_ROWS` for
+  train, their first for dev, one unlabelled test row), under `root`;
+  returns what `download_and_extract` gives glue/rte's builder."""
+  src = root / 'download' / 'RTE'
+  src.mkdir(parents=True)
+  (src / 'train.tsv').write_text('\n'.join(RTE_ROWS) + '\n')
+  (src / 'dev.tsv').write_text('\n'.join(RTE_ROWS[:2]) + '\n')
+  (src / 'test.tsv').write_text('index\tsentence1\tsentence2\n0\tA b.\tC d.\n')
+  return str(src.parent)
