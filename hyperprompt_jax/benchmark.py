@@ -266,6 +266,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       add_flags=add_flags)
   if args.tpu_compile:
     from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+    search = [p for p in args.gin_search_paths.split(',') if p]
+    if not args.setups and tpu_compile.t5x_script(args.gin_file, search):
+      # t5x's own steps (imported here: the package works without t5x).
+      tpu_compile.check_t5x_run(args, search)
+      from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
+      return t5x_compile.run(args, search)
     return tpu_compile.run_gin(args)
   from hyperprompt_jax.benchmarks import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
   return benchmark_lib.run(args)

@@ -417,13 +417,10 @@ def test_a_t5x_run_without_t5x_names_the_built_in_run(monkeypatch):
   for run, builtin in (('hypergrid_lg_glue_super_glue',
                         'hypergrid_lg_glue_super_glue'),
                        ('quickstart_train', 'quickstart')):
-    args = argparse.Namespace(
-        gin_file=[f't5x/{run}.gin'], gin_bindings=[], gin_search_paths='',
-        setups=None, topology='v3-32', output_json=None,
-        eval_batch_size=None)
+    args = argparse.Namespace(gin_file=[f't5x/{run}.gin'])
     with pytest.raises(ValueError, match=(
         rf't5x is not installed.*--gin_file=runs/{builtin}\.gin')):
-      tpu_compile.run_gin(args)
+      tpu_compile.check_t5x_run(args, [])
 
 
 @needs_libtpu

@@ -769,10 +769,10 @@ def run_models(args) -> int:
                 args.output_json)
 
 
-def _run_t5x(args, search: Sequence[str]) -> int:
-  """`--tpu_compile` of a t5x run file: t5x's own steps, compiled by
-  `hyperprompt_jax.t5x.compile` (imported here: the package works without
-  t5x)."""
+def check_t5x_run(args, search: Sequence[str]) -> None:
+  """Raises ValueError unless `--gin_file` is a t5x.train run file that
+  `hyperprompt_jax.t5x.compile` can compile here (t5x installed), naming
+  the fix."""
   script = t5x_script(args.gin_file, search)
   first = args.gin_file[0]
   if script != 'train':
@@ -794,8 +794,6 @@ def _run_t5x(args, search: Sequence[str]) -> int:
         f'--gin_file={first} is a t5x run file, and t5x is not installed '
         'here: install it beside this package (docs/t5x.md), or compile '
         f'{equivalent}.')
-  from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
-  return t5x_compile.run(args, search)
 
 
 def print_report(report: dict[str, Any], output_json: Optional[str]) -> int:
@@ -907,12 +905,11 @@ def t5x_script(gin_files: Sequence[str], search_paths: Sequence[str] = ()
 
 
 def run_gin(args) -> int:
-  """`--tpu_compile` of run setups: `--gin_file`s (one setup: a t5x run
-  file goes to `hyperprompt_jax.t5x.compile`), or `--setups`
-  (`setup_gin_files` names), each with the `--gin.` bindings."""
+  """`--tpu_compile` of the built-in runner's setups: `--gin_file`s (one
+  setup; a t5x run file is `hyperprompt_jax.t5x.compile`'s, which the
+  command calls), or `--setups` (`setup_gin_files` names), each with the
+  `--gin.` bindings."""
   search = [p for p in args.gin_search_paths.split(',') if p]
-  if not args.setups and t5x_script(args.gin_file, search):
-    return _run_t5x(args, search)
   if args.setups:
     setups = [gin_setup(name, setup_gin_files(name),
                         args.gin_bindings, search)
