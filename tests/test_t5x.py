@@ -49,6 +49,7 @@ from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.t5 import losses
+from hyperprompt_jax.t5x import data_checkpoint
 from hyperprompt_jax.t5x import t5x_model
 
 import conftest
@@ -140,17 +141,21 @@ def test_t5x_trains_hypergrid_on_packed_rows(tmp_path):
 
 
 def test_t5x_resumes_its_data_where_the_checkpoint_left_it(tmp_path):
-  """A t5x run from scratch with SAVE_DATASET, stopped after its step-2
-  checkpoint and started again, trains steps 3 and 4 on the batches an
+  """A t5x run fine-tuned from a legacy t5x checkpoint (the public T5 ones'
+  layout) saves its data iterator by default; stopped after its step-2
+  checkpoint and started again, it trains steps 3 and 4 on the batches an
   uninterrupted run trains them on, packed rows included: its step-4 state
   equals the uninterrupted run's, bit for bit (restarting the data would
-  train steps 3 and 4 on batches 1 and 2; checked to fail without it)."""
+  train steps 3 and 4 on batches 1 and 2; checked to fail with
+  SAVE_DATASET=False)."""
+  initial = conftest.T5X_TINY / 'legacy' / 'checkpoint_50'
+
   def train(model_dir, steps):
     _run('t5x.train', GIN_SEARCH_PATHS, '--gin_file=t5x/quickstart_train.gin',
          f"--gin.MODEL_DIR='{model_dir}'", f'--gin.TRAIN_STEPS={steps}',
+         f"--gin.INITIAL_CHECKPOINT_PATH='{initial.resolve()}'",
          '--gin.SAVE_PERIOD=2', '--gin.PACK=True',
-         '--gin.train/utils.DatasetConfig.seed=7', '--gin.SAVE_DATASET=True',
-         *QUICK)
+         '--gin.train/utils.DatasetConfig.seed=7', *TINY_DIMS, *QUICK)
 
   train(tmp_path / 'whole', 4)
   train(tmp_path / 'cut', 2)
@@ -161,6 +166,27 @@ def test_t5x_resumes_its_data_where_the_checkpoint_left_it(tmp_path):
   assert int(cut['state/step']) == 4
   for key, value in whole.items():
     np.testing.assert_array_equal(cut[key], value, err_msg=key)
+
+
+def test_save_dataset_default_follows_what_t5x_restores(tmp_path):
+  """SAVE_DATASET's default: on from scratch and from a legacy or TensorFlow
+  t5x checkpoint (t5x's legacy reader skips the iterator), off from an Orbax
+  one (t5x would read its `dataset` item); a resumed run keeps its choice."""
+  saves = data_checkpoint.saves_data_iterator
+  empty = str(tmp_path / 'new_run')
+  assert saves(None, empty)
+  assert saves(str(conftest.T5X_TINY / 'legacy' / 'checkpoint_50'), empty)
+  tf_checkpoint = tmp_path / 'tf' / 'model.ckpt-100'
+  tf_checkpoint.parent.mkdir()
+  pathlib.Path(str(tf_checkpoint) + '.index').write_bytes(b'')
+  assert saves(str(tf_checkpoint), empty)
+  assert not saves(str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), empty)
+  # Resuming: the newest checkpoint decides, whatever the start.
+  run = tmp_path / 'run'
+  (run / 'checkpoint_4' / 'state').mkdir(parents=True)
+  assert not saves(None, str(run))
+  (run / 'checkpoint_6' / 'dataset').mkdir(parents=True)
+  assert saves(str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'), str(run))
 
 
 def test_t5x_eval_and_metrics_summary(quickstart_dir, tmp_path):
