@@ -219,14 +219,30 @@ def batch_shapes(model, lengths: dict[str, int], rows: int, pack: bool,
   return out
 
 
-def _infer_step_with_indices(infer_step: Callable[..., Any]):
+def eos_id(model) -> tuple[int, Optional[str]]:
+  """The run's end-of-sequence id, and why it is a stand-in if it is.
+
+  Decoding stops at the output vocabulary's id, which reading the vocabulary
+  gives (the paper setups': T5's SentencePiece model on GCS). Where this host
+  cannot read it, predict compiles with 1, t5x's own fallback and T5's id: a
+  constant of the program, which changes none of its shapes or costs.
+  """
+  try:
+    return model.output_vocabulary.eos_id or 1, None
+  except Exception as e:  # pylint: disable=broad-except
+    return 1, f'{type(e).__name__}: {e}'[:300]
+
+
+def _infer_step_with_indices(infer_step: Callable[..., Any], eos: int):
   """`utils.get_infer_fn`'s step around `infer_step`: the rng and the flax
-  mutables passed where it takes them, the rows' indices returned."""
+  mutables passed where it takes them, the rows' indices returned, the
+  decode's end-of-sequence id `eos`."""
   signature = inspect.signature(infer_step).parameters
 
   def step(params, batch, rng, indices, flax_mutables):
     kwargs = ({'flax_mutables': flax_mutables}
               if 'flax_mutables' in signature else {})
+    kwargs['decoder_params'] = {'eos_id': eos}
     if 'rng' in signature:
       return indices, infer_step(params, batch, rng, **kwargs)
     return indices, infer_step(params, batch, **kwargs)
@@ -354,8 +370,15 @@ def _compile_bound(run: T5xRun, bound: dict[str, Any],
 
   def predict():
     _rows(partitioner, predict_rows, '--eval_batch_size (predict rows)')
+    eos, unread = eos_id(model)
+    if unread:
+      report['predict_eos_id'] = (
+          f'{eos}, a stand-in: the vocabulary was not read ({unread})')
+      log(f'predict: end-of-sequence id {eos} in place of the vocabulary\'s, '
+          f'which this host cannot read ({unread}); the figures do not '
+          'depend on it')
     step = partitioner.partition(
-        _infer_step_with_indices(model.predict_batch_with_aux),
+        _infer_step_with_indices(model.predict_batch_with_aux, eos),
         in_axis_resources=(axes.params, partitioner.data_partition_spec,
                            None, partitioner.data_partition_spec,
                            axes.flax_mutables),

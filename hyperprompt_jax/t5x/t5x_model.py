@@ -456,7 +456,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
             'Got an RNG both as `rng` and as decoder_params["decode_rng"]; '
             'pass only one.')
       decoder_params['decode_rng'] = rng
-    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
+    if 'eos_id' not in decoder_params:  # read the vocabulary only if needed
+      decoder_params['eos_id'] = self.output_vocabulary.eos_id or 1
     decodes, scores = self._decode_fn(
         inputs=prompt,
         cache=cache,
