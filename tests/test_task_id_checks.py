@@ -2,14 +2,21 @@
 
 Inside `jax.jit` an out-of-range gather clamps (id -1: task T-1's output) or
 fills NaN (id 1000), silently; `conditioning.check_task_ids` makes the
-compiled program raise instead, and where every batch is checked on the host
+compiled program raise instead (on every platform and mesh: the network's
+defaults compile in a user's own `jit` for a TPU slice too), and where every batch is checked on the host
 first (the built-in runner's steps and decodes; t5x's steps, whose data
 comes through the feature converter) the programs hold no check of their
 own.
 """
 
 import dataclasses
+import importlib.util
+import json
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +24,7 @@ import numpy as np
 import pytest
 
 import conftest
+import multiprocess
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
@@ -281,9 +289,10 @@ def _t5x_batch():
 
 
 def test_t5x_steps_take_batches_checked_by_the_converter(model_and_params):
-  """t5x's steps of the adapter hold no host callback (which the TPU
-  compiler refuses on a split batch): its feature converter, which builds
-  every dataset of a t5x run, checks the ids on the host instead."""
+  """t5x's steps of the adapter hold no host callback (which would keep
+  them out of JAX's compilation cache and off its fast dispatch): its
+  feature converter, which builds every dataset of a t5x run, checks the
+  ids on the host instead."""
   pytest.importorskip('t5x')
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -321,3 +330,210 @@ def test_t5x_with_an_unchecking_converter_keeps_the_in_graph_check(
   predict = jax.jit(lambda ids: model.predict_batch_with_aux(
       params, dict(batch, task_ids=ids), num_decodes=1)[1]['scores'])
   _assert_checked(predict)
+
+
+# ------------------- any program, any platform: the network's defaults --
+
+# The default network of a method (`T5Config.check_traced_task_ids` on, as
+# gin leaves it): the tiny model with the method's variant file, one layer a
+# stack. HyperGrid gates per example, so its packed rows carry the segment
+# check too (at most MAX_SEGMENTS examples a row).
+HYPERGRID_BINDINGS = ('GRID_ROWS = 4', 'GRID_COLS = 8', 'MAX_SEGMENTS = 2')
+# A user's own program: `jit` of the loss gradient, the parameters
+# replicated and the rows split over 'data' of a mesh ('data' alone, or
+# 'data' x 'model' of 2), given by the inputs' shardings, outside a mesh
+# context or inside one (`with mesh:`, `jax.set_mesh`). Run as a script,
+# so that it can have its own devices: prints one `RESULT {json}` a case.
+_GRADIENT = r'''
+import json
+import sys
+
+import gin
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.model import network
+from hyperprompt_jax.runner import gin_utils
+
+ROWS, INPUTS, TARGETS = 8, 16, 8
+CASES = json.loads(sys.argv[1])
+
+
+def build(variant, bindings):
+  gin.clear_config()
+  gin_utils.parse_gin(
+      ['models/t5_1_1_tiny.gin', f'variants/{variant}.gin'],
+      ['network.T5Config.num_encoder_layers = 1',
+       'network.T5Config.num_decoder_layers = 1', *bindings])
+  return gin.get_configurable(network.Transformer)()
+
+
+def rows(ids, packed, segments):
+  """The model's inputs: unpacked, or each row `segments` examples of
+  task `ids[row]` (per-token ids)."""
+  rng = np.random.default_rng(0)
+  enc = rng.integers(1, 300, (ROWS, INPUTS), dtype=np.int32)
+  tgt = rng.integers(1, 300, (ROWS, TARGETS), dtype=np.int32)
+  x = dict(encoder_input_tokens=enc, decoder_target_tokens=tgt,
+           decoder_input_tokens=np.pad(tgt[:, :-1], ((0, 0), (1, 0))))
+  if not packed:
+    return dict(x, task_ids=np.asarray(ids, np.int32))
+  for side, length in (('encoder', INPUTS), ('decoder', TARGETS)):
+    x[f'{side}_segment_ids'] = np.broadcast_to(
+        1 + np.arange(length) * segments // length, (ROWS, length)
+    ).astype(np.int32)
+    x[f'{side}_task_ids'] = np.broadcast_to(
+        np.asarray(ids, np.int32)[:, None], (ROWS, length))
+  return x
+
+
+def gradient(model):
+  def loss(params, x):
+    return model.apply({'params': params}, **x, enable_dropout=False).mean()
+  return jax.jit(jax.grad(loss))
+
+
+def failure(fn):
+  """`fn()`'s error, or None when it returns."""
+  try:
+    fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return f'{type(e).__name__}: {e}'
+  return None
+
+
+def in_context(context, mesh, fn):
+  if context == 'with_mesh':
+    with mesh:
+      return fn()
+  if context == 'set_mesh':
+    with jax.set_mesh(mesh):
+      return fn()
+  return fn()
+
+
+for case in CASES:
+  devices = (jax.devices() if case['topology'] == 'cpu'
+             else tpu_compile.topology_devices(case['topology']))
+  model = build(case['variant'], case['bindings'])
+  axes = tuple(case['axes'])
+  mesh = Mesh(np.array(devices).reshape(
+      (len(devices),) if axes == ('data',) else (len(devices) // 2, 2)), axes)
+  split, whole = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  grad = gradient(model)
+  params = jax.eval_shape(lambda: network.init_variables(
+      model, jax.random.PRNGKey(0))['params'])
+  valid = np.arange(ROWS) % model.config.num_tasks
+  packed = case['packed']
+  result = dict(case)
+  if case['topology'] != 'cpu':  # compile only: no TPU here
+    try:
+      compiled = in_context(case['context'], mesh, lambda: grad.lower(
+          jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+              a.shape, a.dtype, sharding=whole), params),
+          jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+              a.shape, a.dtype, sharding=split),
+              rows(valid, packed, 2))).compile())
+      result['host_callbacks'] = len(tpu_compile.host_callbacks(
+          compiled.as_text()))
+    except Exception as e:  # pylint: disable=broad-except
+      result['error'] = f'{type(e).__name__}: {e}'
+  else:
+    params = jax.device_put(jax.jit(lambda: network.init_variables(
+        model, jax.random.PRNGKey(0))['params'])(), whole)
+
+    def run(ids, segments=2):
+      x = jax.device_put(rows(ids, packed, segments), split)
+      return in_context(case['context'], mesh, lambda: jax.block_until_ready(
+          grad(params, x)))
+
+    run(valid)
+    bad = {'id 1000': valid.copy(), 'id -1': valid.copy()}
+    bad['id 1000'][ROWS - 1] = 1000  # on the last device's rows
+    bad['id -1'][ROWS // 2] = -1
+    result['errors'] = {name: failure(lambda ids=ids: run(ids))
+                        for name, ids in bad.items()}
+    if packed:
+      result['errors']['3 segments'] = failure(lambda: run(valid, 3))
+  print('RESULT', json.dumps(result), flush=True)
+'''
+
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec('libtpu') is None,
+    reason="libtpu is not installed (pip install -e '.[tpu]')")
+
+
+def _case(topology, variant, axes, context, bindings=(), packed=False
+          ) -> dict:
+  """One program of `_GRADIENT`, compiled for a TPU slice's `topology`
+  (`jax.experimental.topologies`) or run on 'cpu'."""
+  return dict(topology=topology, variant=variant, bindings=list(bindings),
+              axes=list(axes), context=context, packed=packed)
+
+
+def _gradients(cases: list[dict], env: dict) -> list[dict]:
+  """Runs `_GRADIENT` in a process of its own (its CPU devices as `env`
+  sets them); its results, one a case."""
+  run = subprocess.run(
+      [sys.executable, '-c', _GRADIENT, json.dumps(cases)],
+      cwd=pathlib.Path(__file__).parent, env=env, capture_output=True,
+      text=True, timeout=600, check=False)
+  results = [json.loads(line[len('RESULT '):])
+             for line in run.stdout.splitlines()
+             if line.startswith('RESULT ')]
+  assert run.returncode == 0 and len(results) == len(cases), (
+      run.stdout[-2000:] + run.stderr[-4000:])
+  return results
+
+
+@needs_libtpu
+def test_default_networks_compile_for_tpu_slices():
+  """Every method's default network (the in-graph check on) in a plain
+  `jit` of its gradient, the batch split over a TPU slice's devices,
+  compiles for the slice, with its check's host callback (on the TPU, a
+  callback of the program's first device: the TPU compiler takes no
+  partitioned one)."""
+  v5e, v3 = 'v5e:2x2', 'v3:2x2'
+  cases = [
+      *[_case(v5e, 'hyperprompt_global', axes, context)
+        for axes in (('data',), ('data', 'model'))
+        for context in ('none', 'with_mesh', 'set_mesh')],
+      _case(v5e, 'hypergrid_lg', ('data', 'model'), 'with_mesh',
+            HYPERGRID_BINDINGS, packed=True),
+      _case(v5e, 'adapter', ('data',), 'none'),
+      _case(v5e, 'hyperformer_pp', ('data', 'model'), 'with_mesh'),
+      _case(v3, 'hyperprompt_global', ('data', 'model'), 'none'),
+      _case(v3, 'hypergrid_lg', ('data',), 'none', HYPERGRID_BINDINGS,
+            packed=True)]
+  env = dict(os.environ, TPU_SKIP_MDS_QUERY='1',
+             ALLOW_MULTIPLE_LIBTPU_LOAD='1')
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # TPU programs: not the CPU's
+  for result in _gradients(cases, env):
+    assert 'error' not in result, result
+    assert result['host_callbacks'] > 0, result
+
+
+def test_checks_fail_the_call_on_a_cpu_mesh_with_the_batch_split():
+  """On 8 CPU devices, the rows split over them: an out-of-range id or a
+  row of too many examples fails the call with the project's message (every
+  device fails alike: no device waits at a collective for one that
+  stopped)."""
+  cases = [_case('cpu', 'hyperprompt_global', ('data',), 'none'),
+           _case('cpu', 'hyperprompt_global', ('data', 'model'), 'with_mesh'),
+           _case('cpu', 'hypergrid_lg', ('data', 'model'), 'none',
+                 HYPERGRID_BINDINGS, packed=True)]
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=multiprocess.xla_flags(8))
+  for result in _gradients(cases, env):
+    errors = result['errors']
+    for name, (low, high) in (('id 1000', (0, 1000)), ('id -1', (-1, 7))):
+      assert (f'task_ids must lie in [0, num_tasks) = [0, 8), got ids from '
+              f'{low} to {high}. Raise NUM_TASKS') in (
+                  errors.pop(name) or ''), result
+    if result['packed']:
+      assert 'holds segment ids up to 3, over MAX_SEGMENTS=2' in (
+          errors.pop('3 segments') or ''), result
+    assert not errors

@@ -147,9 +147,8 @@ def decode(name: str, mesh: jax.sharding.Mesh) -> dict:
 def controls(devices) -> dict:
   """What the checks are measured against: the host callback of a program
   that has one, as `host_callbacks` finds it; and the training step with
-  the network's in-graph task-id check (`checked_on_host=False`, a
-  partitioned host callback) on a split batch, which the TPU compiler
-  refuses."""
+  the network's in-graph task-id check (`checked_on_host=False`, a host
+  callback) on a split batch: the error of its compile, if any."""
   mesh = partitioning.create_mesh(1, 1, devices=devices[:1])
 
   def with_callback(x):

@@ -169,13 +169,14 @@ def check_task_ids(cfg, task_ids, tokens: Array,
 
   Concrete ids are checked here, on the host. Traced ids (inside `jax.jit`,
   `jax.grad`, a decoding loop, t5x's steps) are checked by the compiled
-  program, which then fails with a `jax.errors.JaxRuntimeError` carrying the
-  same message: an out-of-range gather would otherwise clamp (another task's
-  output) or fill NaN, silently. Off with
-  `T5Config.check_traced_task_ids = False`, where every batch is validated
-  on the host first (`network.checked_on_host`: the built-in runner's steps
-  and decodes, t5x's steps behind the project's feature converter); the TPU
-  compiler refuses the check's partitioned callback on a split batch.
+  program, on any platform and mesh (`_call_on_host`), which then fails
+  with a `jax.errors.JaxRuntimeError` carrying the same message: an
+  out-of-range gather would otherwise clamp (another task's output) or fill
+  NaN, silently. Off with `T5Config.check_traced_task_ids = False`, where
+  every batch is validated on the host first (`network.checked_on_host`:
+  the built-in runner's steps and decodes, t5x's steps behind the project's
+  feature converter), since a host callback keeps a program out of JAX's
+  persistent compilation cache and off its fast dispatch.
 
   Returns:
     `task_ids` as an array (None stays None).
@@ -273,14 +274,30 @@ def _raise_in_graph(bad: Array, check: Callable[..., None],
   A host callback, not checkify, which would need every caller (t5x's
   steps, a user's own `jit`) to wrap its function. The `cond` keeps Python
   off the device path for valid inputs (decode loops run it every step).
-  `partitioned`: with the batch sharded, every device gets the reduced
-  scalars and fails alike; a single failing device would leave the others
-  waiting at their next collective (a hang, then an abort).
   """
-  jax.lax.cond(
-      bad,
-      lambda: jax.debug.callback(check, *values, partitioned=True),
-      lambda: None)
+  jax.lax.cond(bad, lambda: _call_on_host(check, *values), lambda: None)
+
+
+def _call_on_host(check: Callable[..., None], *values: Array) -> None:
+  """`check(*values)` on the host, in the form the compiled platform takes
+  (picked where the program is lowered: a CPU host may compile for a TPU).
+
+  CPU, GPU: `partitioned`: every device calls it with the reduced
+  (replicated) scalars and fails alike; one device failing alone would
+  leave the others waiting at their next collective (on an 8-device CPU
+  mesh: 40 s, then XLA aborts the process). JAX lowers no partitioned
+  callback for a TPU (`NotImplementedError`), so there the program's first
+  device calls it: the host answers that device whether the callback raised
+  or not (XLA's `pjrt/host_callback.cc`), so no device waits on it, and the
+  raise fails the call (on a multi-host slice, in that device's process).
+  Compiled for TPU slices here (`tests/test_task_id_checks.py`), not run on
+  one.
+  """
+
+  def call(partitioned: bool) -> Callable[[], None]:
+    return lambda: jax.debug.callback(check, *values, partitioned=partitioned)
+
+  jax.lax.platform_dependent(tpu=call(False), default=call(True))
 
 
 def _check_task_id_range(num_tasks: int, low, high) -> None:

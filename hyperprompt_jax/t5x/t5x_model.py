@@ -85,8 +85,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   default feature converter stops the input pipeline at an id outside
   `[0, num_tasks)` with a message naming it (`TaskIdsEncDecFeatureConverter`
   with `num_tasks`), so the network's own in-graph check of traced ids
-  (`T5Config.check_traced_task_ids`, a host callback that the TPU compiler
-  refuses on a split batch) is left out of t5x's steps. With a
+  (`T5Config.check_traced_task_ids`, a host callback that would only repeat
+  it, off JAX's fast dispatch) is left out of t5x's steps. With a
   `feature_converter_cls` that does not check (`converter_checks_batches`)
   the network keeps its configured check.
 
@@ -138,8 +138,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           num_tasks=module.config.num_tasks)
     if converter_checks_batches(feature_converter_cls, module.config):
       # Every batch of t5x's train, eval and infer runs comes through this
-      # converter: the steps need no in-graph check, whose host callback
-      # the TPU compiler refuses when the batch is split.
+      # converter: the steps need no in-graph check (a host callback, off
+      # JAX's fast dispatch and its compilation cache).
       module = network.checked_on_host(module)
     super().__init__(
         module, input_vocabulary, output_vocabulary, optimizer_def,
