@@ -11,10 +11,12 @@ import re
 import sys
 
 import gin
+from gin import config_parser
 import pytest
 
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
+from hyperprompt_jax.evaluation import run_config
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import batches
@@ -338,3 +340,49 @@ def test_t5x_eval_takes_the_setups_experiment_file(experiment, mixture,
     assert gin.query_parameter('MESH_MODEL/macro.value') == partitions
     assert str(gin.query_parameter(
         'partitioning.PjitPartitioner.num_partitions')) == '%MESH_MODEL'
+
+
+# Each model file and t5x's file for the same public checkpoint.
+T5X_MODEL_FILES = {
+    't5_1_1_small': 't5_1_1/small.gin', 't5_1_1_base': 't5_1_1/base.gin',
+    't5_1_1_large': 't5_1_1/large.gin', 't5_1_1_xl': 't5_1_1/xl.gin',
+    't5_1_1_xxl': 't5_1_1/xxl.gin', 't5_base': 't5_1_0/base.gin',
+    't5_large': 't5_1_0/large.gin', 't5_3b': 't5_1_0/3B.gin',
+    't5_11b': 't5_1_0/11B.gin'}
+
+
+def _t5x_t5config_bindings(path: pathlib.Path, root: pathlib.Path) -> dict:
+  """The `network.T5Config` bindings of a t5x gin file, its includes first,
+  read by gin's parser without importing or binding anything (t5x's files
+  and the project's both name their module `network`)."""
+  bindings = {}
+  for statement in config_parser.ConfigParser(
+      path.read_text(), run_config._Values()):  # pylint: disable=protected-access
+    if isinstance(statement, config_parser.IncludeStatement):
+      bindings.update(_t5x_t5config_bindings(root / statement.filename, root))
+    elif (isinstance(statement, config_parser.BindingStatement)
+          and statement.selector == 'network.T5Config'):
+      bindings[statement.arg_name] = statement.value
+  return bindings
+
+
+@pytest.mark.parametrize('name', sorted(T5X_MODEL_FILES))
+def test_model_files_set_what_t5x_sets_for_the_checkpoint(name):
+  """Every T5Config setting of a gin/models/ file equals t5x's for the same
+  checkpoint (its examples/t5 file, or its T5Config default), attention
+  logits' precision included; dropout is the one choice t5x leaves to the
+  run (`%gin.REQUIRED`)."""
+  t5x = pytest.importorskip('t5x')
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  gin_utils.parse_gin([f'models/{name}.gin'], [])
+  ours = gin.get_configurable(network.T5Config)()
+  root = pathlib.Path(t5x.__file__).parent.parent
+  theirs = dataclasses.replace(
+      t5x_network.T5Config(vocab_size=0), **_t5x_t5config_bindings(
+          pathlib.Path(t5x_network.__file__).parent / T5X_MODEL_FILES[name],
+          root))
+  fields = [f.name for f in dataclasses.fields(theirs)
+            if f.name != 'dropout_rate']
+  assert fields and all(hasattr(ours, f) for f in fields)
+  assert {f: getattr(ours, f) for f in fields} == {
+      f: getattr(theirs, f) for f in fields}

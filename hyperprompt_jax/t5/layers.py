@@ -339,7 +339,7 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     deterministic: bool = True,
     dtype: DType = jnp.float32,
-    float32_logits: bool = True,
+    float32_logits: bool = False,
     on_weights: Optional[Callable[[Array], None]] = None,
     prefix_key: Optional[Array] = None,
     prefix_value: Optional[Array] = None,
@@ -494,7 +494,7 @@ class MultiHeadDotProductAttention(nn.Module):
   kernel_init: Initializer = nn.initializers.variance_scaling(
       1.0, 'fan_in', 'normal'
   )
-  float32_logits: bool = True
+  float32_logits: bool = False
 
   @nn.compact
   def __call__(
