@@ -1,12 +1,16 @@
-"""The TPU kernels of `t5/segment_kernels.py` (in Pallas's interpreter)
-against numpy, token by token."""
+"""The TPU kernels of `t5/segment_kernels.py` against numpy, token by token:
+in Pallas's plain interpreter, and in its TPU interpreter, which runs the
+grid as a TPU does (output blocks written back as a TensorCore writes them,
+the 'parallel' axes shuffled, over two cores with a race detector)."""
 
+import dataclasses
 import json
 import pathlib
 import subprocess
 import sys
 
 import jax
+from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -31,14 +35,16 @@ def _segment_layouts(rows, length, segments, contiguous, rng):
   return layout
 
 
-def _small_tiles(monkeypatch):
-  """Tiles of 128 and blocks of 2 rows at lengths of 48: the kernels' grids
-  then contract over several tiles, write several output tiles and keep
-  sums for blocks of rows, as at a model's sizes."""
+def _small_tiles(monkeypatch, length=48, weight_tiles=1):
+  """Tiles of 128 and blocks of 2 rows of `length` (`weight_tiles`: the
+  tasks' weights a tile holds): the kernels' grids then contract over
+  several tiles, write several output tiles and keep sums for blocks of
+  rows, as at a model's sizes."""
   monkeypatch.setattr(segment_kernels, '_TILE_IN', 128)
   monkeypatch.setattr(segment_kernels, '_TILE_OUT', 128)
-  monkeypatch.setattr(segment_kernels, '_VMEM_BYTES',
-                      segment_kernels._vmem_bytes(2, 48, 128, 128, 4))
+  monkeypatch.setattr(
+      segment_kernels, '_VMEM_BYTES',
+      segment_kernels._vmem_bytes(2, length, 128, 128, 4, weight_tiles))
 
 
 @pytest.mark.parametrize('length, contiguous, tiled', [
@@ -52,10 +58,14 @@ def test_gated_matmul_matches_numpy_token_by_token(length, contiguous, tiled,
   """HyperGrid's kernel: `sum(w * out)` and its gradients for x, the kernel
   and every segment's grid are numpy's token-by-token `x ((1 +
   psi(grid[s])) ⊙ W)` (HyperGrid Eq. 7; padding ungated)."""
+  _check_gated_matmul(length, contiguous, tiled, monkeypatch)
+
+
+def _check_gated_matmul(length, contiguous, tiled, monkeypatch):
   rng = np.random.default_rng(length)
   rows, d_in, d_out, segments, k_in, k_out = 3, 32, 48, 3, 4, 6
   if tiled:
-    _small_tiles(monkeypatch)
+    _small_tiles(monkeypatch, length)
     rows, d_in, d_out = 4, 256, 384
   x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
   kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
@@ -146,10 +156,15 @@ def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
   task's weights are numpy's `x_t W[task_t]` token by token, with the
   weights given as `[T, d_in, d_out]` or, `transposed`, `[T, d_out, d_in]`
   (their gradient in the same layout)."""
+  _check_per_task_matmul(length, d_in, d_out, tiled, transposed, monkeypatch)
+
+
+def _check_per_task_matmul(length, d_in, d_out, tiled, transposed,
+                           monkeypatch):
   rng = np.random.default_rng(length)
   rows, num_tasks = 3, 4
   if tiled:
-    _small_tiles(monkeypatch)
+    _small_tiles(monkeypatch, length, num_tasks)
     rows = 4
   x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
   weights = rng.normal(size=(num_tasks, d_in, d_out)).astype(np.float32)
@@ -168,6 +183,79 @@ def test_per_task_matmul_matches_numpy_token_by_token(length, d_in, d_out,
             conftest.float32_bound(d_out, 2), conftest.float32_bound(tokens, 2))
   for got, expected, bound, scale in zip((value, *grads), want, bounds, size):
     conftest.assert_close_to_scale(np.asarray(got), expected, bound, scale)
+
+
+def test_per_task_matmul_multiplies_at_the_precision_asked():
+  """Every matmul of the forward and both gradients takes the precision
+  given (HyperFormer++'s variance asks for HIGHEST, as its XLA form does);
+  by default none names one (DEFAULT, as the XLA forms' matmuls)."""
+  x, weights = jnp.ones((2, 16, 8)), jnp.ones((3, 8, 8))
+  tasks = jnp.zeros((2, 16), jnp.int32)
+
+  def kernels(precision):
+    grad = jax.grad(lambda x, w: segment_kernels.per_task_matmul(
+        x, w, tasks, precision=precision).sum(), argnums=(0, 1))
+    text = str(jax.make_jaxpr(grad)(x, weights))
+    return text.count('pallas_call['), text.count('Precision.HIGHEST')
+
+  assert kernels(None) == (3, 0)
+  calls, highest = kernels(jax.lax.Precision.HIGHEST)
+  assert calls == 3 and highest >= 3
+
+
+# Pallas's TPU interpreter (`segment_kernels.INTERPRET`). Both interpreters
+# fill scratch and outputs with NaN until written (a missing accumulator
+# reset fails either); only the TPU one writes an output block back when its
+# index changes, as a TensorCore does (a block revisited after another
+# raises; the plain one reads and writes every block at every step), and
+# runs the 'parallel' axes in a shuffled order. `MEGACORE` splits them over
+# two cores, as a TPU v4 / v5p chip does, with the race detector (4x slower,
+# so on the tiled shapes only).
+TPU_INTERPRET = pltpu.InterpretParams(uninitialized_memory='nan',
+                                      random_seed=7)
+MEGACORE = dataclasses.replace(TPU_INTERPRET, num_cores_or_threads=2,
+                               detect_races=True)
+_INTERPRETERS = {'core': TPU_INTERPRET, 'megacore': MEGACORE}
+
+
+def _in_tpu_interpreter(params, check, capsys, monkeypatch):
+  """`check()` with the kernels in the TPU interpreter; fails on a race the
+  detector reports (it prints them)."""
+  monkeypatch.setattr(segment_kernels, 'INTERPRET', _INTERPRETERS[params])
+  try:
+    check()
+  finally:
+    # An error inside the interpreter leaves its simulated TPU behind.
+    pltpu.reset_tpu_interpret_mode_state()
+  printed = capsys.readouterr().out
+  assert 'RACE DETECTED' not in printed, printed[-3000:]
+
+
+@pytest.mark.parametrize('length, contiguous, tiled, params', [
+    (20, True, False, 'core'),  # no whole chunk, one tile
+    (48, False, False, 'core'),  # split segments
+    (32, True, True, 'megacore'),  # 2 x 3 tiles, 2 blocks of 2 rows
+])
+def test_gated_matmul_in_tpu_interpreter(length, contiguous, tiled, params,
+                                         capsys, monkeypatch):
+  """HyperGrid's kernels as a TPU runs them: numpy's values."""
+  _in_tpu_interpreter(params, lambda: _check_gated_matmul(
+      length, contiguous, tiled, monkeypatch), capsys, monkeypatch)
+
+
+@pytest.mark.parametrize('length, d_in, d_out, tiled, transposed, params', [
+    (48, 32, 24, False, True, 'core'),  # [T, b, d]: 24 lanes
+    (20, 32, 24, False, False, 'core'),
+    (32, 384, 24, True, False, 'core'),
+    (32, 256, 256, True, True, 'megacore'),  # 2 x 2 tiles, 2 row blocks
+])
+def test_per_task_matmul_in_tpu_interpreter(length, d_in, d_out, tiled,
+                                            transposed, params, capsys,
+                                            monkeypatch):
+  """The adapters' kernels as a TPU runs them: numpy's values."""
+  _in_tpu_interpreter(params, lambda: _check_per_task_matmul(
+      length, d_in, d_out, tiled, transposed, monkeypatch), capsys,
+                      monkeypatch)
 
 
 # The per-task kernel on a mesh of 4 x 2 CPU devices, in a process of its own

@@ -523,7 +523,8 @@ def _tokens_on_chip(activation: Callable[[Array], Array], h: Array,
     return segment_kernels.per_task_matmul(u, up, task_ids)
   u32 = u.astype(jnp.float32)
   variance = jnp.sum(
-      segment_kernels.per_task_matmul(u32, gram, task_ids) * u32, axis=-1)
+      segment_kernels.per_task_matmul(u32, gram, task_ids,
+                                      precision=_HIGHEST) * u32, axis=-1)
   inv_std = jax.lax.rsqrt(jnp.maximum(variance, 0) + _LAYER_NORM_EPSILON)
   normed_u = jnp.concatenate(
       [(u32 * inv_std[..., None]).astype(u.dtype), jnp.ones_like(u[..., :1])],

@@ -36,7 +36,28 @@ TPU v3's Mosaic multiplies no bfloat16 (`CompileTimeMosaicUnsupportedRhsType`),
 so there the tiles meet on the MXU in float32. XLA cannot count inside a
 kernel: each gives its own cost estimate (FLOPs of the rows it multiplies,
 bounded as above, and the bytes its blocks read and write). Off TPU the
-kernels run in Pallas's interpreter (tests; slow).
+kernels run in Pallas's interpreter (tests; slow); `INTERPRET` runs them in
+its TPU interpreter anywhere.
+
+Precision: the kernels' matmuls take the precision the XLA forms' take (none,
+but HyperFormer++'s variance: `per_task_matmul(precision=HIGHEST)`, as
+`adapters._inv_std`), so both multiply alike: bfloat16 tiles are exact products
+summed in float32 (`preferred_element_type`), as XLA's TPU matmul of bfloat16
+operands; float32 tiles (a float32 model; every model on TPU v3) are rounded to
+bfloat16 for one MXU pass, as XLA's DEFAULT precision does (Pallas's TPU docs,
+"Precision control"; not yet seen on a chip); and both follow
+`jax.default_matmul_precision` ('float32': Mosaic's fp32 contraction, XLA's
+HIGHEST). The sums cross tiles in float32 and are rounded to the output's dtype
+once, as XLA's are. Two selections are exact on purpose (HIGHEST: the 0/1
+matrices that place gates and sum gradient blocks). The one difference is where
+HyperGrid rounds: the kernel makes the gated weight `(1 + grid) ⊙ W` in float32
+and rounds it to the MXU's dtype once (relative 2^-8 in bfloat16), where
+'grouped' rounds `1 + grid` and the product, and 'token_blocks' the gated
+inputs, each 2^-8 too; so an output of the kernel and of an XLA form differ by
+at most (3 * 2^-8 + 2 n 2^-24) sum_i |x_i w~_i| (n: the contracted values; w~:
+the exact gated weight). The adapters' kernels round nothing XLA's matmuls do
+not (their weights come in the activations' dtype): they differ by the float32
+summation order alone (`benchmarks/kernel_acceptance.py` checks both on a TPU).
 """
 
 import functools
@@ -182,7 +203,7 @@ def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
 
 def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
                      groups_ref, out_ref, acc_ref, weights_of, mxu_dtype,
-                     transposed: bool = False) -> None:
+                     transposed: bool = False, precision=None) -> None:
   """The forward kernels' body (grid `(row blocks, output tiles, contracted
   tiles, rows of a block)`, `_forward_grid`): each group's rows times
   `weights_of(g, at)` (`[contracted, output]` tile; `[output, contracted]`
@@ -202,7 +223,7 @@ def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
       acc_ref[i, pl.ds(offset, size), :] += jax.lax.dot_general(
           x.astype(mxu_dtype), w, (((1,), (1 if transposed else 0,)),
                                    ((), ())),
-          preferred_element_type=jnp.float32)
+          precision=precision, preferred_element_type=jnp.float32)
 
     windows(multiply)
 
@@ -217,10 +238,14 @@ def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
 # The forward kernels keep float32 sums for a block of rows, so that each
 # tile of the weights is read once a block (its rows visit the tile in
 # turn) rather than once a row; the block is the most rows whose sums fit
-# beside the tiles in this much VMEM, as `_vmem_bytes` counts it. Mosaic
-# scopes 16 MiB (all of TPU v3's); the kernels' own temporaries take the
-# rest (compiled for v3, 4 rows: T5 v1.0 Base's `wo`, 11.6 MiB counted,
-# fits; T5.1.1-Base's, 13.0 MiB counted, overflows by 0.7 MiB).
+# beside the tiles in this much VMEM, as `_vmem_bytes` counts it. One
+# budget for every generation, set by the least VMEM: 16 MiB a TensorCore
+# on v3 and v4 (64 on v5p, 128 on v5e and v6e); the kernels' own
+# temporaries and spills take the rest. Compiled at Base, 4 rows of 512 a
+# device (`benchmarks/kernel_acceptance.py --compile`, libtpu 0.0.42), the
+# largest kernel allocates 15.7 MiB on v3 (T5 v1.0 Base's `wo` forward, 4
+# rows, 11.6 MiB counted), 11.8 on v4, at most 10.6 on v5e, v5p and v6e;
+# on v3, T5.1.1-Base's `wo` forward at 4 rows (13.0 counted) needs 18.1.
 _VMEM_BYTES = 12.5 * 2**20
 
 
@@ -273,13 +298,13 @@ def _weight_block(tile_in: int, tile_out: int, transposed: bool,
                       lambda b, n, k, *_: lead + (k, n))
 
 
-def _products_by_group(dy_ref, mxu_dtype):
+def _products_by_group(dy_ref, mxu_dtype, precision=None):
   """`windows -> x_g^T dy_g`'s accumulation step: `body(offset, size, x)`
   returning the window's `[d_in, d_out]` float32 product."""
   def product(offset, size, x):
     dy = dy_ref[0, pl.ds(offset, size), :].astype(mxu_dtype)
     return jax.lax.dot_general(x.astype(mxu_dtype), dy,
-                               (((0,), (0,)), ((), ())),
+                               (((0,), (0,)), ((), ())), precision=precision,
                                preferred_element_type=jnp.float32)
   return product
 
@@ -349,7 +374,21 @@ def _mxu_dtype(dtype) -> jnp.dtype:
   return jnp.float32 if placement.target_device_kind() == 'TPU v3' else dtype
 
 
-def _interpret() -> bool:
+# How the kernels run. None: Mosaic on TPU, Pallas's plain interpreter
+# elsewhere (NaN in scratch and outputs until written, but the grid in order
+# on one core and every output block read and written back at every step, so
+# a revisit, a race or an order is never wrong there). A
+# `pltpu.InterpretParams` runs them in Pallas's TPU interpreter wherever they
+# are traced (tests; slow): output blocks written back as a TensorCore writes
+# them (a block revisited after another raises), the 'parallel' axes in a
+# random order (`random_seed`) and split over `num_cores_or_threads` cores,
+# with `detect_races`.
+INTERPRET: Optional[pltpu.InterpretParams] = None
+
+
+def _interpret():
+  if INTERPRET is not None:
+    return INTERPRET
   return placement.target_platform() != 'tpu'
 
 
@@ -372,6 +411,21 @@ def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
   )
 
 
+def _gated_tiles(w_shape: tuple[int, int], gate_blocks: tuple[int, int],
+                 transposed: bool) -> tuple[int, int, int]:
+  """`_gated_matmul`'s output width and its tiles, contracted and output:
+  `(d_y, tile_in, tile_out)`. A tile along W's rows holds whole gate
+  blocks (`_tiled`); along its columns the gate tile picks any range
+  (`_gate_tile`)."""
+  d_w_rows, d_w_columns = w_shape
+  block_rows = d_w_rows // gate_blocks[0]
+  if transposed:
+    return (d_w_rows, _tile(d_w_columns, 1, _TILE_IN),
+            _tile(d_w_rows, block_rows, _tile_out_most()))
+  return (d_w_columns, _tile(d_w_rows, block_rows, _TILE_IN),
+          _tile(d_w_columns, 1, _tile_out_most()))
+
+
 def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
                   starts: Array, ends: Array,
                   transposed: bool = False) -> Array:
@@ -387,16 +441,8 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
   d_w_rows, d_w_columns = w.shape
   num_groups, k_rows, k_columns = gates.shape[1:]
   block_rows, block_columns = d_w_rows // k_rows, d_w_columns // k_columns
-  # A tile along W's rows holds whole gate blocks (`_tiled`); along its
-  # columns the gate tile picks any range (`_gate_tile`).
-  if transposed:
-    d_y = d_w_rows
-    tile_in = _tile(d_w_columns, 1, _TILE_IN)
-    tile_out = _tile(d_w_rows, block_rows, _tile_out_most())
-  else:
-    d_y = d_w_columns
-    tile_in = _tile(d_w_rows, block_rows, _TILE_IN)
-    tile_out = _tile(d_w_columns, 1, _tile_out_most())
+  d_y, tile_in, tile_out = _gated_tiles(w.shape, (k_rows, k_columns),
+                                        transposed)
   grid, block, row, output = _forward_grid(rows, length, d_x, d_y,
                                            tile_in, tile_out, x.dtype.itemsize)
   gate_tiles = grid[1] if transposed else grid[2]  # W's row tiles
@@ -633,23 +679,23 @@ def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
 
 def _task_matmul_kernel(starts_ref, ends_ref, group_tasks_ref, groups_ref,
                         x_ref, w_ref, out_ref, acc_ref, *, num_groups: int,
-                        mxu_dtype, transposed: bool):
+                        mxu_dtype, transposed: bool, precision):
   _matmul_by_group(num_groups, starts_ref, ends_ref, x_ref, groups_ref,
                    out_ref, acc_ref,
                    lambda g, at: w_ref[group_tasks_ref[at]], mxu_dtype,
-                   transposed)
+                   transposed, precision)
 
 
 def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
                              groups_ref, x_ref, dy_ref, dw_ref, acc_ref, *,
-                             num_groups: int, mxu_dtype):
+                             num_groups: int, mxu_dtype, precision):
   row = pl.program_id(2)
 
   @pl.when(row == 0)
   def _():
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
-  product = _products_by_group(dy_ref, mxu_dtype)
+  product = _products_by_group(dy_ref, mxu_dtype, precision)
 
   def on_group(g, at, windows):
     del g
@@ -670,7 +716,7 @@ def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
 
 def _task_matmul(x: Array, w: Array, groups: Array,
                  ranges: tuple[Array, Array, Array],
-                 transposed: bool = False) -> Array:
+                 transposed: bool = False, precision=None) -> Array:
   """`x [rows, length, d_in]`, `w [T, d_in, d_out]` -> `[rows, length,
   d_out]`: each token times its task's weights (`groups`: `task_groups`;
   `ranges`: each group's start, end and task). `transposed`: `w [T, d_out,
@@ -691,7 +737,8 @@ def _task_matmul(x: Array, w: Array, groups: Array,
       + rows * length * (d_out * itemsize + 4 * grid[1]))
   return _call(
       functools.partial(_task_matmul_kernel, num_groups=num_tasks + 1,
-                        mxu_dtype=_mxu_dtype(x.dtype), transposed=transposed),
+                        mxu_dtype=_mxu_dtype(x.dtype), transposed=transposed,
+                        precision=precision),
       jax.ShapeDtypeStruct((rows, length, d_out), x.dtype), grid, 3,
       in_specs=[
           pl.BlockSpec((1, length, 1),
@@ -706,7 +753,8 @@ def _task_matmul(x: Array, w: Array, groups: Array,
 
 
 def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
-                      ranges: tuple[Array, Array, Array], dtype) -> Array:
+                      ranges: tuple[Array, Array, Array], dtype,
+                      precision=None) -> Array:
   """The gradient of `_task_matmul` for its weights: `[T, d_in, d_out]` in
   `dtype` (the weights'), each task's `sum x^T dy` over its tokens, summed
   in float32 in VMEM (a float32 result for bfloat16 weights, HyperFormer++'s
@@ -725,7 +773,7 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
       + rows * length * 4 * grid[0] * grid[1])
   return _call(
       functools.partial(_task_weight_grad_kernel, num_groups=num_tasks + 1,
-                        mxu_dtype=_mxu_dtype(x.dtype)),
+                        mxu_dtype=_mxu_dtype(x.dtype), precision=precision),
       jax.ShapeDtypeStruct((num_tasks, d_in, d_out), dtype), grid, 3,
       in_specs=[
           pl.BlockSpec((1, length, 1), lambda k, n, r, *_: (r, 0, 0)),
@@ -748,31 +796,33 @@ def _task_rows_bound(rows: int, length: int, num_tasks: int) -> int:
   return rows * (length + (num_tasks - 1) * _chunk(length) + length // 4)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _per_task_matmul(x: Array, weights: Array, task_ids: Array,
-                     transposed: bool) -> Array:
-  return _per_task_forward(x, weights, task_ids, transposed)[0]
+                     transposed: bool, precision) -> Array:
+  return _per_task_forward(x, weights, task_ids, transposed, precision)[0]
 
 
-def _per_task_forward(x, weights, task_ids, transposed):
+def _per_task_forward(x, weights, task_ids, transposed, precision):
   num_tasks = weights.shape[0]
   groups, group_tasks = task_groups(task_ids, num_tasks)
   ranges = (*group_ranges(groups, num_tasks + 1), group_tasks)
-  y = _task_matmul(x, weights, groups, ranges, transposed)
+  y = _task_matmul(x, weights, groups, ranges, transposed, precision)
   return y, (x, weights, groups, ranges)
 
 
-def _per_task_backward(transposed, residuals, dy):
+def _per_task_backward(transposed, precision, residuals, dy):
   x, weights, groups, ranges = residuals
   dy = dy.astype(x.dtype)
   num_tasks = weights.shape[0]
   # Both the input gradient and the weights' read / make the weights as
   # they lie (`x^T dy` or, transposed, `dy^T x`).
-  dx = _task_matmul(dy, weights, groups, ranges, not transposed)
+  dx = _task_matmul(dy, weights, groups, ranges, not transposed, precision)
   if transposed:
-    dw = _task_weight_grad(dy, x, num_tasks, groups, ranges, weights.dtype)
+    dw = _task_weight_grad(dy, x, num_tasks, groups, ranges, weights.dtype,
+                           precision)
   else:
-    dw = _task_weight_grad(x, dy, num_tasks, groups, ranges, weights.dtype)
+    dw = _task_weight_grad(x, dy, num_tasks, groups, ranges, weights.dtype,
+                           precision)
   return dx, dw, None
 
 
@@ -780,7 +830,8 @@ _per_task_matmul.defvjp(_per_task_forward, _per_task_backward)
 
 
 def per_task_matmul(x: Array, weights: Array, task_ids: Array,
-                    transposed: bool = False) -> Array:
+                    transposed: bool = False,
+                    precision: Optional[jax.lax.Precision] = None) -> Array:
   """`x_t W[task_t]` for every token t of packed rows, on chip.
 
   Args:
@@ -792,6 +843,10 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array,
       gradients; given with the wide side last, they and their gradients
       stay as they are (a gradient comes in the weights' layout).
     task_ids: `[batch, length]` int32, each token's task.
+    precision: the matmuls' (forward and gradients), as `jnp.einsum`'s:
+      None (DEFAULT: float32 tiles in one bfloat16 pass on a TPU) or
+      `jax.lax.Precision.HIGHEST` (float32 products, where the XLA form
+      asks for them: HyperFormer++'s variance).
 
   Returns:
     `[batch, length, d_out]` in x's dtype.
@@ -801,7 +856,8 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array,
   are small).
   """
   mesh = placement.current_mesh()
-  matmul = functools.partial(_per_task_matmul, transposed=transposed)
+  matmul = functools.partial(_per_task_matmul, transposed=transposed,
+                             precision=precision)
   if mesh is None:
     return matmul(x, weights, task_ids)
   spec = jax.sharding.PartitionSpec
