@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configurations, their parameters and test data."""
 
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -50,6 +51,10 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import task_ids
 
 TESTDATA = pathlib.Path(__file__).parent / 'testdata'
+# Tests that compile for a TPU slice from this host need the TPU compiler.
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec('libtpu') is None,
+    reason="libtpu is not installed (pip install -e '.[tpu]')")
 T5X_TINY = TESTDATA / 't5x_tiny'
 
 # The configuration real t5x trained the checkpoints in testdata/t5x_tiny with

@@ -2,7 +2,6 @@
 end to end on this host, the kernels in Pallas's interpreter at a tiny
 size, and compiled for TPU v3 (the least VMEM) at Base from libtpu."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,9 +12,9 @@ import pytest
 
 from hyperprompt_jax.benchmarks import kernel_acceptance
 
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec('libtpu') is None,
-    reason="libtpu is not installed (pip install -e '.[tpu]')")
+import conftest
+
+needs_libtpu = conftest.needs_libtpu
 
 
 def _command(*flags: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ own.
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -461,9 +460,7 @@ for case in CASES:
 '''
 
 
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec('libtpu') is None,
-    reason="libtpu is not installed (pip install -e '.[tpu]')")
+needs_libtpu = conftest.needs_libtpu
 
 
 def _case(topology, variant, axes, context, bindings=(), packed=False

@@ -11,7 +11,6 @@ machine (`/tmp/libtpu_lockfile`) unless `ALLOW_MULTIPLE_LIBTPU_LOAD=1`:
 these processes set it, since they only compile (no TPU is opened), so
 pytest-xdist's workers, or another checkout's suite, may compile at once."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -23,9 +22,9 @@ import pytest
 
 from hyperprompt_jax.t5 import inputs
 
-needs_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec('libtpu') is None,
-    reason="libtpu is not installed (pip install -e '.[tpu]')")
+import conftest
+
+needs_libtpu = conftest.needs_libtpu
 
 HERE = pathlib.Path(__file__).parent
 # The logical axes t5x's standard rules split over 'model'
