@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
 
 setuptools.setup(
     name='hyperprompt_jax',
-    version='0.1.0',
+    version='0.2.0',
     description=(
         'HyperPrompt and HyperGrid multi-task T5 in JAX / Flax, for t5x and '
         'a built-in runner.'
@@ -56,8 +56,8 @@ setuptools.setup(
     packages=[
         'hyperprompt_jax',
         *(f'hyperprompt_jax.{p}' for p in (
-            't5', 'methods', 'model', 'runner', 'evaluation', 'task_params',
-            't5x', 'benchmarks')),
+            't5', 'methods', 'model', 'common', 'training', 'checkpointing',
+            'runner', 'evaluation', 'task_params', 't5x', 'benchmarks')),
         'hyperprompt_jax.tasks',
         'hyperprompt_jax.gin',
     ],

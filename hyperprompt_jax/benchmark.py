@@ -66,7 +66,7 @@ prints what each device and chip would hold and do (`tpu_compile.py`): of
 the run of `--gin_file` (or of each `--setups` name), or, without gin, of
 the --mfu models (--model, --variants, --forms, --batch_size, --mesh_model).
 A t5x run file (gin/t5x/) compiles t5x's own train, eval and predict steps
-as t5x.train builds them (`hyperprompt_jax/t5x/compile.py`; needs t5x):
+as t5x.train builds them (`hyperprompt_jax/t5x/steps_compile.py`; needs t5x):
 
     python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3:4x4 \
         --gin_file=runs/hypergrid_lg_glue_super_glue.gin \
@@ -206,7 +206,13 @@ def _add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
       help='compile the training step (and decode) for a TPU slice, no TPU '
            'needed (benchmarks/tpu_compile.py): per-chip memory against its '
            'HBM, FLOPs, bytes, collectives, scatters; of the run of '
-           '--gin_file / --setups, or without them of the --mfu models')
+           '--gin_file / --setups, or without them of the --mfu models '
+           '(python -m hyperprompt_jax.compile)')
+  add_tpu_compile_flags(parser)
+
+
+def add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
+  """The compile's own flags (python -m hyperprompt_jax.compile's too)."""
   parser.add_argument('--topology', default='v3:4x4',
                       help='--tpu_compile: the TPU slice, a gcloud '
                            'accelerator type (v3-32, v4-16, v5p-64, '
@@ -255,26 +261,34 @@ def _uses_gin(argv: Sequence[str]) -> bool:
   return any(a.startswith(('--gin', '--setups')) for a in argv)
 
 
+def compile_for_tpu(args: argparse.Namespace) -> int:
+  """The compile of `args` (gin flags parsed): a t5x run file's t5x steps,
+  built-in run files' steps, or without gin the MFU models'."""
+  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  search = [p for p in args.gin_search_paths.split(',') if p]
+  if not args.gin_file and not args.setups:
+    return tpu_compile.run_models(args)
+  if not args.setups and tpu_compile.t5x_script(args.gin_file, search):
+    # t5x's own steps (imported here: the package works without t5x).
+    tpu_compile.check_t5x_run(args, search)
+    from hyperprompt_jax.t5x import steps_compile  # pylint: disable=g-import-not-at-top
+    return steps_compile.run(args, search)
+  return tpu_compile.run_gin(args)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if '--mfu' in argv or ('--tpu_compile' in argv and not _uses_gin(argv)):
     return _without_gin(argv)
   # Imported here: gin_utils imports gin, which --mfu does without.
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.benchmark', __doc__, argv,
       add_flags=add_flags)
   if args.tpu_compile:
-    from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
-    search = [p for p in args.gin_search_paths.split(',') if p]
-    if not args.setups and tpu_compile.t5x_script(args.gin_file, search):
-      # t5x's own steps (imported here: the package works without t5x).
-      tpu_compile.check_t5x_run(args, search)
-      from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
-      return t5x_compile.run(args, search)
-    return tpu_compile.run_gin(args)
-  from hyperprompt_jax.benchmarks import benchmark as benchmark_lib  # pylint: disable=g-import-not-at-top
-  return benchmark_lib.run(args)
+    return compile_for_tpu(args)
+  from hyperprompt_jax.benchmarks import benchmark_suite  # pylint: disable=g-import-not-at-top
+  return benchmark_suite.run(args)
 
 
 if __name__ == '__main__':
@@ -285,5 +299,5 @@ if __name__ == '__main__':
     except ValueError as e:  # a usage mistake: one line, as gin_utils.run
       print(f'error: {e}', file=sys.stderr)
       sys.exit(2)
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.run(main)

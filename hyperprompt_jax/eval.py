@@ -43,7 +43,7 @@ t5x users who evaluated on TPU get the same summaries from t5x's output:
 import argparse
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -79,8 +79,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.eval', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
-  from hyperprompt_jax.evaluation import eval as eval_lib  # pylint: disable=g-import-not-at-top
-  return eval_lib.run(args)
+  from hyperprompt_jax.evaluation import evaluator  # pylint: disable=g-import-not-at-top
+  return evaluator.run(args)
 
 
 if __name__ == '__main__':

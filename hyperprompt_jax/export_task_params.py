@@ -21,7 +21,7 @@ backbone are checked, each difference named.
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def add_flags(parser) -> None:
@@ -39,8 +39,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.export_task_params', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
-  from hyperprompt_jax.runner import export_task_params as export_lib  # pylint: disable=g-import-not-at-top
-  return export_lib.run(args)
+  from hyperprompt_jax.checkpointing import task_params_export  # pylint: disable=g-import-not-at-top
+  return task_params_export.run(args)
 
 
 if __name__ == '__main__':

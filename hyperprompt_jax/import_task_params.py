@@ -27,7 +27,7 @@ TASK_PARAMS_PATH, NEW_TASK_INIT); `eval` and `infer` read it too.
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def add_flags(parser) -> None:
@@ -50,8 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.import_task_params', __doc__, argv,
       add_flags=add_flags, tensorflow=True)
-  from hyperprompt_jax.runner import import_task_params as import_lib  # pylint: disable=g-import-not-at-top
-  return import_lib.run(args)
+  from hyperprompt_jax.checkpointing import task_params_import  # pylint: disable=g-import-not-at-top
+  return task_params_import.run(args)
 
 
 if __name__ == '__main__':

@@ -20,15 +20,15 @@ greedily, as t5x's evaluation does.
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.infer', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
-  from hyperprompt_jax.evaluation import infer as infer_lib  # pylint: disable=g-import-not-at-top
-  return infer_lib.run(args)
+  from hyperprompt_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
+  return inference.run(args)
 
 
 if __name__ == '__main__':

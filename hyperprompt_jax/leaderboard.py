@@ -36,15 +36,15 @@ MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, LEADERBOARD_BATCH_SIZE.
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.leaderboard', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
-  from hyperprompt_jax.evaluation import leaderboard as leaderboard_lib  # pylint: disable=g-import-not-at-top
-  return leaderboard_lib.run(args)
+  from hyperprompt_jax.evaluation import submission_files  # pylint: disable=g-import-not-at-top
+  return submission_files.run(args)
 
 
 if __name__ == '__main__':

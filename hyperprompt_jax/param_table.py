@@ -24,7 +24,7 @@ spread as in training.
 import argparse
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def _positive(flag: str):
@@ -56,8 +56,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.param_table', __doc__, argv,
       add_flags=add_flags)
-  from hyperprompt_jax.benchmarks import param_table as param_table_lib  # pylint: disable=g-import-not-at-top
-  return param_table_lib.run(args)
+  from hyperprompt_jax.benchmarks import param_counts  # pylint: disable=g-import-not-at-top
+  return param_counts.run(args)
 
 
 if __name__ == '__main__':

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def add_flags(parser) -> None:

@@ -39,15 +39,15 @@ one line per task, a column per checkpoint).
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = gin_utils.command_flags(
       'python -m hyperprompt_jax.probe', __doc__, argv,
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
-  from hyperprompt_jax.evaluation import probe as probe_lib  # pylint: disable=g-import-not-at-top
-  return probe_lib.run(args)
+  from hyperprompt_jax.evaluation import attention_probe  # pylint: disable=g-import-not-at-top
+  return attention_probe.run(args)
 
 
 if __name__ == '__main__':

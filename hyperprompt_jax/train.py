@@ -23,7 +23,7 @@ run's first checkpoint.
 
 from typing import Optional, Sequence
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -32,9 +32,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       add_flags=gin_utils.add_distributed_flags, tensorflow=True)
   # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.evaluation import during_training
-  from hyperprompt_jax.runner import train as train_lib
+  from hyperprompt_jax.runner import training_loop
   # pylint: enable=g-import-not-at-top
-  return train_lib.run(args, evaluation=during_training.EVALUATION)
+  return training_loop.run(args, evaluation=during_training.EVALUATION)
 
 
 if __name__ == '__main__':

@@ -14,11 +14,11 @@ from hyperprompt_jax.tasks import task_ids
 from hyperprompt_jax.tasks.feature_converter import TaskIdsEncDecFeatureConverter
 from hyperprompt_jax.tasks.features import DEFAULT_OUTPUT_FEATURES
 from hyperprompt_jax.tasks.features import FIXTURE_OUTPUT_FEATURES
+from hyperprompt_jax.tasks.registration import EVAL_ONLY
+from hyperprompt_jax.tasks.registration import TaskIdsMixture
 from hyperprompt_jax.tasks.registration import add_mixture
 from hyperprompt_jax.tasks.registration import add_task
 from hyperprompt_jax.tasks.registration import add_to_mixture
-from hyperprompt_jax.tasks.registration import EVAL_ONLY
-from hyperprompt_jax.tasks.registration import TaskIdsMixture
 from hyperprompt_jax.tasks.task_ids import check_num_tasks
 from hyperprompt_jax.tasks.task_ids import run_task_list
 from hyperprompt_jax.tasks.task_ids import task_id

@@ -42,7 +42,7 @@ from typing import Mapping, Optional
 import seqio
 import tensorflow as tf
 
-from hyperprompt_jax.methods import prompt_tuning
+from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.tasks import packing
 
 TASK_IDS = 'task_ids'
@@ -50,7 +50,7 @@ _TASK_IDS_SPEC = seqio.FeatureConverter.FeatureSpec(dtype=tf.int32, rank=0)
 # Per-token task ids of packed rows: model feature -> task feature it follows.
 PACKED_TASK_IDS = {'encoder_task_ids': 'inputs',
                    'decoder_task_ids': 'targets'}
-PROMPT_SLOT_TOKEN = prompt_tuning.PROMPT_SLOT_TOKEN
+PROMPT_SLOT_TOKEN = inputs.PROMPT_SLOT_TOKEN
 
 
 class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):

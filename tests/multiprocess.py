@@ -137,14 +137,14 @@ def reference(out: str, shards: int, steps: int, gin_args: Sequence[str]
   import gin
   import numpy as np
   from flax import traverse_util
-  from hyperprompt_jax.runner import gin_utils
-  from hyperprompt_jax.runner import batches
-  from hyperprompt_jax.runner import input_pipeline
+  from hyperprompt_jax.common import gin_utils
+  from hyperprompt_jax.common import batches
+  from hyperprompt_jax.common import input_pipeline
   from hyperprompt_jax.model import network
-  from hyperprompt_jax.runner import optimizers
-  from hyperprompt_jax.runner import partitioning
-  from hyperprompt_jax.runner import trainer as trainer_lib
-  from hyperprompt_jax.runner import train  # pylint: disable=unused-import
+  from hyperprompt_jax.training import optimizers
+  from hyperprompt_jax.common import partitioning
+  from hyperprompt_jax.training import trainer as trainer_lib
+  from hyperprompt_jax.runner import training_loop  # pylint: disable=unused-import
   # pylint: enable=g-import-not-at-top
   gin_utils.parse_command_line('reference', REFERENCE_USAGE, gin_args)
   macro = lambda name: gin.query_parameter(f'{name}/macro.value')  # pylint: disable=unnecessary-lambda-assignment

@@ -15,9 +15,9 @@ import jax
 import numpy as np
 import optax
 
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
 from hyperprompt_jax.t5 import losses
 
 EOS = 1
@@ -147,7 +147,7 @@ def main() -> None:
   on 2 CPU cores for all variants.
   """
   import argparse  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import optimizers  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.training import optimizers  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser()
   parser.add_argument('--variants', default=','.join(VARIANTS))
   parser.add_argument('--all_steps', type=int, default=2500)

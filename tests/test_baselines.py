@@ -22,9 +22,9 @@ from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import task_blocks
+from hyperprompt_jax.training import optimizers
 
 TASKS = 3
 D = T5X_TINY_CONFIG.emb_dim  # 32

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hyperprompt_jax.runner import batches
+from hyperprompt_jax.common import batches
 
 
 def _batch(**overrides):

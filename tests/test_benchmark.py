@@ -10,21 +10,21 @@ import numpy as np
 import pytest
 
 from conftest import T5X_TINY_CONFIG
-from hyperprompt_jax.benchmarks import benchmark
+from hyperprompt_jax.benchmarks import benchmark_suite
 from hyperprompt_jax.benchmarks import length_estimates
-from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.benchmarks import packing_benchmark
+from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import packing
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 
 def test_train_step_reduces_the_loss_on_a_repeated_batch():
-  cfg = benchmark.variant_config(T5X_TINY_CONFIG, 'global', 'both')
-  model = benchmark.network.Transformer(cfg)
+  cfg = benchmark_suite.variant_config(T5X_TINY_CONFIG, 'global', 'both')
+  model = benchmark_suite.network.Transformer(cfg)
   batch = timing.random_batch(np.random.default_rng(0), 4, 8, 4, 384)
-  params = jax.jit(lambda r: benchmark.network.init_variables(
+  params = jax.jit(lambda r: benchmark_suite.network.init_variables(
       model, r, 8, 4)['params'])(jax.random.PRNGKey(0))
   opt = optimizers.make_optimizer(learning_rate=1e-2)
   state = {'step': jnp.zeros((), jnp.int32), 'params': params,
@@ -42,7 +42,7 @@ def test_train_step_reduces_the_loss_on_a_repeated_batch():
 def test_report_rows():
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1)
-  rows = benchmark.benchmark(cfg, [1, 2], ['global'], 'decoder',
+  rows = benchmark_suite.benchmark(cfg, [1, 2], ['global'], 'decoder',
                              input_length=8, target_length=4, rounds=1,
                              steps=1)
   assert [(r['batch_size'], r['model']) for r in rows] == [
@@ -51,7 +51,7 @@ def test_report_rows():
   assert rows[0]['ratio_to_mtl'] == 1.0 and rows[2]['ratio_to_mtl'] == 1.0
   # More parameters (and optimizer state) than MTL: more peak memory.
   assert rows[1]['peak_ratio_to_mtl'] > 1.0
-  assert 'time / MTL' in benchmark.format_rows(rows)
+  assert 'time / MTL' in benchmark_suite.format_rows(rows)
 
 
 def test_metabalance_rows():
@@ -62,7 +62,7 @@ def test_metabalance_rows():
   target token, for each auxiliary)."""
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1)
-  rows = benchmark.metabalance_benchmark(cfg, 8, [4, 8], input_length=8,
+  rows = benchmark_suite.metabalance_benchmark(cfg, 8, [4, 8], input_length=8,
                                          target_length=4, rounds=1, steps=1)
   assert [(r['num_tasks'], r['gradient']) for r in rows] == [
       (t, g) for t in (4, 8) for g in ('plain', 'each', 'all')]
@@ -88,7 +88,7 @@ def test_decode_rows():
   cache (its decoder gates) decodes too."""
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1, mlp_dim=128)
-  rows = benchmark.decode_benchmark(cfg, 2, ['global', 'hypergrid_lg'],
+  rows = benchmark_suite.decode_benchmark(cfg, 2, ['global', 'hypergrid_lg'],
                                     'both', input_length=8, target_length=4,
                                     rounds=1, steps=1)
   assert [r['model'] for r in rows] == ['mtl', 'global', 'hypergrid_lg']
@@ -101,7 +101,7 @@ def test_variant_table_rows():
   costs FLOPs, the adapters cost parameters."""
   small = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                               num_decoder_layers=1)
-  rows = benchmark.variant_table(small, T5X_TINY_CONFIG,
+  rows = benchmark_suite.variant_table(small, T5X_TINY_CONFIG,
                                  ['adapter', 'prompt_tuning'], 'both',
                                  input_length=8, target_length=4,
                                  batch_size=2, flops_batch_size=2, rounds=1,
@@ -114,13 +114,13 @@ def test_variant_table_rows():
   assert by_model['adapter']['parameter_ratio'] > 1.0
   # 12 prompt positions before 8 tokens: a much longer encoder pass.
   assert by_model['prompt_tuning']['flops_ratio'] > 1.5
-  assert 'FLOPs / MTL' in benchmark.format_table(rows)
+  assert 'FLOPs / MTL' in benchmark_suite.format_table(rows)
 
 
 def test_every_variant_is_task_conditioned_and_mtl_is_not():
-  for name in ('mtl',) + benchmark.VARIANTS:
-    cfg = benchmark.variant_config(T5X_TINY_CONFIG, name, 'both')
-    assert benchmark.network.is_task_conditioned(cfg) == (name != 'mtl')
+  for name in ('mtl',) + benchmark_suite.VARIANTS:
+    cfg = benchmark_suite.variant_config(T5X_TINY_CONFIG, name, 'both')
+    assert benchmark_suite.network.is_task_conditioned(cfg) == (name != 'mtl')
 
 
 def test_packing_rows():
@@ -128,7 +128,7 @@ def test_packing_rows():
   GLUE-like lengths; the estimated lengths follow the mixture's rates."""
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1)
-  configs = {'mtl': benchmark.variant_config(cfg, 'mtl', 'both')}
+  configs = {'mtl': benchmark_suite.variant_config(cfg, 'mtl', 'both')}
   rows = packing_benchmark.packing_benchmark(
       configs, 2, 128, 16, ['glue_super_glue'], rounds=1, steps=1,
       stream_rows=40)['glue_super_glue']

@@ -9,8 +9,8 @@ import pytest
 import conftest
 import numpy_t5
 from conftest import T5X_TINY, T5X_TINY_CONFIG, random_tokens
+from hyperprompt_jax.checkpointing import checkpoints
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
 
 CHECKPOINTS = {
     'orbax': (T5X_TINY / 'orbax' / 'checkpoint_100',

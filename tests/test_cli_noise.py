@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'hyperprompt_jax'
@@ -98,7 +98,7 @@ def test_held_back_stderr_passes_on_all_but_the_startup_lines(capfd):
 
 _FAILING_MAIN = """
 import errno, sys, zipfile
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 failures = {
     'missing': FileNotFoundError(errno.ENOENT, 'No such file', '/x/y.npz'),
     'disk_full': OSError(errno.ENOSPC, 'No space left on device', '/run'),

@@ -4,12 +4,12 @@ import jax
 import numpy as np
 import pytest
 
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import partitioning
 
 import conftest
 

@@ -40,7 +40,7 @@ import gin
 import pytest
 
 from hyperprompt_jax import paths
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIN_DIR = pathlib.Path(paths.gin_dir())
@@ -508,7 +508,7 @@ def _names(doc: pathlib.Path) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize('doc', DOCS, ids=lambda d: d.relative_to(ROOT).as_posix())
 def test_paths_in_inline_code_exist(doc):
-  """`hyperprompt_jax/runner/trainer.py`, `runs/quickstart.gin`,
+  """`hyperprompt_jax/training/trainer.py`, `runs/quickstart.gin`,
   `models/t5_1_1_{small,base}.gin`: files of the checkout or of the gin
   directory."""
   missing = []
@@ -536,7 +536,7 @@ def _module_and_rest(name: str):
 
 @pytest.mark.parametrize('doc', DOCS, ids=lambda d: d.relative_to(ROOT).as_posix())
 def test_dotted_names_exist(doc):
-  """`hyperprompt_jax.runner.optimizers.make_optimizer`: the module exists
+  """`hyperprompt_jax.training.optimizers.make_optimizer`: the module exists
   and holds the name (modules that need t5x only where it is installed)."""
   missing = []
   for line, span in _names(doc):

@@ -12,17 +12,17 @@ import scipy.stats
 import seqio
 import sklearn.metrics
 
-from hyperprompt_jax import tasks
 from hyperprompt_jax import eval as eval_command
+from hyperprompt_jax import tasks
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
-from hyperprompt_jax.evaluation import infer as infer_lib
+from hyperprompt_jax.evaluation import evaluator
+from hyperprompt_jax.evaluation import inference
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.tasks import postprocessors
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
 
 import conftest
 
@@ -54,7 +54,7 @@ def run_dir(tmp_path_factory):
   """checkpoint_20 and checkpoint_40 of a tiny run on RTE, MNLI and STS-B
   (built-in runner): long enough to produce labels, not to be right."""
   model_dir = tmp_path_factory.mktemp('eval') / 'run'
-  train_lib.train(_model(), settings=run_settings.RunSettings(
+  training_loop.train(_model(), settings=run_settings.RunSettings(
       model_dir=str(model_dir), train_steps=LAST, batch_size=16,
       mixture_or_task_name=TRAIN_MIXTURE, task_feature_lengths=LENGTHS,
       save_period=FIRST, log_period=LAST,
@@ -65,7 +65,7 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope='module')
 def evaluated(run_dir):
   out = run_dir.parent / 'eval_out'
-  summary = eval_lib.evaluate(
+  summary = evaluator.evaluate(
       _model(), job=checkpoint_job.CheckpointJob(
           checkpoint_path=str(run_dir), output_dir=str(out),
           mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS,
@@ -112,7 +112,7 @@ def test_evaluation_of_a_checkpoint_directory(evaluated, run_dir, capsys):
 def test_metrics_equal_an_independent_computation_from_predictions(
     evaluated, run_dir, tmp_path):
   summary, _ = evaluated
-  written = infer_lib.infer(_model(), job=checkpoint_job.CheckpointJob(
+  written = inference.infer(_model(), job=checkpoint_job.CheckpointJob(
       checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
       output_dir=str(tmp_path), mixture_or_task_name=MIXTURE,
       task_feature_lengths=LENGTHS, batch_size=32))
@@ -136,7 +136,7 @@ def test_metrics_equal_an_independent_computation_from_predictions(
 
 
 def test_inference_round_trips_through_the_postprocessor(run_dir, tmp_path):
-  written = infer_lib.infer(
+  written = inference.infer(
       _model(), job=checkpoint_job.CheckpointJob(
           checkpoint_path=str(run_dir / f'checkpoint_{LAST}'),
           output_dir=str(tmp_path), mixture_or_task_name='fixture_glue_rte',
@@ -235,15 +235,15 @@ def test_t5x_metrics_of_a_direct_evaluation_give_its_summary(evaluated,
 def test_majority_scores_by_hand():
   mrpc = seqio.get_mixture_or_task('fixture_glue_mrpc')
   # Majority 1: accuracy 2/3, F1 of class 1 = 2*(2/3)/(1 + 2/3) = 0.8.
-  assert eval_lib.majority_score(mrpc, [1, 1, 0]) == pytest.approx(
+  assert evaluator.majority_score(mrpc, [1, 1, 0]) == pytest.approx(
       (100 * 2 / 3 + 80) / 2)
   cola = seqio.get_mixture_or_task('fixture_glue_cola')
-  assert eval_lib.majority_score(cola, [1, 0, 1, 1]) == 0.0
+  assert evaluator.majority_score(cola, [1, 0, 1, 1]) == 0.0
   multirc = seqio.get_mixture_or_task('fixture_super_glue_multirc')
   targets = [{'group': 0, 'value': 1}, {'group': 0, 'value': 0},
              {'group': 1, 'value': 0}, {'group': 1, 'value': 0}]
   # Predict 0 everywhere: exact match on question 1 only (50), F1a 0.
-  assert eval_lib.majority_score(multirc, targets) == pytest.approx(25.0)
+  assert evaluator.majority_score(multirc, targets) == pytest.approx(25.0)
 
 
 # ---------------------------------------------------------------- bad input --
@@ -255,7 +255,7 @@ def _evaluate(tmp_path, **overrides):
   job = dict(checkpoint_path=str(tmp_path), output_dir=str(tmp_path / 'out'),
              mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS)
   job.update({k: v for k, v in overrides.items() if k in fields})
-  return eval_lib.evaluate(
+  return evaluator.evaluate(
       _model(), job=checkpoint_job.CheckpointJob(**job),
       **{k: v for k, v in overrides.items() if k not in fields})
 
@@ -295,13 +295,13 @@ def test_a_checkpoint_deleted_while_eval_runs_is_not_unreadable(
   for step in (FIRST, LAST):
     shutil.copytree(run_dir / f'checkpoint_{step}',
                     checkpoints / f'checkpoint_{step}')
-  restore = eval_lib.checkpoints.restore_params
+  restore = evaluator.checkpoints.restore_params
 
   def restore_after_the_trainer_deleted_the_last(path, *args, **kwargs):
     shutil.rmtree(checkpoints / f'checkpoint_{LAST}', ignore_errors=True)
     return restore(path, *args, **kwargs)
 
-  monkeypatch.setattr(eval_lib.checkpoints, 'restore_params',
+  monkeypatch.setattr(evaluator.checkpoints, 'restore_params',
                       restore_after_the_trainer_deleted_the_last)
   summary = _evaluate(tmp_path, checkpoint_path=str(checkpoints),
                       mixture_or_task_name='fixture_glue_rte')
@@ -321,14 +321,14 @@ def test_an_unlabelled_split_is_refused_before_any_checkpoint(run_dir,
 
 
 def test_unlabelled_targets_by_hand():
-  assert eval_lib._unlabelled([-1, -1])  # GLUE / SuperGLUE classes
-  assert eval_lib._unlabelled([-1.0])  # STS-B
-  assert eval_lib._unlabelled([{'group': 0, 'value': -1}])  # MultiRC
-  assert eval_lib._unlabelled([[], []])  # ReCoRD: no answers
-  assert not eval_lib._unlabelled([-1, 0])
-  assert not eval_lib._unlabelled([{'group': 0, 'value': 1}])
-  assert not eval_lib._unlabelled([['an answer']])
-  assert not eval_lib._unlabelled(['free text'])
+  assert evaluator._unlabelled([-1, -1])  # GLUE / SuperGLUE classes
+  assert evaluator._unlabelled([-1.0])  # STS-B
+  assert evaluator._unlabelled([{'group': 0, 'value': -1}])  # MultiRC
+  assert evaluator._unlabelled([[], []])  # ReCoRD: no answers
+  assert not evaluator._unlabelled([-1, 0])
+  assert not evaluator._unlabelled([{'group': 0, 'value': 1}])
+  assert not evaluator._unlabelled([['an answer']])
+  assert not evaluator._unlabelled(['free text'])
 
 
 def test_unknown_task_is_a_clear_error(run_dir, tmp_path):
@@ -344,7 +344,7 @@ def test_unwritable_output_dir_is_a_clear_error(run_dir, tmp_path):
     _evaluate(tmp_path, checkpoint_path=str(run_dir),
               output_dir=str(blocker / 'out'))
   with pytest.raises(ValueError, match='INFER_OUTPUT_DIR .* is not writable'):
-    infer_lib.infer(_model(), job=checkpoint_job.CheckpointJob(
+    inference.infer(_model(), job=checkpoint_job.CheckpointJob(
         checkpoint_path=str(run_dir / f'checkpoint_{FIRST}'),
         output_dir=str(blocker / 'out'), mixture_or_task_name=MIXTURE,
         task_feature_lengths=LENGTHS))
@@ -361,7 +361,7 @@ def test_metrics_dir_without_metrics_is_a_clear_error(tmp_path):
 # ---------------------------------------------------------------- run files --
 
 def _parsed_model(files, macros=()):
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:
@@ -394,7 +394,7 @@ def test_evaluating_a_step_again_replaces_its_metrics_line(tmp_path):
   path = tmp_path / 'glue_rte-metrics.jsonl'
   path.write_text('{"step": 100, "accuracy": 40.0}\n'
                   '{"step": 200, "accuracy": 45.0}\n')
-  logger = eval_lib.json_logger_cls(0)(str(tmp_path))
+  logger = evaluator.json_logger_cls(0)(str(tmp_path))
   for accuracy in (50.0, 60.0):
     logger(task_name='glue_rte', step=200,
            metrics={'accuracy': seqio.metrics.Scalar(accuracy)},

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hyperprompt_jax import eval as eval_command
-from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import evaluator
 from hyperprompt_jax.evaluation import run_config as protocol
 
 import conftest
@@ -209,16 +209,16 @@ def test_several_metrics_dirs_are_summarised_and_aggregated(tmp_path, capsys):
 
 
 def test_run_names():
-  assert eval_lib.run_names(['/r/seed0', 'gs://b/seed1/']) == ['seed0',
+  assert evaluator.run_names(['/r/seed0', 'gs://b/seed1/']) == ['seed0',
                                                                'seed1']
-  assert eval_lib.run_names(['/a/run/inference_eval', '/a/x']) == ['run', 'x']
-  assert eval_lib.run_names(['/a/run', '/b/run']) == ['run0', 'run1']
+  assert evaluator.run_names(['/a/run/inference_eval', '/a/x']) == ['run', 'x']
+  assert evaluator.run_names(['/a/run', '/b/run']) == ['run0', 'run1']
 
 
 # ---------------------------------------------------------------- gin files --
 
 def _macros(files):
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:

@@ -20,18 +20,18 @@ import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import tasks
+from hyperprompt_jax.checkpointing import checkpoint_manager
+from hyperprompt_jax.checkpointing import run_record
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.evaluation import evaluator
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoint_manager
-from hyperprompt_jax.runner import optimizers
 from hyperprompt_jax.runner import run_lock
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 import conftest
 
@@ -75,10 +75,10 @@ def trained(tmp_path_factory):
   gin.clear_config()
   # A binding only this run has, to tell its config record from others'.
   gin.bind_parameter(
-      'hyperprompt_jax.runner.run_settings.RunSettings.use_cached_tasks',
+      'hyperprompt_jax.training.run_settings.RunSettings.use_cached_tasks',
       False)
   try:
-    result = train_lib.train(_model(), settings=_settings(model_dir))
+    result = training_loop.train(_model(), settings=_settings(model_dir))
   finally:
     gin.clear_config()
   return model_dir, _flat(result['params'])
@@ -118,7 +118,7 @@ def test_resume_skips_an_unreadable_newest_checkpoint(trained, tmp_path,
   model_dir = _copy(trained, tmp_path)
   damage(model_dir / f'checkpoint_{STEPS}')
   with caplog.at_level('INFO'):
-    result = train_lib.train(_model(), settings=_settings(model_dir))
+    result = training_loop.train(_model(), settings=_settings(model_dir))
   log = '\n'.join(r.getMessage() for r in caplog.records)
   assert f'checkpoint_{STEPS} cannot be restored' in log, log
   assert 'resumed from checkpoint_4' in log, log
@@ -138,7 +138,7 @@ def test_all_checkpoints_unreadable_is_an_error_that_moves_nothing(
   before = _files(model_dir)
   with pytest.raises(checkpoint_manager.UnreadableCheckpointsError,
                      match='None of the checkpoints .* can be restored'):
-    train_lib.train(_model(), settings=_settings(model_dir))
+    training_loop.train(_model(), settings=_settings(model_dir))
   assert _files(model_dir) == before
 
 
@@ -153,13 +153,13 @@ def test_resume_with_other_settings_is_refused_naming_them(trained,
   with pytest.raises(checkpoint_manager.ResumeMismatchError,
                      match=f"MIXTURE_OR_TASK_NAME: '{MIXTURE}'"
                      r" -> 'fixture_glue_rte'"):
-    train_lib.train(_model(), settings=_settings(
+    training_loop.train(_model(), settings=_settings(
         model_dir, train_steps=8,
         mixture_or_task_name='fixture_glue_rte'))
   with pytest.raises(checkpoint_manager.ResumeMismatchError,
                      match=r'T5Config.hyperprompt.encoder_prompt_length: '
                      r'4 -> 6'):
-    train_lib.train(_model(encoder_prompt_length=6),
+    training_loop.train(_model(encoder_prompt_length=6),
                     settings=_settings(model_dir, train_steps=8))
   # The task ids (user tasks take ids in import order): the same tasks in
   # another order would read every task-indexed row as another task's.
@@ -169,7 +169,7 @@ def test_resume_with_other_settings_is_refused_naming_them(trained,
     with pytest.raises(checkpoint_manager.ResumeMismatchError,
                        match=f"task '{glue[0]}' has id 0 in the checkpoint "
                        f'but id {len(glue) - 1} in this run'):
-      train_lib.train(_model(), settings=_settings(model_dir, train_steps=8))
+      training_loop.train(_model(), settings=_settings(model_dir, train_steps=8))
   finally:
     gin.clear_config()
   # A failed start leaves the record of the run that wrote the checkpoints.
@@ -180,16 +180,16 @@ def test_resume_with_other_settings_is_refused_naming_them(trained,
     shutil.rmtree(run)
   with pytest.raises(checkpoint_manager.ResumeMismatchError,
                      match=r'shapes differ: params/encoder/.*prompt.* -> '):
-    train_lib.train(_model(encoder_prompt_length=6),
+    training_loop.train(_model(encoder_prompt_length=6),
                     settings=_settings(model_dir, train_steps=8))
 
 
 def test_train_steps_at_or_below_the_resumed_step(trained, tmp_path, caplog):
   model_dir = _copy(trained, tmp_path)
   with pytest.raises(ValueError, match=f'at step {STEPS}, past TRAIN_STEPS=4'):
-    train_lib.train(_model(), settings=_settings(model_dir, train_steps=4))
+    training_loop.train(_model(), settings=_settings(model_dir, train_steps=4))
   with caplog.at_level('INFO'):
-    result = train_lib.train(_model(), settings=_settings(model_dir))
+    result = training_loop.train(_model(), settings=_settings(model_dir))
   assert result['step'] == STEPS
   assert 'nothing to train' in caplog.text
 
@@ -222,7 +222,7 @@ def test_settings_that_cannot_work_fail_before_anything(tmp_path, overrides,
   old.mkdir(parents=True)
   (old / 'keep.txt').write_text('x')
   with pytest.raises(ValueError, match=message):
-    train_lib.train(_model(),
+    training_loop.train(_model(),
                     settings=_settings(tmp_path / 'run', **overrides))
   assert _files(tmp_path / 'run') == ['checkpoint_2', 'checkpoint_2/keep.txt']
 
@@ -254,7 +254,7 @@ def test_a_second_trainer_is_refused_naming_the_first(tmp_path):
     with pytest.raises(run_lock.DirectoryInUseError,
                        match=f'in use by another trainer: pid {os.getpid()} '
                        f'on {socket.gethostname()}'):
-      train_lib.train(_model(), settings=_settings(tmp_path))
+      training_loop.train(_model(), settings=_settings(tmp_path))
     assert _files(tmp_path) == [run_lock.LOCK_FILE]
   assert _files(tmp_path) == []  # released
 
@@ -334,7 +334,7 @@ def test_a_run_whose_lock_was_taken_stops_before_saving(tmp_path,
   with pytest.raises(run_lock.LockLostError,
                      match='pid 4242 on elsewhere .* took it over.*stops '
                      'without saving'):
-    train_lib.train(_model(), settings=_settings(
+    training_loop.train(_model(), settings=_settings(
         model_dir, mixture_or_task_name='fixture_glue_rte'))
   assert sorted(p.name for p in model_dir.glob('checkpoint_*')) == [
       'checkpoint_2']
@@ -380,7 +380,7 @@ def test_a_mixture_with_nothing_to_sample_fails_before_anything(
     empty_train_task, tmp_path, mixture, message):
   del empty_train_task
   with pytest.raises(ValueError, match=message):
-    train_lib.train(_model(), settings=_settings(tmp_path / 'run',
+    training_loop.train(_model(), settings=_settings(tmp_path / 'run',
                                         mixture_or_task_name=mixture))
   assert not (tmp_path / 'run').exists()
 
@@ -402,12 +402,12 @@ def test_eval_refuses_a_checkpoint_read_as_another_model_or_task_list(
   with pytest.raises(run_record.RecordMismatchError,
                      match=r"T5Config.mlp_activations: \('gelu', 'linear'\) "
                      r"-> \('relu', 'linear'\).*allow_mismatch=True"):
-    eval_lib.evaluate(relu, **kwargs)
+    evaluator.evaluate(relu, **kwargs)
   gin.bind_parameter('run_task_list.tasks', glue[::-1])
   try:
     with pytest.raises(run_record.RecordMismatchError,
                        match=f"task '{glue[0]}' has id 0 in the checkpoint"):
-      eval_lib.evaluate(model, **kwargs)
+      evaluator.evaluate(model, **kwargs)
     gin.bind_parameter('run_record.check_checkpoint.allow_mismatch', True)
     run_record.check_checkpoint(checkpoint, model.config,
                                 task_ids.run_task_list())  # warns only

@@ -16,11 +16,11 @@ import pytest
 
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
+from hyperprompt_jax.common import batches
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.evaluation import run_config
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import gin_utils
 
 GIN_DIR = pathlib.Path(paths.gin_dir())
 PROJECT_FILES = sorted(p.relative_to(GIN_DIR).as_posix()

@@ -14,8 +14,8 @@ import pytest
 import conftest
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.t5 import task_blocks
+from hyperprompt_jax.training import trainer
 
 
 def _model(name, form):

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from hyperprompt_jax.runner import host_memory
+from hyperprompt_jax.common import host_memory
 
 BLOCK_MB = 256
 PAGES = BLOCK_MB * 2**20 // os.sysconf('SC_PAGE_SIZE')
@@ -21,7 +21,7 @@ PAGES = BLOCK_MB * 2**20 // os.sysconf('SC_PAGE_SIZE')
 # page is one page of SC_PAGE_SIZE whatever the machine's THP setting.
 _CHILD = textwrap.dedent(f"""
     import ctypes, resource, sys
-    from hyperprompt_jax.runner import host_memory
+    from hyperprompt_jax.common import host_memory
     libc = ctypes.CDLL({ctypes.util.find_library('c')!r})
     assert libc.prctl(41, 1, 0, 0, 0) == 0
     if sys.argv[1] == 'reuse':

@@ -313,8 +313,8 @@ import json
 import jax, numpy as np
 from flax.linen import partitioning as nn_partitioning
 from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import hypergrid
-from hyperprompt_jax.runner import partitioning
 rng = np.random.default_rng(0)
 rows, length, d_in, d_out, s, k_in, k_out = 8, 32, 8, 12, 3, 4, 6
 x = rng.normal(size=(rows, length, d_in)).astype(np.float32)

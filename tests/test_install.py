@@ -45,3 +45,43 @@ def test_wheel_layout(tmp_path):
   assert tops == {'hyperprompt_jax', f'hyperprompt_jax-{hyperprompt_jax.__version__}.dist-info'}
   # The installed paths.gin_dir() looks in the package first.
   assert paths.gin_dir().endswith('gin')
+
+
+def test_no_module_name_twice():
+  """One name a module: no two modules of the package (its folders and the
+  top-level `tasks/`) share a file name, so a traceback or a grep names
+  one file; `__init__.py` aside."""
+  modules = [p for p in (*(ROOT / 'hyperprompt_jax').rglob('*.py'),
+                         *(ROOT / 'tasks').rglob('*.py'))
+             if p.name != '__init__.py']
+  seen = {}
+  for path in modules:
+    seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+  assert {n: p for n, p in seen.items() if len(p) > 1} == {}
+
+
+def test_moved_modules_import_by_their_old_path():
+  """A 0.1 path (a user's gin file or code) still imports, for one release:
+  the same module object as the new path, with a DeprecationWarning that
+  names the new path."""
+  code = (
+      'import warnings, importlib\n'
+      'warnings.simplefilter("error")\n'
+      'from hyperprompt_jax import MOVED_MODULES\n'
+      'assert len(MOVED_MODULES) == 26\n'
+      'for old, new in MOVED_MODULES.items():\n'
+      '  if old.startswith("t5x."): continue  # needs t5x\n'
+      '  try:\n'
+      '    importlib.import_module("hyperprompt_jax." + old)\n'
+      '  except DeprecationWarning as e:\n'
+      '    assert f"hyperprompt_jax.{new}" in str(e), e\n'
+      '  else:\n'
+      '    raise AssertionError(old)\n'
+      'warnings.simplefilter("ignore")\n'
+      'import hyperprompt_jax.runner.trainer as old\n'
+      'import hyperprompt_jax.training.trainer as new\n'
+      'assert old is new\n'
+      'from hyperprompt_jax.runner import optimizers\n'
+      'assert optimizers.make_optimizer is importlib.import_module(\n'
+      '    "hyperprompt_jax.training.optimizers").make_optimizer\n')
+  subprocess.run([sys.executable, '-c', code], check=True, cwd=ROOT)

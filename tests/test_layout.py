@@ -10,8 +10,8 @@ import gin
 import numpy as np
 import pytest
 
-from hyperprompt_jax import paths
 from hyperprompt_jax import param_table
+from hyperprompt_jax import paths
 
 GIN_MODELS = sorted(
     (pathlib.Path(paths.gin_dir()) / 'models').glob('*.gin')
@@ -118,7 +118,7 @@ def test_t5_1_0_models_have_the_published_dimensions(size):
   d, heads, head_dim, d_ff, layers = T5_1_0[size]
   gin.clear_config()
   try:
-    from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+    from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
     from hyperprompt_jax.model import network  # pylint: disable=g-import-not-at-top
     gin_utils.parse_gin([f'models/t5_{size}.gin'], [])
     cfg = gin.get_configurable(network.Transformer)().config

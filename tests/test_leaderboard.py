@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import leaderboard
+from hyperprompt_jax.evaluation import submission_files
 from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import fixture_data
 
@@ -55,16 +55,16 @@ CASES = {
 @pytest.mark.parametrize('task', sorted(CASES))
 def test_each_format_equals_its_hand_written_file(task):
   records, invalid = CASES[task]
-  name, content, replaced = leaderboard.format_file(task, records)
+  name, content, replaced = submission_files.format_file(task, records)
   assert content == (EXPECTED / name).read_text(), name
   assert replaced == invalid
 
 
 def test_fixture_tasks_write_their_benchmark_file():
-  assert leaderboard.file_task('fixture_glue_mnli_matched') == (
+  assert submission_files.file_task('fixture_glue_mnli_matched') == (
       'glue_mnli_matched')
-  assert leaderboard.file_task('super_glue_wsc_simple_train') is None
-  assert leaderboard.FILES['glue_mnli_matched'][0] == 'MNLI-m.tsv'
+  assert submission_files.file_task('super_glue_wsc_simple_train') is None
+  assert submission_files.FILES['glue_mnli_matched'][0] == 'MNLI-m.tsv'
 
 
 def test_the_command_on_the_fixtures_test_splits(tmp_path):
@@ -89,7 +89,7 @@ def test_the_command_on_the_fixtures_test_splits(tmp_path):
                                 ('fixture_super_glue_multirc', 1.0),
                                 ('fixture_super_glue_record', 1.0)])
   try:
-    summary = leaderboard.write_files(model, job=checkpoint_job.CheckpointJob(
+    summary = submission_files.write_files(model, job=checkpoint_job.CheckpointJob(
         checkpoint_path=str(tmp_path / 'checkpoint_3'),
         output_dir=str(tmp_path / 'out'), mixture_or_task_name=mixture,
         task_feature_lengths={'inputs': 128, 'targets': 8}, split='test',
@@ -101,7 +101,7 @@ def test_the_command_on_the_fixtures_test_splits(tmp_path):
   mnli = (out / 'MNLI-m.tsv').read_text().splitlines()
   assert mnli[0] == 'index\tprediction'
   assert [int(l.split('\t')[0]) for l in mnli[1:]] == list(range(n))
-  assert all(l.split('\t')[1] in leaderboard._NLI3 for l in mnli[1:])
+  assert all(l.split('\t')[1] in submission_files._NLI3 for l in mnli[1:])
   multirc = [json.loads(l) for l in (out / 'MultiRC.jsonl').read_text()
              .splitlines()]
   assert [p['idx'] for p in multirc] == list(range(n // 2))
@@ -123,7 +123,7 @@ def test_a_mixture_without_server_tasks_is_refused(tmp_path):
   (tmp_path / 'checkpoint_1').mkdir()
   with pytest.raises(ValueError, match="no GLUE / SuperGLUE task with a "
                      "'test' split"):
-    leaderboard.write_files(
+    submission_files.write_files(
         network.Transformer(conftest.T5X_TINY_CONFIG.__class__(
             **{**vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8})),
         job=checkpoint_job.CheckpointJob(

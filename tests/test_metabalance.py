@@ -14,18 +14,18 @@ import pytest
 
 import conftest
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoint_manager
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import batches
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import checkpoint_manager
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.t5 import losses
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 R, BETA, K = 0.7, 0.9, 3
 U = conftest.FLOAT32_UNIT_ROUNDOFF
@@ -554,7 +554,7 @@ def _train(model_dir, steps, **overrides):
       metabalance_settings=metabalance.Settings(
           target_task='fixture_glue_rte', beta=0.5))
   kwargs.update(overrides)
-  return train_lib.train(_model(),
+  return training_loop.train(_model(),
                          settings=run_settings.RunSettings(**kwargs))
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from hyperprompt_jax import paths
-from hyperprompt_jax.benchmarks import benchmark
+from hyperprompt_jax.benchmarks import benchmark_suite
 from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import mfu
+from hyperprompt_jax.common import batches
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
 from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import super_glue
 
@@ -43,7 +43,7 @@ def test_backbones_are_the_gin_models(backbone):
 def test_models_are_the_gin_variants(model):
   base = mfu.model_config('t5_1_1_base', 'mtl')
   assert mfu.model_config('t5_1_1_base', model) == dataclasses.replace(
-      benchmark.variant_config(base, model, 'both'))
+      benchmark_suite.variant_config(base, model, 'both'))
 
 
 def test_length_estimates_weigh_tasks_by_their_training_examples():

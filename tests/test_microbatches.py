@@ -10,16 +10,16 @@ import pytest
 
 import conftest
 from hyperprompt_jax import task_params
+from hyperprompt_jax.common import batches as batch_lib
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches as batch_lib
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.t5 import losses
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 LENGTHS = {'inputs': 64, 'targets': 8}
 
@@ -312,7 +312,7 @@ def test_train_refuses_a_bad_num_microbatches_before_compiling(model,
                                                               tmp_path):
   """Through `train`: BATCH_SIZE 8 on one data shard, 3 parts."""
   with pytest.raises(ValueError, match='NUM_MICROBATCHES=3 does not divide'):
-    train_lib.train(model, settings=run_settings.RunSettings(
+    training_loop.train(model, settings=run_settings.RunSettings(
         model_dir=str(tmp_path / 'run'),
         mixture_or_task_name='fixture_glue_proportional',
         task_feature_lengths=LENGTHS, train_steps=1, batch_size=8,

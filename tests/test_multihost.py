@@ -23,13 +23,13 @@ import gin
 import numpy as np
 import pytest
 
+from hyperprompt_jax.checkpointing import checkpoint_manager
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import multihost
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoint_manager
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.runner import run_lock
-from hyperprompt_jax.runner import run_record
 
 import conftest
 import multiprocess

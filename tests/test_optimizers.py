@@ -15,7 +15,7 @@ from conftest import T5X_TINY_CONFIG, random_tokens
 import conftest
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.training import optimizers
 
 CFG = dataclasses.replace(
     T5X_TINY_CONFIG, num_tasks=3,
@@ -250,7 +250,7 @@ def test_operative_config_records_the_parameter_scaling():
   gin.clear_config()
   try:
     gin.parse_config('from __gin__ import dynamic_registration\n'
-                     'from hyperprompt_jax.runner import optimizers\n'
+                     'from hyperprompt_jax.training import optimizers\n'
                      'optimizers.make_optimizer.learning_rate = 0.01\n')
     gin.get_configurable(optimizers.make_optimizer)()
     operative = gin.operative_config_str()

@@ -16,18 +16,18 @@ import tensorflow as tf
 
 import conftest
 from conftest import T5X_TINY_CONFIG
+from hyperprompt_jax.common import batches
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import losses
 from hyperprompt_jax.t5 import task_blocks
 from hyperprompt_jax.tasks import feature_converter
+from hyperprompt_jax.training import trainer
 
 TASKS = 3
 PROMPT_TUNING_LENGTH = 2

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from hyperprompt_jax import param_table as param_table_command
-from hyperprompt_jax.benchmarks import param_table
+from hyperprompt_jax.benchmarks import param_counts
 from hyperprompt_jax.model import network
 
 TINY = '--gin_file=models/t5_1_1_tiny.gin'
@@ -25,7 +25,7 @@ def _run(*argv: str) -> tuple[dict, network.T5Config]:
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     assert param_table_command.main([*argv, '--json']) == 0
-  return json.loads(out.getvalue()), param_table.build_network().config
+  return json.loads(out.getvalue()), param_counts.build_network().config
 
 
 def _flops(*argv: str) -> float:

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from hyperprompt_jax import paths
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import partitioning
 
 import conftest
 import multiprocess
@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent('''
     from flax.linen import partitioning as nn_partitioning
     from hyperprompt_jax.methods import hyperprompt
     from hyperprompt_jax.model import network
-    from hyperprompt_jax.runner import partitioning
+    from hyperprompt_jax.common import partitioning
 
     assert jax.device_count() == 8
     cfg = network.T5Config(vocab_size=384, emb_dim=32, num_heads=4, head_dim=8,
@@ -89,7 +89,7 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     from hyperprompt_jax.methods import adapters, hyperprompt
     from hyperprompt_jax.model import network
     from hyperprompt_jax.t5 import placement
-    from hyperprompt_jax.runner import partitioning, trainer
+    from hyperprompt_jax.common import partitioning, trainer
 
     assert jax.device_count() == 8
     tasks, enc_len, dec_len = 4, 32, 8

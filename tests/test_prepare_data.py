@@ -11,7 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from hyperprompt_jax import prepare_data
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.tasks import prepare
 import tfds_sources
 

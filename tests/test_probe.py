@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hyperprompt_jax.evaluation import attention_probe
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import probe
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.t5 import layers
@@ -51,11 +51,11 @@ _PROBE_STEPS = {}
 
 
 def _probe_step(model):
-  """`probe.make_probe_step(model)`, made once per configuration: tests of
+  """`attention_probe.make_probe_step(model)`, made once per configuration: tests of
   one model share its compiled step (their parameters differ, not the
   program)."""
   if model.config not in _PROBE_STEPS:
-    _PROBE_STEPS[model.config] = probe.make_probe_step(model)
+    _PROBE_STEPS[model.config] = attention_probe.make_probe_step(model)
   return _PROBE_STEPS[model.config]
 
 
@@ -77,7 +77,7 @@ def test_statistics_against_numpy():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 3, 5, 7))
   w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-  got = jax.device_get(probe.attention_statistics(w, 3))
+  got = jax.device_get(attention_probe.attention_statistics(w, 3))
   mass = w[..., :3].sum(-1)
   conftest.assert_close_to_scale(got['prompt_mass'], mass, _bound(7, 1),
                                  mass)
@@ -188,7 +188,7 @@ def test_mtl_has_entropy_and_no_mass():
   conftest.assert_close_to_scale(enc['entropy'][:, 1] / 6,
                                  np.full((2, 2), math.log(6)), _bound(6, 6),
                                  math.log(6) + 1)
-  assert not probe.has_prompts(model.config, 'encoder')
+  assert not attention_probe.has_prompts(model.config, 'encoder')
 
 
 def test_prompt_tuning_mass_is_on_the_soft_prompt_positions():
@@ -206,8 +206,8 @@ def test_prompt_tuning_mass_is_on_the_soft_prompt_positions():
           np.full((2, 2), 3 / columns), _bound(columns, 6), 3 / columns)
   # The soft prompts are not queries: 6 and 4 real encoder queries.
   assert out['counts']['encoder'][1] == 6
-  assert probe.has_prompts(model.config, 'cross')
-  assert not probe.has_prompts(model.config, 'decoder')
+  assert attention_probe.has_prompts(model.config, 'cross')
+  assert not attention_probe.has_prompts(model.config, 'decoder')
 
 
 def test_the_probe_changes_nothing_when_off():
@@ -234,7 +234,7 @@ def test_probe_command_writes_json_and_plots(tmp_path):
     ocp.PyTreeCheckpointer().save(
         tmp_path / 'run' / f'checkpoint_{step}' / 'state',
         {'params': params, 'step': np.int32(step)})
-  summary = probe.probe(
+  summary = attention_probe.probe(
       model, job=checkpoint_job.CheckpointJob(
           checkpoint_path=str(tmp_path / 'run'),
           output_dir=str(tmp_path / 'out'),
@@ -248,6 +248,6 @@ def test_probe_command_writes_json_and_plots(tmp_path):
   assert len(rte['prompt_mass']) == 2 and len(rte['prompt_mass'][0]) == 2
   assert all(0 < m < 1 for layer in rte['prompt_mass'] for m in layer)
   assert written['steps']['20']['cross']['glue_rte']['prompt_mass'] is None
-  for stack in probe.STACKS:
+  for stack in attention_probe.STACKS:
     png = (tmp_path / 'out' / f'probe_{stack}.png').read_bytes()
     assert png[:4] == b'\x89PNG'

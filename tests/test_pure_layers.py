@@ -26,10 +26,10 @@ PURE_MODULES = (
     'hyperprompt_jax.t5.inputs',
     'hyperprompt_jax.methods',
     'hyperprompt_jax.methods.param_groups',
-    'hyperprompt_jax.runner.trainer',
-    'hyperprompt_jax.runner.optimizers',
-    'hyperprompt_jax.runner.partitioning',
-    'hyperprompt_jax.runner.metabalance',
+    'hyperprompt_jax.training.trainer',
+    'hyperprompt_jax.training.optimizers',
+    'hyperprompt_jax.common.partitioning',
+    'hyperprompt_jax.training.metabalance',
     'hyperprompt_jax.benchmarks.timing',
     'hyperprompt_jax.benchmarks.mfu',
 )
@@ -108,8 +108,8 @@ for name in {modules!r}:
   importlib.import_module(name)
 above = sorted(m for m in sys.modules if m.startswith((
     'hyperprompt_jax.tasks', 'hyperprompt_jax.evaluation',
-    'hyperprompt_jax.task_params', 'hyperprompt_jax.runner.input_pipeline',
-    'hyperprompt_jax.runner.batches', 'hyperprompt_jax.runner.checkpoints')))
+    'hyperprompt_jax.task_params', 'hyperprompt_jax.common.input_pipeline',
+    'hyperprompt_jax.common.batches', 'hyperprompt_jax.checkpointing.checkpoints')))
 assert not above, above
 
 import functools
@@ -119,8 +119,8 @@ import numpy as np
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 cfg = mfu.model_config('t5_1_1_tiny', 'global', 'float32')
 model = network.Transformer(cfg)
@@ -158,6 +158,6 @@ _DECODE_SCRIPT = _SCRIPT.split('above = ', 1)[0] + "print('imported')\n"
 
 def test_the_decode_and_the_tpu_compile_import_no_tensorflow_seqio_or_gin():
   assert 'imported' in _stdout_without_blocked(_DECODE_SCRIPT.format(
-      blocked=BLOCKED, modules=('hyperprompt_jax.runner.batches',
+      blocked=BLOCKED, modules=('hyperprompt_jax.common.batches',
                                 'hyperprompt_jax.evaluation.predictor',
                                 'hyperprompt_jax.benchmarks.tpu_compile')))

@@ -10,9 +10,9 @@ import pytest
 
 import conftest
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.checkpointing import checkpoints
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
 import test_packing
 
 POLICIES = ('minimal', 'full')

@@ -264,7 +264,7 @@ _PER_TASK_ON_A_MESH = """
 import json
 import jax, numpy as np
 from flax.linen import partitioning as nn_partitioning
-from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.t5 import segment_kernels
 import test_segment_kernels
 rng = np.random.default_rng(0)

@@ -37,6 +37,8 @@ from t5x import train_state as t5x_train_state
 
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
@@ -44,13 +46,12 @@ from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.t5 import losses
 from hyperprompt_jax.t5x import data_checkpoint
+from hyperprompt_jax.t5x import metabalance_trainer
 from hyperprompt_jax.t5x import t5x_model
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import optimizers
 
 import conftest
 
@@ -265,7 +266,7 @@ def test_t5x_plain_trainer_refuses_metabalance_state():
       jax.random.PRNGKey(1), {'encoder_input_tokens': (4, 10),
                               'decoder_input_tokens': (4, 6)})['params']
   batch = _batch(np.random.default_rng(0))
-  with pytest.raises(ValueError, match='t5x_model.MetaBalanceTrainer'):
+  with pytest.raises(ValueError, match='metabalance_trainer.MetaBalanceTrainer'):
     model.loss_fn(params, batch, None, {'metabalance': {}})
   # Without mutables, and in t5x's eval step (which passes them), the loss.
   loss, _ = model.loss_fn(params, batch, None)
@@ -653,7 +654,7 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
   """Three steps of t5x's trainer (MetaBalance's with `balancing`) and of
   the built-in `Trainer` from the same parameters and batches agree."""
   from t5x import trainer as t5x_trainer  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.training import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
   learning_rate = 1e-2  # the quickstart's: larger steps, larger differences
   vocabulary = seqio.ByteVocabulary()
@@ -683,7 +684,7 @@ def _assert_t5x_steps_equal_the_builtin_steps(balancing):
   state = t5x_train_state.FlaxOptimTrainState.create(
       model.optimizer_def, flax.core.freeze(variables))
   trainer_cls = (t5x_trainer.Trainer if balancing is None
-                 else t5x_model.MetaBalanceTrainer)
+                 else metabalance_trainer.MetaBalanceTrainer)
   trainer = trainer_cls(
       model, state, partitioner, eval_names=[], summary_dir=None,
       train_state_axes=partitioner.get_mesh_axes(state),
@@ -770,7 +771,7 @@ def test_t5x_metabalance_in_microbatches_is_the_one_batch_step():
   def train(num_microbatches):
     state = t5x_train_state.FlaxOptimTrainState.create(
         model.optimizer_def, flax.core.freeze(variables))
-    trainer = t5x_model.MetaBalanceTrainer(
+    trainer = metabalance_trainer.MetaBalanceTrainer(
         model, state, partitioner, eval_names=[], summary_dir=None,
         train_state_axes=partitioner.get_mesh_axes(state),
         rng=jax.random.PRNGKey(0), learning_rate_fn=lambda step: 1e-2,

@@ -24,13 +24,13 @@ import pytest
 
 import conftest
 import multiprocess
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer as trainer_lib
 
 NUM_TASKS = 8  # the default run task list (GLUE) for the t5x model
 CFG = dataclasses.replace(
@@ -353,8 +353,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
 from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
 
 ROWS, INPUTS, TARGETS = 8, 16, 8
 CASES = json.loads(sys.argv[1])

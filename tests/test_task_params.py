@@ -14,16 +14,16 @@ import orbax.checkpoint as ocp
 import pytest
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import initial_checkpoint
+from hyperprompt_jax.checkpointing import task_params_export
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import export_task_params
-from hyperprompt_jax.runner import initial_checkpoint
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 import conftest
 import task_separation as ts
@@ -106,7 +106,7 @@ def test_export_then_import_gives_back_the_parameters(variant, tmp_path):
   model = network.Transformer(_config(variant))
   trained = _random_params(model, seed=1)
   checkpoint = _save(tmp_path / 'checkpoint_7', trained)
-  out = export_task_params.export(model, str(checkpoint),
+  out = task_params_export.export(model, str(checkpoint),
                                   str(tmp_path / 'task.npz'), TASKS)
   arrays, header = task_params.read(str(tmp_path / 'task.npz'))
   assert set(arrays) == {k for k in trained
@@ -139,7 +139,7 @@ def global_on_t5x(tmp_path_factory):
   trained = {k: backbone.get(k, v)
              for k, v in _random_params(model, seed=2).items()}
   checkpoint = _save(tmp / 'checkpoint_3', trained)
-  export_task_params.export(model, str(checkpoint), str(tmp / 'task.npz'),
+  task_params_export.export(model, str(checkpoint), str(tmp / 'task.npz'),
                             TASKS)
   return model, trained, str(tmp / 'task.npz')
 
@@ -410,25 +410,25 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
   bind = 'hyperprompt_jax.tasks.task_ids.run_task_list.tasks'
   try:
     gin.bind_parameter(bind, list(TASKS[:3]))
-    first = train_lib.train(old, settings=run_settings.RunSettings(
+    first = training_loop.train(old, settings=run_settings.RunSettings(
         model_dir=str(tmp_path / 'old'), train_steps=2,
         mixture_or_task_name='fixture_glue_rte', **kwargs))
     gin.bind_parameter(bind, list(TASKS))
-    second = train_lib.train(new, settings=run_settings.RunSettings(
+    second = training_loop.train(new, settings=run_settings.RunSettings(
         model_dir=str(tmp_path / 'new'), train_steps=2,
         mixture_or_task_name='fixture_glue_cola',
         initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
         train_only_new_tasks=True, **kwargs))
     gin.bind_parameter(bind, list(TASKS[:3]))
     with pytest.raises(ValueError, match='the model has no new task rows'):
-      train_lib.train(old, settings=run_settings.RunSettings(
+      training_loop.train(old, settings=run_settings.RunSettings(
           model_dir=str(tmp_path / 'none'), train_steps=2,
           mixture_or_task_name='fixture_glue_rte',
           initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
           train_only_new_tasks=True, **kwargs))
     with pytest.raises(ValueError, match='TASK_PARAMS_PATH needs '
                        'INITIAL_CHECKPOINT_PATH'):
-      train_lib.train(new, settings=run_settings.RunSettings(
+      training_loop.train(new, settings=run_settings.RunSettings(
           model_dir=str(tmp_path / 'x'), train_steps=2,
           mixture_or_task_name='fixture_glue_cola',
           task_params_path=str(tmp_path / 'a.npz'), **kwargs))
@@ -451,19 +451,19 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
 def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
   """import_task_params: t5x's layout ({target, state: {step}}), the real t5x
   backbone and the artifact's rows, grown to 5 tasks by 'copy'."""
-  from hyperprompt_jax.runner import import_task_params  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.checkpointing import task_params_import  # pylint: disable=g-import-not-at-top
   model, trained, artifact = global_on_t5x
   grown = network.Transformer(dataclasses.replace(model.config, num_tasks=5))
   gin.clear_config()
   gin.bind_parameter('hyperprompt_jax.tasks.task_ids.run_task_list.tasks',
                      list(TASKS) + ['glue_qqp'])
   try:
-    path = import_task_params.import_task_params(
+    path = task_params_import.import_task_params(
         grown, str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
         str(tmp_path / 'out'), artifact,
         task_params.Growth('copy', 'glue_stsb'))
     with pytest.raises(ValueError, match='exists: choose a new --output_dir'):
-      import_task_params.import_task_params(
+      task_params_import.import_task_params(
           grown, str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
           str(tmp_path / 'out'), artifact)
   finally:
@@ -486,7 +486,7 @@ def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
 def test_sizes_count_the_task_parameters_in_float32():
   model = network.Transformer(_config('hyperprompt_global'))
   params = _random_params(model, seed=0)
-  got = export_task_params.sizes(model)
+  got = task_params_export.sizes(model)
   assert got['artifact'] == 4 * sum(
       v.size for k, v in params.items() if 'hyperprompt' in k)
   assert got['params'] == 4 * sum(v.size for v in params.values())

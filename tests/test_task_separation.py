@@ -23,7 +23,7 @@ import pytest
 import multiprocess
 import task_separation as ts
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
+from hyperprompt_jax.training import optimizers
 
 NUM_TASKS = 4
 LENGTH, WORDS, BATCH = 6, 32, 32

@@ -521,7 +521,7 @@ def test_seqio_data_dir_override_wins(prepared_rte, tmp_path):
      'bytes'),
 ])
 def test_task_gin_files(name, mixture, num_tasks, vocab):
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.parse_gin(['models/t5_1_1_tiny.gin',
                        'variants/hyperprompt_share.gin', f'tasks/{name}.gin'],
                       [], [])

@@ -171,11 +171,11 @@ def test_mtl_costs_what_t5x_network_costs_on_a_tpu(tmp_path):
 
 @needs_libtpu
 def test_the_compile_command_compiles_a_run_as_it_would_train(tmp_path):
-  """`benchmark --tpu_compile` of a gin run: the mesh, microbatches and
-  rows are the run's, and both programs are there with their figures."""
+  """`python -m hyperprompt_jax.compile` of a built-in run file: the
+  mesh, microbatches and rows are its RunSettings', and both programs are
+  there with their figures."""
   out = tmp_path / 'tpu.json'
-  printed = _run(['-m', 'hyperprompt_jax.benchmark', '--tpu_compile',
-                  '--topology=v5e:2x2', '--gin_file=runs/quickstart.gin',
+  printed = _run(['-m', 'hyperprompt_jax.compile', '--topology=v5e:2x2', '--gin_file=runs/quickstart.gin',
                   '--gin.MESH_MODEL=2', '--gin.NUM_MICROBATCHES=2',
                   f'--output_json={out}'], tmp_path)
   report = json.loads(out.read_text())
@@ -264,7 +264,7 @@ def test_hbm_is_the_chips_over_its_devices():
 
 _HOST_ROWS = '''
 from hyperprompt_jax.benchmarks import tpu_compile
-from hyperprompt_jax.runner import multihost, partitioning
+from hyperprompt_jax.common import multihost, partitioning
 devices = tpu_compile.topology_devices('v5e:4x4')  # 4 hosts of 4 chips
 for model in (1, 2):
   mesh = partitioning.create_mesh(-1, model, devices=devices)
@@ -287,7 +287,7 @@ def test_a_multihost_slice_gives_each_host_its_own_rows(tmp_path):
 _SPLIT_AXIS = '''
 import numpy as np
 from hyperprompt_jax.benchmarks import tpu_compile
-from hyperprompt_jax.runner import partitioning
+from hyperprompt_jax.common import partitioning
 devices = tpu_compile.topology_devices('v5p:4x4x4')  # 4 x 4 x 4 chips
 mesh = partitioning.create_mesh(-1, 8, devices=devices)
 coords = np.array([d.coords for d in mesh.devices.flat]).reshape(8, 8, 3)

@@ -19,18 +19,18 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
+from hyperprompt_jax.checkpointing import initial_checkpoint
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import initial_checkpoint
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.tasks import packing
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 import conftest
 import multiprocess
@@ -182,7 +182,7 @@ def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
   gin.bind_parameter('hyperprompt_jax.tasks.task_ids.run_task_list.benchmark',
                      'glue_super_glue')
   try:
-    result = train_lib.train(model, settings=run_settings.RunSettings(
+    result = training_loop.train(model, settings=run_settings.RunSettings(
         model_dir=str(tmp_path), train_steps=2, batch_size=2,
         mixture_or_task_name='fixture_glue_super_glue_proportional',
         task_feature_lengths=LENGTHS, save_period=2, log_period=1,
@@ -199,7 +199,7 @@ def test_training_from_a_t5x_checkpoint_starts_at_step_0(tmp_path):
 def test_checkpoint_of_another_shape_fails_naming_the_parameter(tmp_path):
   model = network.Transformer(_global_tiny_config(mlp_dim=48, num_tasks=8))
   with pytest.raises(ValueError, match=r'mlp/wi_0/kernel: checkpoint'):
-    train_lib.train(model, settings=_train_settings(
+    training_loop.train(model, settings=_train_settings(
         tmp_path, initial_checkpoint_path=str(
             conftest.T5X_TINY / 'legacy/checkpoint_50')))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))  # nothing written
@@ -224,8 +224,8 @@ SHARDED = textwrap.dedent('''
     from flax import traverse_util
     from hyperprompt_jax.methods import hyperprompt
     from hyperprompt_jax.model import network
-    from hyperprompt_jax.runner import partitioning
-    from hyperprompt_jax.runner import trainer as trainer_lib
+    from hyperprompt_jax.common import partitioning
+    from hyperprompt_jax.training import trainer as trainer_lib
     assert jax.device_count() == 8
     cfg = network.T5Config(**{dims!r}, hyperprompt=hyperprompt.HyperPromptConfig(
         variant='global', encoder_prompt_length=4, decoder_prompt_length=2,
@@ -316,7 +316,7 @@ def _tiny_glue_model():
 
 def test_unknown_mixture_is_a_clear_error(tmp_path):
   with pytest.raises(ValueError, match="Unknown MIXTURE_OR_TASK_NAME 'glue_prop"):
-    train_lib.train(_tiny_glue_model(), settings=_train_settings(
+    training_loop.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, mixture_or_task_name='glue_proportionall'))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))
 
@@ -325,7 +325,7 @@ def test_unwritable_model_dir_is_a_clear_error(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('x')
   with pytest.raises(ValueError, match='MODEL_DIR .* is not writable'):
-    train_lib.train(_tiny_glue_model(), settings=_train_settings(
+    training_loop.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, model_dir=str(blocker / 'run')))
 
 
@@ -345,7 +345,7 @@ def test_packed_hypergrid_run_trains_at_most_max_segments_a_row(
     return batch
 
   monkeypatch.setattr(input_pipeline, 'as_numpy', counted)
-  result = train_lib.train(model, settings=_train_settings(
+  result = training_loop.train(model, settings=_train_settings(
       tmp_path, pack=True, train_steps=2, batch_size=2,
       task_feature_lengths={'inputs': 512, 'targets': 32}))
   assert result['step'] == 2 and np.isfinite(result['loss'])
@@ -361,7 +361,7 @@ def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
       **vars(conftest.T5X_TINY_CONFIG), 'num_tasks': 8,
       'prompt_tuning': prompt_tuning.PromptTuningConfig(prompt_length=3)}))
   with caplog.at_level('INFO'):
-    result = train_lib.train(model, settings=_train_settings(
+    result = training_loop.train(model, settings=_train_settings(
         tmp_path, pack=True, train_steps=2, batch_size=2))
   assert result['step'] == 2 and np.isfinite(result['loss'])
   filled = [r.getMessage() for r in caplog.records
@@ -372,7 +372,7 @@ def test_packed_prompt_tuning_run_trains(tmp_path, caplog):
 def test_num_tasks_smaller_than_the_task_list_is_refused(tmp_path):
   model = network.Transformer(_global_tiny_config(num_tasks=4))
   with pytest.raises(ValueError, match='NUM_TASKS=4'):
-    train_lib.train(model, settings=_train_settings(tmp_path))
+    training_loop.train(model, settings=_train_settings(tmp_path))
 
 
 def test_out_of_range_task_id_stops_before_the_step(tmp_path, monkeypatch):
@@ -388,7 +388,7 @@ def test_out_of_range_task_id_stops_before_the_step(tmp_path, monkeypatch):
   monkeypatch.setattr(input_pipeline, 'as_numpy', with_bad_id)
   with pytest.raises(ValueError, match=r'task_ids has ids \[8\] outside '
                      r'\[0, num_tasks=8\)'):
-    train_lib.train(_tiny_glue_model(), settings=_train_settings(tmp_path))
+    training_loop.train(_tiny_glue_model(), settings=_train_settings(tmp_path))
   assert not list((tmp_path / 'run').glob('checkpoint_*'))
 
 
@@ -410,9 +410,9 @@ def _nan_from(step: int) -> optax.GradientTransformation:
 
 def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
   optimizer = optax.chain(optimizers.make_optimizer(), _nan_from(5))
-  with pytest.raises(train_lib.NonFiniteLossError,
+  with pytest.raises(training_loop.NonFiniteLossError,
                      match='Last good checkpoint: checkpoint_4'):
-    train_lib.train(_tiny_glue_model(), settings=_train_settings(
+    training_loop.train(_tiny_glue_model(), settings=_train_settings(
         tmp_path, train_steps=10, optimizer=optimizer))
   run = tmp_path / 'run'
   assert sorted(p.name for p in run.glob('checkpoint_*')) == [
@@ -429,7 +429,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     ('hyperprompt_super_glue', 8, 'decoder', 300_000),
     ('hypergrid_glue_super_glue', 16, None, 100_000)])
 def test_run_gin_files(run, num_tasks, placement, steps):
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.tasks import task_ids  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:

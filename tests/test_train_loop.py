@@ -20,21 +20,21 @@ import tensorflow as tf
 from flax import traverse_util
 
 from hyperprompt_jax import tasks
+from hyperprompt_jax.checkpointing import checkpoint_manager
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import during_training
-from hyperprompt_jax.evaluation import eval as eval_lib
 from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import evaluator
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoint_manager
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import schedules
-from hyperprompt_jax.runner import train as train_lib
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.t5 import losses
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import schedules
+from hyperprompt_jax.training import trainer as trainer_lib
 
 import conftest
 
@@ -204,7 +204,7 @@ def _train(model_dir, **overrides):
       optimizer=optimizers.make_optimizer(learning_rate=SCHEDULE),
       learning_rate_schedule=SCHEDULE, eval_period=2, keep_best_by='glue_rte')
   kwargs.update(overrides)
-  return train_lib.train(_model(), during_training.EVALUATION,
+  return training_loop.train(_model(), during_training.EVALUATION,
                          run_settings.RunSettings(**kwargs))
 
 
@@ -280,7 +280,7 @@ def test_scores_during_training_equal_eval_of_the_same_checkpoints(
   lines = {line['step']: line for line in map(
       json.loads, (model_dir / during_training.SCORES_FILE).open())}
   assert sorted(lines) == [2, 4, 6]
-  summary = eval_lib.evaluate(
+  summary = evaluator.evaluate(
       _model(), job=checkpoint_job.CheckpointJob(
           checkpoint_path=str(model_dir), output_dir=str(tmp_path / 'eval'),
           mixture_or_task_name=MIXTURE, task_feature_lengths=LENGTHS),
@@ -340,7 +340,7 @@ def _score_lines(model_dir) -> dict[int, dict]:
 
 def _metric_steps(model_dir) -> dict[str, list[int]]:
   """`{task: [step of each line]}` of seqio's metric files in MODEL_DIR."""
-  directory = model_dir / eval_lib.METRICS_SUBDIR
+  directory = model_dir / evaluator.METRICS_SUBDIR
   return {name: [json.loads(line)['step'] for line in open(directory / name)]
           for name in sorted(os.listdir(directory))}
 
@@ -419,7 +419,7 @@ def test_quickstart_run_writes_per_task_curves(tmp_path):
         f"MODEL_DIR='{tmp_path}'", 'TRAIN_STEPS=2', 'BATCH_SIZE=4',
         'LOG_PERIOD=1', 'EVAL_PERIOD=None',
         "MIXTURE_OR_TASK_NAME='fixture_glue_proportional'"])
-    train_lib.train()
+    training_loop.train()
     names = task_ids.run_task_list()
   finally:
     gin.clear_config()
@@ -443,9 +443,9 @@ def test_a_slow_end_says_what_it_waits_on(caplog):
   pipeline's threads) are logged once they take `after_s`, with their time;
   quick ones are not."""
   with caplog.at_level('INFO'):
-    with train_lib._said_if_slow('Quick', after_s=5.0):  # pylint: disable=protected-access
+    with training_loop._said_if_slow('Quick', after_s=5.0):  # pylint: disable=protected-access
       pass
-    with train_lib._said_if_slow('Stopping the input pipeline', after_s=0.05):  # pylint: disable=protected-access
+    with training_loop._said_if_slow('Stopping the input pipeline', after_s=0.05):  # pylint: disable=protected-access
       time.sleep(0.3)
   messages = [r.getMessage() for r in caplog.records]
   assert len(messages) == 2, messages

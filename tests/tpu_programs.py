@@ -45,18 +45,18 @@ import numpy as np
 
 import conftest
 from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import task_blocks
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer as trainer_lib
 
 TOPOLOGY = 'v5e:2x2'
 # (data, model) axes of the meshes over the slice's 4 chips.
@@ -343,7 +343,7 @@ def mtl_and_t5x_network(devices) -> dict:
 
 # `--t5x_run`: t5x's quickstart run file (`t5x/quickstart_train.gin`) made
 # smaller still (one layer a stack, 8 rows of 32 / 8 tokens), compiled by
-# the compile command's `hyperprompt_jax.t5x.compile.compile_run` on each
+# the compile command's `hyperprompt_jax.t5x.steps_compile.compile_run` on each
 # slice with each partitioner setting: `v5e-4` has no t5x default mesh, so
 # its model axis is the submesh; `v3-8` takes t5x's `num_partitions` table.
 T5X_RUN_BINDINGS = ('network.T5Config.num_encoder_layers=1',
@@ -364,17 +364,17 @@ T5X_RUNS = {
 def t5x_runs() -> dict:
   """Each of `T5X_RUNS` compiled by the compile command's t5x path: its
   setup report, or the error that stopped it."""
-  from hyperprompt_jax.t5x import compile as t5x_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.t5x import steps_compile  # pylint: disable=g-import-not-at-top
   report = {}
   devices = {}
   for key, (topology, bindings) in T5X_RUNS.items():
     if topology not in devices:
       devices[topology] = tpu_compile.topology_devices(topology)
-    run = t5x_compile.T5xRun(
+    run = steps_compile.T5xRun(
         name='quickstart_train', gin_files=['t5x/quickstart_train.gin'],
         bindings=list(T5X_RUN_BINDINGS + bindings), predict_batch_size=8)
     try:
-      report[key] = t5x_compile.compile_run(run, devices[topology])
+      report[key] = steps_compile.compile_run(run, devices[topology])
       report[key]['slice'] = tpu_compile.slice_header(topology,
                                                       devices[topology])
     except ValueError as e:

@@ -70,8 +70,8 @@ from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.t5 import segment_kernels
+from hyperprompt_jax.training import trainer
 
 MIB = 2**20
 # The models whose packed rows go through the kernels: the config field
@@ -586,7 +586,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   """The flags, as the project's commands parse them (`gin_utils`; its gin
   flags do nothing here), or without gin on a bare accelerator image."""
   try:
-    from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+    from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   except ImportError:
     gin_utils = None
   if gin_utils is None:

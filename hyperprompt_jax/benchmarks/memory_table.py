@@ -33,11 +33,11 @@ import jax.numpy as jnp
 
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.t5 import inputs
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 GB = 1e9
 

@@ -18,8 +18,8 @@ import numpy as np
 from hyperprompt_jax import task_params
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import trainer
 
 
 def main() -> None:

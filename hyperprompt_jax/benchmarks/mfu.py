@@ -66,8 +66,8 @@ from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 
 def backbone_settings(name: str) -> dict[str, Any]:

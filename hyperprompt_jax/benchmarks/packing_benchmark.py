@@ -50,11 +50,11 @@ import tensorflow as tf
 from hyperprompt_jax import tasks  # pylint: disable=unused-import
 from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.common import batches as batch_lib
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches as batch_lib
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
 from hyperprompt_jax.tasks import packing
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 FIXTURE_MIXTURE = 'fixture_glue_super_glue_proportional'
 LENGTH_DISTRIBUTIONS = ('fixture', 'glue_super_glue')

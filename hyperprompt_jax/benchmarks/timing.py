@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import trainer
 
 Z_LOSS = 1e-4
 

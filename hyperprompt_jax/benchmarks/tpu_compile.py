@@ -23,7 +23,7 @@ would run. Nothing is allocated and no data is read.
 With `--gin_file` of a t5x run file (gin/t5x/, which includes t5x's run
 configuration: `t5x_script`), t5x's own train, eval and predict steps are
 compiled, as t5x.train builds them from the file
-(`hyperprompt_jax.t5x.compile`, which needs t5x). With a built-in run file
+(`hyperprompt_jax.t5x.steps_compile`, which needs t5x). With a built-in run file
 (runs/), the setup is the run's: its gin files are parsed as
 `python -m hyperprompt_jax.train` parses them, and the mesh (MESH_DATA x
 MESH_MODEL over the slice's devices), the model (REMAT_POLICY and every
@@ -88,11 +88,11 @@ from hyperprompt_jax import files
 from hyperprompt_jax import paths
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import inputs
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer as trainer_lib
 
 GIB = 2**30
 # HBM of one chip in GiB by a lower-case piece of `jax.Device.device_kind`
@@ -771,7 +771,7 @@ def run_models(args) -> int:
 
 def check_t5x_run(args, search: Sequence[str]) -> None:
   """Raises ValueError unless `--gin_file` is a t5x.train run file that
-  `hyperprompt_jax.t5x.compile` can compile here (t5x installed), naming
+  `hyperprompt_jax.t5x.steps_compile` can compile here (t5x installed), naming
   the fix."""
   script = t5x_script(args.gin_file, search)
   first = args.gin_file[0]
@@ -825,42 +825,43 @@ def _settings_label(setup: Setup) -> str:
 def gin_setup(name: str, gin_files: Sequence[str],
               bindings: Sequence[str] = (),
               search_paths: Sequence[str] = ()) -> Setup:
-  """The setup of a run's gin files and bindings, read as
-  `python -m hyperprompt_jax.train` reads them (module docstring). gin is
-  cleared before and after."""
+  """The setup of a run's gin files and bindings: the network and the
+  `RunSettings` that `python -m hyperprompt_jax.train` makes of them, and
+  its MetaBalance plan as the loop makes it. gin is cleared before and
+  after."""
   import gin  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import balancing as balancing_lib  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import metabalance  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.runner import run_settings  # pylint: disable=g-import-not-at-top
-
-  def macro(key):
-    return gin.query_parameter(f'{key}/macro.value')
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.training import balancing  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.training import run_settings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
   try:
     gin_utils.parse_gin(gin_files, bindings, search_paths)
     model = gin.get_configurable(network.Transformer)()
-    lengths = macro('TASK_FEATURE_LENGTHS')
-    balancing = balancing_lib.run_plan(
-        macro('GRADIENT_BALANCING'),
-        gin.get_configurable(metabalance.Settings)(), model,
-        macro('MIXTURE_OR_TASK_NAME'))
-    try:
-      z_loss = gin.query_parameter('run_settings.RunSettings.z_loss')
-    except ValueError:  # not bound: `RunSettings`'s default
-      z_loss = run_settings.RunSettings.z_loss
-    setup = Setup(
-        name=name, config=model.config, input_length=lengths['inputs'],
-        target_length=lengths['targets'], batch_size=macro('BATCH_SIZE'),
-        pack=macro('PACK'), mesh_data=macro('MESH_DATA'),
-        mesh_model=macro('MESH_MODEL'),
-        num_microbatches=macro('NUM_MICROBATCHES'),
-        eval_batch_size=macro('EVAL_BATCH_SIZE'),
-        optimizer=gin.get_configurable(optimizers.make_optimizer)(),
-        z_loss=z_loss, balancing=balancing)
+    # A compile writes nothing: MODEL_DIR need not be set.
+    settings = gin.get_configurable(run_settings.RunSettings)(
+        model_dir='(compile only)')
+    setup = settings_setup(name, model, settings, balancing.run_plan(
+        settings.gradient_balancing, settings.metabalance_settings, model,
+        settings.mixture_or_task_name))
   finally:
     gin.clear_config()
+  return setup
+
+
+def settings_setup(name: str, model: network.Transformer, settings: Any,
+                   plan: Any = None) -> Setup:
+  """The setup of a built-in run: its network, its `RunSettings` and its
+  MetaBalance plan (`balancing.run_plan`), compiled as the loop steps it."""
+  lengths = settings.task_feature_lengths
+  setup = Setup(
+      name=name, config=model.config, input_length=lengths['inputs'],
+      target_length=lengths['targets'], batch_size=settings.batch_size,
+      pack=settings.pack, mesh_data=settings.mesh_data,
+      mesh_model=settings.mesh_model,
+      num_microbatches=settings.num_microbatches,
+      eval_batch_size=settings.eval_batch_size,
+      optimizer=settings.optimizer, z_loss=settings.z_loss, balancing=plan)
   setup.label = _settings_label(setup)
   return setup
 
@@ -880,7 +881,7 @@ def t5x_script(gin_files: Sequence[str], search_paths: Sequence[str] = ()
   t5x's run configuration (directly or through the files it includes: a
   gin/t5x run file), else None (a built-in run). Reads the files' include
   lines only; needs neither gin nor t5x."""
-  from hyperprompt_jax.runner import gin_utils  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   search = [p for p in [*search_paths, paths.gin_dir()] if p]
   seen = set()
 
@@ -906,7 +907,7 @@ def t5x_script(gin_files: Sequence[str], search_paths: Sequence[str] = ()
 
 def run_gin(args) -> int:
   """`--tpu_compile` of the built-in runner's setups: `--gin_file`s (one
-  setup; a t5x run file is `hyperprompt_jax.t5x.compile`'s, which the
+  setup; a t5x run file is `hyperprompt_jax.t5x.steps_compile`'s, which the
   command calls), or `--setups` (`setup_gin_files` names), each with the
   `--gin.` bindings."""
   search = [p for p in args.gin_search_paths.split(',') if p]

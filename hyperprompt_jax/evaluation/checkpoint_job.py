@@ -13,11 +13,11 @@ import gin
 import jax
 
 from hyperprompt_jax import paths
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import multihost
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.evaluation import run_config
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.tasks import task_ids
 
 

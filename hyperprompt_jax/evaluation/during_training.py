@@ -37,13 +37,13 @@ import tensorflow as tf
 from orbax.checkpoint import checkpoint_managers
 
 from hyperprompt_jax import files
-from hyperprompt_jax.evaluation import eval as eval_lib
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import multihost
 from hyperprompt_jax.evaluation import eval_summary
+from hyperprompt_jax.evaluation import evaluator
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import train as train_lib
+from hyperprompt_jax.runner import training_loop
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
 
@@ -172,7 +172,7 @@ class TrainingEvaluator:
     # Every process scores the same predictions; process 0 writes them.
     metrics_dir = None
     if multihost.is_writer():
-      metrics_dir = os.path.join(model_dir, eval_lib.METRICS_SUBDIR)
+      metrics_dir = os.path.join(model_dir, evaluator.METRICS_SUBDIR)
       tf.io.gfile.makedirs(metrics_dir)
     self.evaluator = seqio.Evaluator(
         mixture_or_task_name,
@@ -182,7 +182,7 @@ class TrainingEvaluator:
         sequence_length=dict(task_feature_lengths),
         num_examples=examples_per_task,
         # seqio's metric lines only (no predictions), as `eval` writes them.
-        logger_cls=([eval_lib.json_logger_cls(0)] if metrics_dir else []),
+        logger_cls=([evaluator.json_logger_cls(0)] if metrics_dir else []),
         log_dir=metrics_dir, async_compute_metrics=False)
     self.scores: dict[int, dict[str, Any]] = {}  # step -> its line
 
@@ -202,10 +202,10 @@ class TrainingEvaluator:
     if later and multihost.is_writer():
       self._write_all()
       metrics_dir = os.path.join(os.path.dirname(self.path),
-                                 eval_lib.METRICS_SUBDIR)
+                                 evaluator.METRICS_SUBDIR)
       for task in self.evaluator.eval_tasks:
         for step in later:
-          eval_lib.drop_step(
+          evaluator.drop_step(
               os.path.join(metrics_dir, f'{task.name}-metrics.jsonl'), step)
 
   def evaluated(self, step: int) -> bool:
@@ -292,7 +292,7 @@ def progress(line: Mapping[str, Any]) -> str:
 
 
 # What the train command hands the built-in runner's step loop.
-EVALUATION = train_lib.Evaluation(
+EVALUATION = training_loop.Evaluation(
     check_settings=check_settings, check_tasks=check_tasks,
     evaluator=TrainingEvaluator, keep_best=KeepBest, scalars=scalars,
     progress=progress)

@@ -8,11 +8,11 @@ from flax.linen import partitioning as nn_partitioning
 import jax
 import numpy as np
 
+from hyperprompt_jax.common import batches
+from hyperprompt_jax.common import multihost
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import decoding
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 
 PyTree = Any
 

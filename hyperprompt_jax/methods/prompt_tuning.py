@@ -22,13 +22,11 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
+from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.t5 import task_blocks
 
-# The placeholder token of a packed example's reserved soft-prompt slots
-# (the feature converter writes it, the model overwrites its embedding): any
-# valid (non-padding) id.
-PROMPT_SLOT_TOKEN = 1
+PROMPT_SLOT_TOKEN = inputs.PROMPT_SLOT_TOKEN
 
 Array = jax.Array
 

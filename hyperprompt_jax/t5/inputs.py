@@ -12,6 +12,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+# The placeholder token of a packed example's reserved soft-prompt slots
+# (the feature converter writes it, Prompt-Tuning overwrites its
+# embedding): any valid (non-padding) id.
+PROMPT_SLOT_TOKEN = 1
 # Feature -> rank of the encoder-decoder model's inputs (t5x's names).
 MODEL_FEATURE_RANKS = {
     'encoder_input_tokens': 2,

@@ -20,15 +20,15 @@ MetaBalance (GRADIENT_BALANCING = 'metabalance', gin/t5x/metabalance.gin):
 the model holds the run's plan and its moving averages as the flax
 collection 'metabalance' (t5x keeps it in the train state's
 `flax_mutables`, so its checkpoints hold it and a resumed run is exact);
-`MetaBalanceTrainer`, a `t5x.trainer.Trainer`, takes its gradient from the
-loss split by task (`loss_shares`) and `metabalance.balanced_gradient`.
+`metabalance_trainer.MetaBalanceTrainer`, a `t5x.trainer.Trainer`, takes its
+gradient from the loss split by task (`loss_shares`).
 
 The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
-`hyperprompt_jax.runner.optimizers.make_optimizer` (gin/t5x/model.gin), so both
-runners optimise identically. t5x's partitioner has no rule for the state of
-optax's Adafactor (`FactoredState`); importing this module registers one.
+`hyperprompt_jax.training.optimizers.make_optimizer` (gin/t5x/model.gin), so both
+runners optimise identically; importing this module teaches t5x's
+partitioner its state (`optax_state_axes`).
 
-t5x is imported in this folder only (here and by `compile.py`, the compile
+t5x is imported in this folder only (and by `steps_compile.py`, the compile
 command's t5x path), and no module outside it imports them (the gin/t5x
 files do), so the package works without t5x.
 """
@@ -41,23 +41,20 @@ from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
-import optax
 import seqio
 from t5x import decoding
 from t5x import losses as t5x_losses
 from t5x import models
 from t5x import optimizers
-from t5x import trainer as t5x_trainer
 
+from hyperprompt_jax.common import batches
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import balancing as balancing_lib
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import optimizers as hp_optimizers
-from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.t5 import inputs
+from hyperprompt_jax.t5x import optax_state_axes  # registers the rules: pylint: disable=unused-import
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
+from hyperprompt_jax.training import balancing as balancing_lib
+from hyperprompt_jax.training import metabalance
 
 PyTree = Any
 TASK_IDS = feature_converter.TASK_IDS
@@ -219,7 +216,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           "The train state holds MetaBalance's moving averages "
           "(GRADIENT_BALANCING='metabalance'), and t5x's plain trainer is "
           'stepping it: select train.trainer_cls = '
-          '@t5x_model.MetaBalanceTrainer (add '
+          '@metabalance_trainer.MetaBalanceTrainer (add '
           '--gin_file=t5x/metabalance.gin).')
     return super().loss_fn(params, batch, dropout_rng)
 
@@ -490,138 +487,14 @@ def converter_checks_batches(feature_converter_cls: Any,
   return True
 
 
-# ------------------------------------------------------------ MetaBalance --
-
-class MetaBalanceTrainer(t5x_trainer.Trainer):
-  """t5x's `Trainer` taking MetaBalance's gradient (gin/t5x/metabalance.gin).
-
-  Same arguments as t5x's. The model is a `TaskIdsEncoderDecoderModel` with
-  a MetaBalance plan; each step splits t5x's loss by the task of each target
-  token into the target's and the auxiliaries' shares (`loss_shares`),
-  balances their gradients on the shared parameters
-  (`metabalance.balanced_gradient`) and applies the sum as t5x's trainer
-  does (`trainer.apply_grads`: learning rate, weight metrics). The moving
-  averages are the train state's flax mutables. A model without a plan
-  takes t5x's plain step.
-
-  With `num_microbatches` > 1, each share's gradient is the whole batch's,
-  summed over the parts (`metabalance.balanced_gradient_in_parts`, the
-  built-in runner's parts: `trainer.microbatches`, part i's dropout rng
-  `fold_in(rng, i)`, each part's loss over the whole batch's normalizing
-  factor), so the step is the one-batch step; the metrics are merged over
-  the parts as t5x's own microbatches do.
-  """
-
-  def __init__(self, model: TaskIdsEncoderDecoderModel, train_state: Any,
-               partitioner: Any, eval_names: Any, summary_dir: Any,
-               train_state_axes: Any, rng: jax.Array, learning_rate_fn: Any,
-               num_microbatches: Optional[int],
-               weight_metrics_computer: Any = None):
-    super().__init__(
-        model=model, train_state=train_state, partitioner=partitioner,
-        eval_names=eval_names, summary_dir=summary_dir,
-        train_state_axes=train_state_axes, rng=rng,
-        learning_rate_fn=learning_rate_fn, num_microbatches=num_microbatches,
-        weight_metrics_computer=weight_metrics_computer)
-
-  def _balanced_step(self, train_state: Any, batch: Mapping[str, jax.Array]):
-    model = self._model
-    plan = model.balancing
-    mutables = flax.core.unfreeze(train_state.flax_mutables)
-    state = metabalance.State(**mutables[METABALANCE])
-    weights = batch['decoder_loss_weights'].astype(jnp.float32)
-    in_share = metabalance.group_masks(plan, model.token_task_ids(batch),
-                                       model.module.config.num_tasks)
-    present = jnp.einsum('bl,blg->g', weights, in_share) > 0
-    rng = self._get_step_rng(train_state.step)
-    params = flax.core.unfreeze(train_state.params)
-    n = self._num_microbatches or 1
-    if n == 1:
-      grads, state, metrics = metabalance.balanced_gradient(
-          lambda params: model.loss_shares(params, batch, rng, in_share),
-          params, state, plan, present)
-    else:
-      parts = trainer_lib.microbatches(batch, n)
-      in_parts = trainer_lib.microbatches({'in_share': in_share}, n)
-      factor = model.batch_factor(batch)
-
-      def part_shares(params, i):
-        return model.loss_shares(
-            params, {k: v[i] for k, v in parts.items()},
-            jax.random.fold_in(rng, i), in_parts['in_share'][i], factor)
-
-      grads, state, metrics = metabalance.balanced_gradient_in_parts(
-          part_shares, n, params, state, plan, present,
-          t5x_trainer.merge_metrics)
-    mutables[METABALANCE] = state._asdict()
-    if isinstance(train_state.params, flax.core.FrozenDict):
-      grads = flax.core.freeze(grads)  # the optimizer's tree structure
-    return t5x_trainer.apply_grads(
-        train_state, grads, metrics,
-        self._learning_rate_fn(train_state.step),
-        self._weight_metrics_computer,
-        other_state_variables={'flax_mutables': flax.core.freeze(mutables)})
-
-  @t5x_trainer.cached_property
-  def _partitioned_train_step(self):
-    if getattr(self._model, 'balancing', None) is None:
-      return super()._partitioned_train_step
-    return self._partitioner.partition(
-        self._balanced_step,
-        in_axis_resources=(self._train_state_axes,
-                           self._partitioner.data_partition_spec),
-        out_axis_resources=(self._train_state_axes, None),
-        donate_argnums=(0,))
-
-
-# ------------------------------------------------- optimizer state axes --
-
-def _factored_state_axes(state: optax.FactoredState,
-                         params_axes: PyTree) -> optax.FactoredState:
-  """Logical axes of optax Adafactor's state, for t5x's partitioner.
-
-  An unfactored parameter's second moment `v` has the parameter's shape and
-  axes. The factored moments `v_row` / `v_col` are vectors, and `v` of a
-  factored parameter a `(1,)` placeholder: small, so replicated (None).
-  Parameters another group of `optax.multi_transform` owns are
-  `optax.MaskedNode`s and stay so.
-  """
-
-  def leaf_axes(axes, value, keep_axes):
-    if isinstance(value, optax.MaskedNode):
-      return value
-    if keep_axes and axes is not None and value.ndim == len(axes):
-      return axes
-    return None
-
-  def tree_axes(values, keep_axes=False):
-    return jax.tree.map(
-        functools.partial(leaf_axes, keep_axes=keep_axes), params_axes,
-        values)
-
-  return optax.FactoredState(
-      count=None,
-      v_row=tree_axes(state.v_row),
-      v_col=tree_axes(state.v_col),
-      v=tree_axes(state.v, keep_axes=True))
-
-
-def register_optax_partition_rules() -> None:
-  """Teaches t5x's `OptaxStatePartitionRules` optax Adafactor's state.
-
-  t5x keeps its rules in a class-level table and has none for
-  `FactoredState` (it uses its own Adafactor); without one, partitioning an
-  `OptaxWrapper(make_optimizer())` state raises 'unregistered optax state
-  type FactoredState'. Idempotent.
-  """
-  # pylint: disable-next=protected-access
-  rules = optimizers.OptaxStatePartitionRules._RULES
-  rules.setdefault(optax.FactoredState, _factored_state_axes)
-  # Training only new task rows: the state is over slices of task-indexed
-  # parameters, which the project's rules replicate anyway.
-  rules.setdefault(hp_optimizers.TaskRowsState,
-                   lambda state, params_axes: hp_optimizers.TaskRowsState(
-                       jax.tree.map(lambda _: None, state.inner)))
-
-
-register_optax_partition_rules()
+def __getattr__(name: str) -> Any:
+  # MetaBalanceTrainer moved to its own module in 0.2; a gin file that still
+  # names it here gets it, with the new path, for one release.
+  if name == 'MetaBalanceTrainer':
+    import warnings  # pylint: disable=g-import-not-at-top
+    from hyperprompt_jax.t5x import metabalance_trainer  # pylint: disable=g-import-not-at-top
+    warnings.warn('t5x_model.MetaBalanceTrainer moved to '
+                  'hyperprompt_jax.t5x.metabalance_trainer.MetaBalanceTrainer',
+                  DeprecationWarning, stacklevel=2)
+    return metabalance_trainer.MetaBalanceTrainer
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -22,7 +22,7 @@ shared backbone. Here they are:
   initialisation, as for a new model). Every existing row and the backbone
   are kept as they are;
 - the runner reads how many rows a checkpoint trained and trains the new
-  rows alone (`runner/initial_checkpoint.py`: `trained_rows`,
+  rows alone (`checkpointing/initial_checkpoint.py`: `trained_rows`,
   `only_new_task_rows`); this module reads no checkpoint and builds no
   optimizer.
 

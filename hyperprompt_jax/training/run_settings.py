@@ -11,8 +11,8 @@ from typing import Any, Mapping, Optional
 import gin
 
 from hyperprompt_jax import task_params
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import schedules
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import schedules
 
 
 @gin.configurable

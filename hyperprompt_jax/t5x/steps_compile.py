@@ -68,7 +68,7 @@ from t5x import utils as t5x_utils
 
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import tpu_compile
-from hyperprompt_jax.runner import gin_utils
+from hyperprompt_jax.common import gin_utils
 
 # Rows of predict where the run binds no infer_eval dataset: t5x/eval.gin's
 # EVAL_BATCH_SIZE and t5x/infer.gin's INFER_BATCH_SIZE.

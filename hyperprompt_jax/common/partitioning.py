@@ -18,7 +18,7 @@ from jax.experimental import mesh_utils
 import numpy as np
 
 from hyperprompt_jax import methods
-from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.common import multihost
 
 AxisRules = Sequence[tuple[str, str | None]]
 

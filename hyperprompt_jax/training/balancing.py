@@ -8,10 +8,10 @@ import dataclasses
 from typing import Optional
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.common import input_pipeline
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import metabalance
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import metabalance
 
 
 def run_plan(gradient_balancing: Optional[str],

@@ -14,11 +14,11 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import files
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import multihost
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import infer
+from hyperprompt_jax.evaluation import inference
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import multihost
 from hyperprompt_jax.tasks import task_ids
 
 log = logging.getLogger('hyperprompt_jax.leaderboard')
@@ -84,7 +84,7 @@ def format_file(task: str, records: Sequence[Mapping[str, Any]]
 
   Args:
     task: a FILES key.
-    records: `infer.task_predictions` records (each with 'idx' and the
+    records: `inference.task_predictions` records (each with 'idx' and the
       postprocessed 'prediction_value').
   """
   name, kind, labels = FILES[task]
@@ -152,12 +152,12 @@ def write_files(
   if not tasks:
     raise ValueError(f'{job.mixture_or_task_name!r} has no GLUE / SuperGLUE '
                      f'task with a {job.split!r} split.')
-  predictor = infer.checkpoint_predictor(model, job)
+  predictor = inference.checkpoint_predictor(model, job)
   tf.io.gfile.makedirs(job.output_dir)
   summary = {'checkpoint': job.checkpoint_path, 'split': job.split,
              'files': {}}
   for task in tasks:
-    records = infer.task_predictions(task, predictor,
+    records = inference.task_predictions(task, predictor,
                                      job.task_feature_lengths, job.split)
     name, content, invalid = format_file(file_task(task.name), records)
     path = os.path.join(job.output_dir, name)

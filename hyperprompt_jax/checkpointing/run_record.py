@@ -24,8 +24,8 @@ import gin
 import orbax.checkpoint as ocp
 
 from hyperprompt_jax import files
+from hyperprompt_jax.checkpointing.checkpoint_manager import ResumeMismatchError
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner.checkpoint_manager import ResumeMismatchError
 from hyperprompt_jax.tasks import packing
 
 VERSION = 1

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 # Registers the project's seqio tasks.
 from hyperprompt_jax import tasks  # pylint: disable=unused-import
-from hyperprompt_jax.runner import batches
+from hyperprompt_jax.common import batches
 
 
 def get_mixture_or_task(name: str) -> seqio.DatasetProviderBase:

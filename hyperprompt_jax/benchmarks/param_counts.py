@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
 
 
 def abstract_params(model: network.Transformer) -> dict[str, Any]:

@@ -22,16 +22,16 @@ from hyperprompt_jax import task_params
 from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import memory_table
 from hyperprompt_jax.benchmarks import packing_benchmark
-from hyperprompt_jax.benchmarks import param_table
+from hyperprompt_jax.benchmarks import param_counts
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import host_memory
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import host_memory
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import trainer
+from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer
 
 
 
@@ -278,12 +278,12 @@ def variant_table(small: network.T5Config, base: network.T5Config,
   rows = []
   for name in ['mtl', *variants]:
     model = network.Transformer(variant_config(base, name, placement))
-    summary = param_table.summarize(param_table.abstract_params(model))
+    summary = param_counts.summarize(param_counts.abstract_params(model))
     rows.append({
         'model': name,
         'num_tasks': model.config.num_tasks,
         'parameter_ratio': summary['ratio'],
-        'forward_flops_per_example': param_table.forward_flops(
+        'forward_flops_per_example': param_counts.forward_flops(
             model, input_length, target_length, flops_batch_size),
         'step_time_ratio': timed[name]['ratio_to_mtl'],
         'seconds_per_step': timed[name]['seconds_per_step'],

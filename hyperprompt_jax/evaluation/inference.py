@@ -14,13 +14,13 @@ import seqio
 import tensorflow as tf
 
 from hyperprompt_jax import files
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import multihost
 from hyperprompt_jax.evaluation import checkpoint_job
 from hyperprompt_jax.evaluation import predictor as predictor_lib
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids
 

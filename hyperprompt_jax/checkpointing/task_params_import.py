@@ -14,13 +14,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import initial_checkpoint
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import initial_checkpoint
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer as trainer_lib
 
 log = logging.getLogger('hyperprompt_jax.import_task_params')
 

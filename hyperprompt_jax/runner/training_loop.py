@@ -21,24 +21,24 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import paths
+from hyperprompt_jax.checkpointing import checkpoint_manager
+from hyperprompt_jax.checkpointing import initial_checkpoint
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import batches
+from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import multihost
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import balancing as balancing_lib
-from hyperprompt_jax.runner import batches
-from hyperprompt_jax.runner import checkpoint_manager
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import initial_checkpoint
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import multihost
-# Imported for gin: runs/train.gin binds `@optimizers.make_optimizer()`.
-from hyperprompt_jax.runner import optimizers  # pylint: disable=unused-import
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.runner import preemption
 from hyperprompt_jax.runner import run_lock
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import run_settings
-from hyperprompt_jax.runner import trainer as trainer_lib
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import balancing as balancing_lib
+from hyperprompt_jax.training import metabalance
+# Imported for gin: runs/train.gin binds `@optimizers.make_optimizer()`.
+from hyperprompt_jax.training import optimizers  # pylint: disable=unused-import
+from hyperprompt_jax.training import run_settings
+from hyperprompt_jax.training import trainer as trainer_lib
 
 log = logging.getLogger('hyperprompt_jax.train')
 

@@ -11,12 +11,12 @@ import gin
 import jax
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import gin_utils
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.tasks import task_ids
+from hyperprompt_jax.training import optimizers
 
 log = logging.getLogger('hyperprompt_jax.export_task_params')
 

@@ -19,16 +19,16 @@ import tensorflow as tf
 
 from hyperprompt_jax import files
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import input_pipeline
+from hyperprompt_jax.common import multihost
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.evaluation import checkpoint_job
-from hyperprompt_jax.evaluation import infer
+from hyperprompt_jax.evaluation import inference
 from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import input_pipeline
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
-from hyperprompt_jax.runner import run_record
 from hyperprompt_jax.t5 import layers
 from hyperprompt_jax.tasks import task_ids
 
@@ -152,7 +152,7 @@ def task_batches(task: seqio.Task, task_feature_lengths: Mapping[str, int],
                  split: str, num_examples: Optional[int], batch_size: int):
   """The first `num_examples` of `split` as model feature batches; the last
   one padded with empty rows (no real token: they count nowhere)."""
-  _, features = infer.task_examples(task, task_feature_lengths, split,
+  _, features = inference.task_examples(task, task_feature_lengths, split,
                                    num_examples)
   for batch in features.padded_batch(batch_size).as_numpy_iterator():
     pad = batch_size - len(batch['task_ids'])

@@ -33,8 +33,8 @@ import jax
 import orbax.checkpoint as ocp
 import tensorflow as tf
 
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import multihost
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.common import multihost
 
 STATE = 'state'
 DATASET = 'dataset'

@@ -27,7 +27,7 @@ one after the other and balances the shared parameters' with `add_share`;
 `balanced_gradient` (one batch) and `balanced_gradient_in_parts`
 (microbatches: each share's gradient summed over the parts) feed it, for
 both runners (`trainer.train_step`, and t5x's
-through `t5x_model.MetaBalanceTrainer`). This module is the pure core (jax
+through `metabalance_trainer.MetaBalanceTrainer`). This module is the pure core (jax
 and flax only); `balancing.run_plan` makes a run's plan from its gin
 settings, task list and mixture.
 """

@@ -13,13 +13,13 @@ import jax
 import numpy as np
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import run_record
+from hyperprompt_jax.common import multihost
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import checkpoints
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import optimizers
-from hyperprompt_jax.runner import run_record
-from hyperprompt_jax.runner import trainer as trainer_lib
+from hyperprompt_jax.training import optimizers
+from hyperprompt_jax.training import trainer as trainer_lib
 
 
 def params_from_t5x(

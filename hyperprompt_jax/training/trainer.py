@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hyperprompt_jax.common import multihost
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
-from hyperprompt_jax.runner import metabalance
-from hyperprompt_jax.runner import multihost
-from hyperprompt_jax.runner import partitioning
 from hyperprompt_jax.t5 import inputs as inputs_lib
 from hyperprompt_jax.t5 import losses
+from hyperprompt_jax.training import metabalance
 
 State = dict[str, Any]
 # The state's key for MetaBalance's moving averages (present with balancing

@@ -31,7 +31,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from hyperprompt_jax.runner import host_memory
+from hyperprompt_jax.common import host_memory
 
 log = logging.getLogger('hyperprompt_jax')
 

@@ -1,0 +1,4 @@
+"""What every runner, the t5x adapter, evaluation and the benchmarks share:
+gin and command-line flags (`gin_utils`), the hosts (`multihost`,
+`host_memory`), the mesh and parameter shardings (`partitioning`), and the
+data (`input_pipeline`, `batches`)."""
