@@ -29,6 +29,9 @@ INSTALL_REQUIRES = [
     'numpy==2.4.6',
     'etils==1.15.0',
     'absl-py==2.5.1',
+    # Hugging Face checkpoints in and out (python -m hyperprompt_jax.convert),
+    # read and written as numpy arrays: no PyTorch.
+    'safetensors==0.8.0',
 ]
 
 EXTRAS_REQUIRE = {
@@ -38,6 +41,9 @@ EXTRAS_REQUIRE = {
     'test': ['pytest==9.2.0', 'pytest-xdist==3.8.0', 'jax[tpu]==0.10.2'],
     'tpu': ['jax[tpu]==0.10.2'],
     'gpu': ['jax[cuda12]==0.10.2'],
+    # transformers' T5 as a second reference (tests/test_transformers_reference.py);
+    # the CPU build of torch: --extra-index-url https://download.pytorch.org/whl/cpu
+    'hf': ['transformers==5.18.0', 'torch==2.13.0'],
 }
 
 setuptools.setup(
@@ -57,7 +63,7 @@ setuptools.setup(
         'hyperprompt_jax',
         *(f'hyperprompt_jax.{p}' for p in (
             't5', 'methods', 'model', 'common', 'training', 'checkpointing',
-            'runner', 'evaluation', 'task_params', 't5x', 'benchmarks')),
+            'runner', 'evaluation', 'task_params', 't5x', 'benchmarks', 'huggingface')),
         'hyperprompt_jax.tasks',
         'hyperprompt_jax.gin',
     ],

@@ -1,4 +1,5 @@
-"""Reading t5x checkpoints (orbax and legacy tensorstore layouts).
+"""Reading t5x checkpoints (orbax and legacy tensorstore layouts), and
+writing parameters alone in t5x's orbax layout (`save_t5x_params`).
 
 Both layouts are read with the libraries t5x itself writes them with (orbax
 for the default layout; flax msgpack + tensorstore for the legacy one), so no
@@ -263,3 +264,34 @@ def param_shapes(path: str) -> dict[str, tuple[int, ...]]:
   for k, v in traverse_util.flatten_dict(target, sep='/').items():
     flat[k] = v
   return flat
+
+
+def save_t5x_params(params: PyTree, output_dir: str, step: int = 0) -> str:
+  """Writes `output_dir/checkpoint_<step>` in t5x's orbax layout:
+  `state/` = `{target: params, state: {step}}`, no optimizer state, so both
+  runners (and t5x's restore) start from it as INITIAL_CHECKPOINT_PATH.
+
+  Args:
+    params: the nested parameters (numpy or host-readable jax arrays).
+    output_dir: the folder the checkpoint goes into (local or gs://).
+    step: the checkpoint's step.
+
+  Returns:
+    The `checkpoint_<step>` path.
+
+  Raises:
+    ValueError: that checkpoint exists already.
+  """
+  target = os.path.join(output_dir, f'checkpoint_{step}')
+  if epath.Path(target).exists():
+    raise ValueError(f'{target} exists: choose a new --output_dir.')
+  manager = ocp.CheckpointManager(
+      os.path.abspath(output_dir) if '://' not in output_dir else output_dir,
+      options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
+      item_names=('state',))
+  # t5x's layout: the parameters under 'target', the step under 'state'.
+  manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(
+      {'target': params, 'state': {'step': np.int32(step)}})))
+  manager.wait_until_finished()
+  manager.close()
+  return target

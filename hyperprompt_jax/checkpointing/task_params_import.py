@@ -10,10 +10,9 @@ from typing import Optional
 from etils import epath
 import gin
 import jax
-import numpy as np
-import orbax.checkpoint as ocp
 
 from hyperprompt_jax import task_params
+from hyperprompt_jax.checkpointing import checkpoints
 from hyperprompt_jax.checkpointing import initial_checkpoint
 from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.common import partitioning
@@ -51,16 +50,7 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
         f'{checkpoint_path} lacks {len(fresh)} task-conditioned parameters '
         f'({fresh[:3]} ...): give --task_params, or a checkpoint of this '
         'method.')
-  manager = ocp.CheckpointManager(
-      os.path.abspath(output_dir) if '://' not in output_dir else output_dir,
-      options=ocp.CheckpointManagerOptions(step_prefix='checkpoint'),
-      item_names=('state',))
-  # t5x's layout: the parameters under 'target', the step under 'state'.
-  manager.save(0, args=ocp.args.Composite(state=ocp.args.PyTreeSave(
-      {'target': jax.device_get(params),
-       'state': {'step': np.int32(0)}})))
-  manager.wait_until_finished()
-  manager.close()
+  checkpoints.save_t5x_params(jax.device_get(params), output_dir, step=0)
   log.info('Wrote %s: the backbone of %s, the task parameters of %s, %d task '
            'rows (%s trained%s).', target, checkpoint_path,
            task_params_path or checkpoint_path, model.config.num_tasks, rows,
