@@ -28,7 +28,7 @@ MOVED_MODULES = {
     'runner.optimizers': 'training.optimizers',
     'runner.schedules': 'training.schedules',
     'runner.metabalance': 'training.metabalance',
-    'runner.balancing': 'training.balancing',
+    'runner.balancing': 'training.metabalance_plan',
     'runner.run_settings': 'training.run_settings',
     'runner.train': 'runner.training_loop',
     'evaluation.eval': 'evaluation.evaluator',
@@ -38,6 +38,7 @@ MOVED_MODULES = {
     'benchmarks.benchmark': 'benchmarks.benchmark_suite',
     'benchmarks.param_table': 'benchmarks.param_counts',
     't5x.compile': 't5x.steps_compile',
+    't5.placement': 't5.traced_mesh',
 }
 
 

@@ -23,15 +23,15 @@ from safetensors import numpy as safetensors_numpy
 
 import conftest
 import task_separation as ts
+from hyperprompt_jax.checkpointing import checkpoints
+from hyperprompt_jax.checkpointing import initial_checkpoint
+from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.huggingface import conversion
 from hyperprompt_jax.huggingface import model_config
 from hyperprompt_jax.huggingface import weight_names
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.checkpointing import checkpoints
-from hyperprompt_jax.checkpointing import initial_checkpoint
 from hyperprompt_jax.training import optimizers
-from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.training import trainer as trainer_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

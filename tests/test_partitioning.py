@@ -88,7 +88,7 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     from flax.linen import partitioning as nn_partitioning
     from hyperprompt_jax.methods import adapters, hyperprompt
     from hyperprompt_jax.model import network
-    from hyperprompt_jax.t5 import placement
+    from hyperprompt_jax.t5 import traced_mesh
     from hyperprompt_jax.common import partitioning, trainer
 
     assert jax.device_count() == 8
@@ -121,14 +121,14 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     mesh = partitioning.create_mesh(data=8, model=1)
     rules = partitioning.logical_axis_rules()
     data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-    assert placement.batch_shards(16) == 1  # no mesh
+    assert traced_mesh.batch_shards(16) == 1  # no mesh
     with jax.set_mesh(mesh), nn_partitioning.axis_rules(rules):
-      assert placement.batch_shards(16) == 8
-      assert placement.batch_shards(12) == 1  # 8 shards do not divide 12
+      assert traced_mesh.batch_shards(16) == 8
+      assert traced_mesh.batch_shards(12) == 1  # 8 shards do not divide 12
     with warnings.catch_warnings(), nn_partitioning.axis_rules(rules):
       warnings.simplefilter('ignore', DeprecationWarning)
       with mesh:  # t5x's partitioner
-        assert placement.batch_shards(16) == 8
+        assert traced_mesh.batch_shards(16) == 8
 
     def compiled_collectives(step, params, batch):
       # The compiled sharded step, and (the kinds of collective, the elements

@@ -53,8 +53,8 @@ from hyperprompt_jax.methods import hyperprompt
 from hyperprompt_jax.methods import prompt_tuning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.t5 import inputs
-from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import task_blocks
+from hyperprompt_jax.t5 import traced_mesh
 from hyperprompt_jax.training import optimizers
 from hyperprompt_jax.training import trainer as trainer_lib
 
@@ -175,7 +175,7 @@ def controls(devices) -> dict:
     in_graph_check = f'{type(e).__name__}: {e}'
   # The forms 'auto' picks where the model is compiled for the slice.
   with jax.set_mesh(mesh):
-    forms = {'platform': placement.target_platform(),
+    forms = {'platform': traced_mesh.target_platform(),
              'gradient_form': task_blocks.resolve_gradient_form('auto'),
              'packed_form': hypergrid.resolve_packed_form('auto'),
              'adapter_form': adapters.resolve_packed_form('auto'),

@@ -831,7 +831,7 @@ def gin_setup(name: str, gin_files: Sequence[str],
   after."""
   import gin  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
-  from hyperprompt_jax.training import balancing  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.training import metabalance_plan  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.training import run_settings  # pylint: disable=g-import-not-at-top
 
   gin.clear_config()
@@ -841,7 +841,7 @@ def gin_setup(name: str, gin_files: Sequence[str],
     # A compile writes nothing: MODEL_DIR need not be set.
     settings = gin.get_configurable(run_settings.RunSettings)(
         model_dir='(compile only)')
-    setup = settings_setup(name, model, settings, balancing.run_plan(
+    setup = settings_setup(name, model, settings, metabalance_plan.run_plan(
         settings.gradient_balancing, settings.metabalance_settings, model,
         settings.mixture_or_task_name))
   finally:
@@ -852,7 +852,7 @@ def gin_setup(name: str, gin_files: Sequence[str],
 def settings_setup(name: str, model: network.Transformer, settings: Any,
                    plan: Any = None) -> Setup:
   """The setup of a built-in run: its network, its `RunSettings` and its
-  MetaBalance plan (`balancing.run_plan`), compiled as the loop steps it."""
+  MetaBalance plan (`metabalance_plan.run_plan`), compiled as the loop steps it."""
   lengths = settings.task_feature_lengths
   setup = Setup(
       name=name, config=model.config, input_length=lengths['inputs'],

@@ -35,11 +35,11 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
+from hyperprompt_jax.checkpointing import checkpoints
 from hyperprompt_jax.huggingface import model_config
 from hyperprompt_jax.huggingface import weight_names
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.model import network
-from hyperprompt_jax.checkpointing import checkpoints
 
 log = logging.getLogger('hyperprompt_jax.convert')
 

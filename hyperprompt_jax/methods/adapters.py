@@ -45,9 +45,9 @@ from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
-from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import segment_kernels
 from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import traced_mesh
 
 Array = jax.Array
 PLACEMENTS = ('both', 'encoder', 'decoder')
@@ -97,7 +97,7 @@ def resolve_packed_form(form: str) -> str:
   'task_blocks' (`LayerAdapters`)."""
   if form != 'auto':
     return form
-  return 'pallas' if placement.target_platform() == 'tpu' else 'task_blocks'
+  return 'pallas' if traced_mesh.target_platform() == 'tpu' else 'task_blocks'
 
 
 def check_adapter_config(cfg: AdapterConfig, emb_dim: int) -> None:

@@ -108,9 +108,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax.t5 import layers
-from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import segment_kernels
 from hyperprompt_jax.t5 import task_blocks
+from hyperprompt_jax.t5 import traced_mesh
 
 Array = jax.Array
 VARIANTS = ('l', 'l2', 'lg', 'gl', 'output_gating')
@@ -414,7 +414,7 @@ def resolve_packed_form(form: str) -> str:
   "On a TPU slice")."""
   if form != 'auto':
     return form
-  return 'pallas' if placement.target_platform() == 'tpu' else 'token_blocks'
+  return 'pallas' if traced_mesh.target_platform() == 'tpu' else 'token_blocks'
 
 
 def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
@@ -511,10 +511,10 @@ def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
                              sizes.reshape(-1))
     return out.reshape(rows, length, -1)
 
-  batch_axes = placement.batch_axes(x.shape[0])
+  batch_axes = traced_mesh.batch_axes(x.shape[0])
   if batch_axes is None:
     return flat(x, weights, sizes)
-  mesh = placement.current_mesh()
+  mesh = traced_mesh.current_mesh()
   spec = jax.sharding.PartitionSpec(batch_axes)
   return jax.shard_map(flat, mesh=mesh, in_specs=(spec, spec, spec),
                        out_specs=spec, axis_names=set(batch_axes),

@@ -46,8 +46,8 @@ from jax import lax
 import jax.numpy as jnp
 
 from hyperprompt_jax.t5 import layers
-from hyperprompt_jax.t5 import placement
 from hyperprompt_jax.t5 import task_blocks as task_blocks_lib
+from hyperprompt_jax.t5 import traced_mesh
 
 Array = jax.Array
 VARIANTS = ('share', 'sep', 'global', 'none')
@@ -348,14 +348,14 @@ def check_packed_form(form: str) -> None:
 def resolve_packed_form(form: str) -> str:
   """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`:
   'auto' is 'all_tasks' where the model is compiled for an accelerator
-  (`placement.target_platform`), 'task_blocks' on a CPU. Compiled for a
+  (`traced_mesh.target_platform`), 'task_blocks' on a CPU. Compiled for a
   TPU v3 slice (T5.1.1-Base, batch 128 packed), 'all_tasks' costs 1.03x
   MTL's FLOPs, 1.14x its bytes accessed and 1.11x its temporaries, against
   1.01x, 1.35x and 1.32x for 'task_blocks' (docs/performance.md, On a TPU
   slice); the CPU figures of docs/performance.md are 'task_blocks''s."""
   check_packed_form(form)
   if form == 'auto':
-    return ('task_blocks' if placement.target_platform() == 'cpu'
+    return ('task_blocks' if traced_mesh.target_platform() == 'cpu'
             else 'all_tasks')
   return form
 
@@ -373,7 +373,7 @@ def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
   unpacked: a block of c queries costs a copy of its task's `2 l` prompt
   rows, and each task pads up to c - 1 positions: blocks of c = sqrt(2 l N
   / T) (`task_blocks.block_size`; 128 at N = 4,096, l = 16, T = 8), N a
-  data shard's tokens (blocks per data shard, `placement.batch_shards`).
+  data shard's tokens (blocks per data shard, `traced_mesh.batch_shards`).
   'all_tasks' scores each query against all T tasks' `T * l` columns and
   masks all but its own: T times the prompts' work, but no permutation of
   the queries.

@@ -33,8 +33,8 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.runner import preemption
 from hyperprompt_jax.runner import run_lock
 from hyperprompt_jax.tasks import task_ids
-from hyperprompt_jax.training import balancing as balancing_lib
 from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import metabalance_plan
 # Imported for gin: runs/train.gin binds `@optimizers.make_optimizer()`.
 from hyperprompt_jax.training import optimizers  # pylint: disable=unused-import
 from hyperprompt_jax.training import run_settings
@@ -198,7 +198,7 @@ def _resolve(settings: run_settings.RunSettings,
   if settings.eval_period:
     evaluation.check_tasks(settings.mixture_or_task_name,
                            settings.keep_best_by)
-  balancing = balancing_lib.run_plan(
+  balancing = metabalance_plan.run_plan(
       settings.gradient_balancing, settings.metabalance_settings, model,
       settings.mixture_or_task_name)
   mesh = partitioning.create_mesh(settings.mesh_data, settings.mesh_model)

@@ -32,7 +32,7 @@ from jax.experimental import layout as jax_layout
 import jax.numpy as jnp
 import numpy as np
 
-from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import traced_mesh
 
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -255,7 +255,7 @@ class RelativePositionBiases(nn.Module):
     )
     form = self.form
     if form == 'auto':
-      form = ('gather' if placement.target_platform() == 'cpu'
+      form = ('gather' if traced_mesh.target_platform() == 'cpu'
               else 'one_hot')
     if form == 'gather':
       values = jnp.take(jnp.asarray(table, self.dtype),

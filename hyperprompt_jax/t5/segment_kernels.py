@@ -70,7 +70,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 
-from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import traced_mesh
 
 Array = jax.Array
 
@@ -90,7 +90,7 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _tile_out_most(weight_grad: bool = False) -> int:
-  if placement.target_device_kind() != 'TPU v3':
+  if traced_mesh.target_device_kind() != 'TPU v3':
     return _TILE_OUT
   return 512 if weight_grad else 768
 
@@ -371,7 +371,7 @@ def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
 
 def _mxu_dtype(dtype) -> jnp.dtype:
   """The tiles' dtype on the MXU: theirs, but float32 on TPU v3."""
-  return jnp.float32 if placement.target_device_kind() == 'TPU v3' else dtype
+  return jnp.float32 if traced_mesh.target_device_kind() == 'TPU v3' else dtype
 
 
 # How the kernels run. None: Mosaic on TPU, Pallas's plain interpreter
@@ -389,7 +389,7 @@ INTERPRET: Optional[pltpu.InterpretParams] = None
 def _interpret():
   if INTERPRET is not None:
     return INTERPRET
-  return placement.target_platform() != 'tpu'
+  return traced_mesh.target_platform() != 'tpu'
 
 
 def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
@@ -606,11 +606,11 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
   the kernel's rows are split, each device's partial sums are added after
   the kernels, as XLA adds a split contraction's.
   """
-  mesh = placement.current_mesh()
+  mesh = traced_mesh.current_mesh()
   if mesh is None:
     return _segment_gated_matmul(x, kernel, grid, segment_ids)
   spec = jax.sharding.PartitionSpec
-  batch = placement.batch_axes(x.shape[0])
+  batch = traced_mesh.batch_axes(x.shape[0])
   split_in, split_out = _kernel_split(mesh, kernel_axes, kernel.shape,
                                       grid.shape[2:])
   rows = spec(batch)
@@ -855,13 +855,13 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array,
   over every mesh axis), the weights whole on every device (an adapter's
   are small).
   """
-  mesh = placement.current_mesh()
+  mesh = traced_mesh.current_mesh()
   matmul = functools.partial(_per_task_matmul, transposed=transposed,
                              precision=precision)
   if mesh is None:
     return matmul(x, weights, task_ids)
   spec = jax.sharding.PartitionSpec
-  batch = placement.batch_axes(x.shape[0])
+  batch = traced_mesh.batch_axes(x.shape[0])
   return jax.shard_map(matmul, mesh=mesh,
                        in_specs=(spec(batch), spec(), spec(batch)),
                        out_specs=spec(batch), check_vma=False)(

@@ -4,7 +4,7 @@ conditioning of packed rows.
 A packed row holds examples of several tasks, and each token must be
 conditioned by its own example's task. Rather than run every token through
 all T tasks' weights, `task_blocks` sorts each data shard's tokens by task
-into blocks of one task each (`placement.batch_shards`, `block_size`); a block then
+into blocks of one task each (`traced_mesh.batch_shards`, `block_size`); a block then
 costs one product with a copy of its task's weights (`take_tasks`), and
 the outputs go back to their tokens.
 Used by the adapters (`methods/adapters.py`, one adapter a token) and by
@@ -31,7 +31,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from hyperprompt_jax.t5 import placement
+from hyperprompt_jax.t5 import traced_mesh
 
 
 Array = jax.Array
@@ -47,11 +47,11 @@ def check_gradient_form(form: str) -> None:
 def resolve_gradient_form(form: str) -> str:
   """'written' or 'autodiff' for a `T5Config.gradient_form`: 'auto' is
   'written' where the model is compiled for a CPU
-  (`placement.target_platform`),
+  (`traced_mesh.target_platform`),
   else 'autodiff'."""
   check_gradient_form(form)
   if form == 'auto':
-    return 'written' if placement.target_platform() == 'cpu' else 'autodiff'
+    return 'written' if traced_mesh.target_platform() == 'cpu' else 'autodiff'
   return form
 
 
@@ -151,7 +151,7 @@ def batch_task_blocks(task_ids: Array, num_tasks: int, copied_rows: int,
   runs: per data shard (`batch_shards`), in blocks of `block_size` for a
   shard's tokens and `copied_rows` rows of weights a block; gathers of
   `gradient_form` (`T5Config.gradient_form`)."""
-  shards = placement.batch_shards(task_ids.shape[0])
+  shards = traced_mesh.batch_shards(task_ids.shape[0])
   block = block_size(task_ids.size // shards, num_tasks, copied_rows)
   blocks = task_blocks(task_ids, num_tasks, block, shards)
   return blocks.replace(form=resolve_gradient_form(gradient_form))

@@ -53,8 +53,8 @@ from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.t5x import optax_state_axes  # registers the rules: pylint: disable=unused-import
 from hyperprompt_jax.tasks import feature_converter
 from hyperprompt_jax.tasks import task_ids as task_ids_lib
-from hyperprompt_jax.training import balancing as balancing_lib
 from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import metabalance_plan
 
 PyTree = Any
 TASK_IDS = feature_converter.TASK_IDS
@@ -119,7 +119,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
           f'GRADIENT_BALANCING={gradient_balancing!r} needs the mixture the '
           'run trains: bind TaskIdsEncoderDecoderModel.mixture_or_task_name '
           '= %MIXTURE_OR_TASK_NAME (gin/t5x/metabalance.gin does).')
-    self.balancing = balancing_lib.run_plan(
+    self.balancing = metabalance_plan.run_plan(
         gradient_balancing, metabalance_settings, module,
         mixture_or_task_name)
     packed_rows = batches.RowFormat.of(module.config, pack=True)
