@@ -39,6 +39,7 @@ MOVED_MODULES = {
     'benchmarks.param_table': 'benchmarks.param_counts',
     't5x.compile': 't5x.steps_compile',
     't5.placement': 't5.traced_mesh',
+    'benchmarks.gin_literals': 'common.gin_literals',
 }
 
 

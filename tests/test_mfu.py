@@ -17,10 +17,10 @@ import pytest
 
 from hyperprompt_jax import paths
 from hyperprompt_jax.benchmarks import benchmark_suite
-from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.common import batches
+from hyperprompt_jax.common import gin_literals
 from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import glue
 from hyperprompt_jax.tasks import super_glue

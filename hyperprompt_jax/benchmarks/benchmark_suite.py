@@ -19,11 +19,11 @@ import numpy as np
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax import task_params
-from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import memory_table
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.benchmarks import param_counts
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.common import gin_literals
 from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.common import host_memory
 from hyperprompt_jax.methods import hypergrid

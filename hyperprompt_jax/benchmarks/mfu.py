@@ -59,9 +59,9 @@ import numpy as np
 from hyperprompt_jax import files
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
-from hyperprompt_jax.benchmarks import gin_literals
 from hyperprompt_jax.benchmarks import length_estimates
 from hyperprompt_jax.benchmarks import timing
+from hyperprompt_jax.common import gin_literals
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.methods import param_groups
 from hyperprompt_jax.methods import prompt_tuning

@@ -488,13 +488,13 @@ def converter_checks_batches(feature_converter_cls: Any,
 
 
 def __getattr__(name: str) -> Any:
-  # MetaBalanceTrainer moved to its own module in 0.2; a gin file that still
-  # names it here gets it, with the new path, for one release.
+  # MetaBalanceTrainer moved to its own module in 0.2: a gin file that still
+  # names it here is told where (importing it here would tie the two
+  # modules in a circle).
   if name == 'MetaBalanceTrainer':
-    import warnings  # pylint: disable=g-import-not-at-top
-    from hyperprompt_jax.t5x import metabalance_trainer  # pylint: disable=g-import-not-at-top
-    warnings.warn('t5x_model.MetaBalanceTrainer moved to '
-                  'hyperprompt_jax.t5x.metabalance_trainer.MetaBalanceTrainer',
-                  DeprecationWarning, stacklevel=2)
-    return metabalance_trainer.MetaBalanceTrainer
+    raise AttributeError(
+        't5x_model.MetaBalanceTrainer moved to hyperprompt_jax.t5x.'
+        'metabalance_trainer: in the gin file, `from hyperprompt_jax.t5x '
+        'import metabalance_trainer` and '
+        '`@metabalance_trainer.MetaBalanceTrainer` (gin/t5x/metabalance.gin).')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
