@@ -1,13 +1,13 @@
 """Host memory that a JAX program on the CPU allocates anew at every step.
 
 XLA's CPU runtime allocates each execution's buffers with `malloc` and
-frees them when the execution ends: T5.1.1-small's packed training step
-takes about 4 GB of temporaries at batch 8 of 512 / 32. glibc's `malloc`
+frees them when the execution ends, gigabytes of temporaries a training
+step. glibc's `malloc`
 hands any block over 32 MB straight to the kernel (`mmap`) and returns it
 (`munmap`) on `free`, and gives back the top of its heap once more than
 128 kB of it is free, so every step touches its temporaries as fresh
-pages: about 2 million page faults a step, a third of the step's CPU time
-in the kernel (5.4 s a step; 3.7 s with the memory kept). The cost is the
+pages: millions of page faults a step, a third of the step's CPU time in
+the kernel (docs/operations.md has the measurement). The cost is the
 allocator's, not the model's: it grows with a step's temporaries and with
 what else the process holds, so it skews side-by-side timings, and a TPU or
 GPU runtime keeps its device memory.

@@ -501,9 +501,9 @@ def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
 
 # Under `jax.checkpoint`, saving only the down projection: an array of b
 # columns fills a TPU's 128 lanes (5x its size at b = 24), and keeping the
-# bottleneck, float32 pre-activations, bias sums and variances made the
-# Vanilla Adapter's step hold 1.21x MTL's temporaries, 1.07x with this
-# (T5.1.1-Base, 4 rows a device of TPU v3; docs/performance.md).
+# bottleneck, float32 pre-activations, bias sums and variances held far
+# more temporaries than MTL's step on a TPU (docs/performance.md, On a TPU
+# slice).
 @functools.partial(
     jax.checkpoint, static_argnums=(0,),
     policy=jax.checkpoint_policies.save_only_these_names(_DOWN_PROJECTION))

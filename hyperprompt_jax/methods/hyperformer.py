@@ -148,7 +148,7 @@ class HyperFormerGenerator(nn.Module):
     # that the adapters take in its dtype: they compute in it, as every
     # Dense of the network does. In float32 a bfloat16 step of HyperFormer++
     # wrote, split and differentiated [2, M, T, d * b] float32 twice a
-    # stack (T5.1.1-Base: 1.3 GB of its 30 GB a step on TPU v3).
+    # stack.
     def generate(name, size, out_axis, out_shape):
       y = self._dense(projected, f'{name}_generator', size,
                       ('task_embed', out_axis), self.dtype)

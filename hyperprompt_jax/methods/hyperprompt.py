@@ -348,11 +348,10 @@ def check_packed_form(form: str) -> None:
 def resolve_packed_form(form: str) -> str:
   """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`:
   'auto' is 'all_tasks' where the model is compiled for an accelerator
-  (`traced_mesh.target_platform`), 'task_blocks' on a CPU. Compiled for a
-  TPU v3 slice (T5.1.1-Base, batch 128 packed), 'all_tasks' costs 1.03x
-  MTL's FLOPs, 1.14x its bytes accessed and 1.11x its temporaries, against
-  1.01x, 1.35x and 1.32x for 'task_blocks' (docs/performance.md, On a TPU
-  slice); the CPU figures of docs/performance.md are 'task_blocks''s."""
+  (`traced_mesh.target_platform`), 'task_blocks' on a CPU: on a TPU
+  'all_tasks' moves fewer bytes and holds fewer temporaries, at a few more
+  FLOPs (docs/performance.md, On a TPU slice, has the figures); the CPU
+  figures there are 'task_blocks''s."""
   check_packed_form(form)
   if form == 'auto':
     return ('task_blocks' if traced_mesh.target_platform() == 'cpu'

@@ -63,10 +63,10 @@ def gradient_laid_out_as_stored(kernel: Array) -> Array:
 
   A TPU's layout assignment lets the dot that makes a kernel's gradient
   pick its layout, then may carry the optimizer's update in that layout:
-  in HyperFormer++'s step (T5.1.1-Base, TPU v3) every attention kernel's
-  gradient came out transposed and each float32 kernel was copied to that
-  layout and back every step (144 kernels, 1.2 GB of its 29). Asked for
-  the stored layout, XLA transposes the bfloat16 gradient once instead, as
+  in HyperFormer++'s step on a TPU v3 every attention kernel's gradient
+  came out transposed and each float32 kernel was copied to that layout and
+  back every step (docs/performance.md, On a TPU slice). Asked for the
+  stored layout, XLA transposes the bfloat16 gradient once instead, as
   it chooses to in the other models' steps (there this is no change).
   """
   return kernel
