@@ -2,7 +2,7 @@ r"""Training-step time and peak memory of each variant relative to MTL T5.
 
     python -m hyperprompt_jax.benchmark [--gin_file=models/t5_1_1_small.gin]
         [--batch_sizes=4,8,16] [--input_length=512] [--target_length=32]
-        [--variants=adapter,share,global,hypergrid_lg,...] [--placement=both]
+        [--variants=adapter,hyperprompt_global,hypergrid_lg,...] [--placement=both]
         [--rounds=3] [--steps=3] [--gin.ACTIVATION_DTYPE="'float32'"]
     python -m hyperprompt_jax.benchmark --table --batch_sizes=4 \
         [--table_model=models/t5_1_1_base.gin] [--flops_batch_size=128]

@@ -7,7 +7,7 @@ r"""A run compiled for a TPU slice from this host, before it is launched.
     python -m hyperprompt_jax.compile --topology=v3:4x4 \
         --setups=mtl_glue,hyperprompt_global_glue
     python -m hyperprompt_jax.compile --topology=v5e:2x2 \
-        --model=t5_1_1_base --variants=global,hypergrid_lg --batch_size=32
+        --model=t5_1_1_base --variants=hyperprompt_global,hypergrid_lg --batch_size=32
 
 The training command's run file, compiled as that command steps it: a
 built-in run file (`runs/`) gives the `RunSettings` and network that
@@ -49,7 +49,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
   models.add_argument('--model', default='t5_1_1_base',
                       help='a gin/models file name (default: t5_1_1_base)')
   models.add_argument('--variants', default=None,
-                      help='comma-separated (default: mtl, global, '
+                      help='comma-separated (default: mtl, hyperprompt_global, '
                       'hypergrid_lg, adapter, hyperformer_pp, '
                       'prompt_tuning)')
   models.add_argument('--forms', default='both',

@@ -3,6 +3,7 @@
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import T5X_TINY_CONFIG
+from hyperprompt_jax import methods
 from hyperprompt_jax.benchmarks import benchmark_suite
 from hyperprompt_jax.benchmarks import length_estimates
+from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import packing_benchmark
 from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.model import network
@@ -21,7 +24,7 @@ from hyperprompt_jax.training import trainer
 
 
 def test_train_step_reduces_the_loss_on_a_repeated_batch():
-  cfg = benchmark_suite.variant_config(T5X_TINY_CONFIG, 'global', 'both')
+  cfg = benchmark_suite.variant_config(T5X_TINY_CONFIG, 'hyperprompt_global', 'both')
   model = benchmark_suite.network.Transformer(cfg)
   batch = timing.random_batch(np.random.default_rng(0), 4, 8, 4, 384)
   params = jax.jit(lambda r: benchmark_suite.network.init_variables(
@@ -42,11 +45,12 @@ def test_train_step_reduces_the_loss_on_a_repeated_batch():
 def test_report_rows():
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1)
-  rows = benchmark_suite.benchmark(cfg, [1, 2], ['global'], 'decoder',
+  rows = benchmark_suite.benchmark(cfg, [1, 2], ['hyperprompt_global'], 'decoder',
                              input_length=8, target_length=4, rounds=1,
                              steps=1)
   assert [(r['batch_size'], r['model']) for r in rows] == [
-      (1, 'mtl'), (1, 'global'), (2, 'mtl'), (2, 'global')]
+      (1, 'mtl'), (1, 'hyperprompt_global'), (2, 'mtl'),
+      (2, 'hyperprompt_global')]
   assert all(r['seconds_per_step'] > 0 and r['peak_bytes'] > 0 for r in rows)
   assert rows[0]['ratio_to_mtl'] == 1.0 and rows[2]['ratio_to_mtl'] == 1.0
   # More parameters (and optimizer state) than MTL: more peak memory.
@@ -88,10 +92,10 @@ def test_decode_rows():
   cache (its decoder gates) decodes too."""
   cfg = dataclasses.replace(T5X_TINY_CONFIG, num_encoder_layers=1,
                             num_decoder_layers=1, mlp_dim=128)
-  rows = benchmark_suite.decode_benchmark(cfg, 2, ['global', 'hypergrid_lg'],
+  rows = benchmark_suite.decode_benchmark(cfg, 2, ['hyperprompt_global', 'hypergrid_lg'],
                                     'both', input_length=8, target_length=4,
                                     rounds=1, steps=1)
-  assert [r['model'] for r in rows] == ['mtl', 'global', 'hypergrid_lg']
+  assert [r['model'] for r in rows] == ['mtl', 'hyperprompt_global', 'hypergrid_lg']
   assert all(r['seconds_per_step'] > 0 for r in rows)
   assert rows[0]['ratio_to_mtl'] == 1.0
 
@@ -228,3 +232,18 @@ def test_relative_ratio_interval_holds_the_true_ratio():
   times = run(6)
   assert (timing.relative_ratio_interval(times, 'd', 'a')
           == timing.relative_ratio_interval(times, 'd', 'a'))
+
+
+def test_variants_are_named_as_their_gin_files():
+  """One name a variant: the benchmarks' --variants take the gin/variants
+  file's name; HyperPrompt's old short names still work, with a warning,
+  for one release."""
+  assert set(benchmark_suite.VARIANTS) == {
+      os.path.splitext(os.path.basename(f))[0]
+      for f in methods.variant_files()}
+  assert 'hyperprompt_global' in benchmark_suite.VARIANTS
+  assert 'hyperprompt_global' in mfu.MODELS and 'global' not in mfu.MODELS
+  with pytest.warns(DeprecationWarning, match="'global' is now "
+                    "'hyperprompt_global'"):
+    assert methods.variant_names('global,,adapter') == [
+        'hyperprompt_global', 'adapter']

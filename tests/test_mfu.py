@@ -179,7 +179,8 @@ def test_forms_pick_the_runs():
       ('hypergrid_lg', 'grouped'), ('adapter', 'written'),
       ('adapter', 'autodiff')]
   assert mfu.runs(everything, 'written,grouped') == [
-      ('mtl', 'auto'), ('global', 'written'), ('hypergrid_lg', 'grouped'),
+      ('mtl', 'auto'), ('hyperprompt_global', 'written'),
+      ('hypergrid_lg', 'grouped'),
       ('adapter', 'written'), ('hyperformer_pp', 'written'),
       ('prompt_tuning', 'auto')]
   assert {form for _, form in mfu.runs(everything, 'auto')} == {'auto'}

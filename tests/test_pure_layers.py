@@ -122,7 +122,7 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.training import optimizers
 from hyperprompt_jax.training import trainer
 
-cfg = mfu.model_config('t5_1_1_tiny', 'global', 'float32')
+cfg = mfu.model_config('t5_1_1_tiny', 'hyperprompt_global', 'float32')
 model = network.Transformer(cfg)
 optimizer = optimizers.make_optimizer()
 state = timing.fresh_state(model, optimizer, 16, 4)

@@ -36,10 +36,9 @@ from hyperprompt_jax.training import trainer
 
 
 def _variant_name(variant_file: str) -> str:
-  """'variants/hyperprompt_share.gin' -> 'share', 'variants/adapter.gin' ->
-  'adapter' (the names of the papers' tables)."""
-  stem = os.path.splitext(os.path.basename(variant_file))[0]
-  return stem.removeprefix('hyperprompt_')
+  """'variants/hyperprompt_share.gin' -> 'hyperprompt_share': a variant is
+  named as its gin file."""
+  return os.path.splitext(os.path.basename(variant_file))[0]
 
 
 # name -> the gin/variants file that defines it, for every method of the
@@ -342,7 +341,7 @@ def _variants(args: argparse.Namespace) -> list[str]:
   if args.variants is None:
     variants = list(VARIANTS)
   else:
-    variants = [v for v in args.variants.split(',') if v]
+    variants = methods.variant_names(args.variants)
   bad = set(variants) - set(VARIANTS)
   if bad:
     raise ValueError(f'Unknown variants {sorted(bad)}: choose from '

@@ -2,7 +2,7 @@
 
     python -m hyperprompt_jax.benchmark --mfu [--model=t5_1_1_base]
         [--dtype=bfloat16] [--batch_size=32] [--input_length=512]
-        [--target_length=32] [--variants=global,hypergrid_lg,...]
+        [--target_length=32] [--variants=hyperprompt_global,hypergrid_lg,...]
         [--forms=both] [--steps=5] [--warmup_steps=3]
         [--peak_tflops=989] [--output_json=mfu.json]
 
@@ -86,7 +86,7 @@ BACKBONES = {
 # papers').
 MODELS = {
     'mtl': None,
-    'global': 'variants/hyperprompt_global.gin',
+    'hyperprompt_global': 'variants/hyperprompt_global.gin',
     'hypergrid_lg': 'variants/hypergrid_lg.gin',
     'adapter': 'variants/adapter.gin',
     'hyperformer_pp': 'variants/hyperformer_pp.gin',
@@ -96,7 +96,7 @@ MODELS = {
 # config field that picks them, and the forms (CPU's first; a third, a
 # TPU kernel, runs only where `--forms` names it).
 FORMS = {
-    'global': ('gradient_form', ('written', 'autodiff')),
+    'hyperprompt_global': ('gradient_form', ('written', 'autodiff')),
     'adapter': ('gradient_form', ('written', 'autodiff')),
     'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
     'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped', 'pallas')),
@@ -540,7 +540,7 @@ def format_report(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.benchmark --mfu` with its parsed flags."""
   models = (list(MODELS) if args.variants is None
-            else [v for v in args.variants.split(',') if v])
+            else methods.variant_names(args.variants))
   bad = sorted(set(models) - set(MODELS))
   if bad:
     raise ValueError(f'Unknown variants {bad} for --mfu: choose from '

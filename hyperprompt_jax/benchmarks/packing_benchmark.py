@@ -2,7 +2,7 @@
 
     python -m hyperprompt_jax.benchmark --packing [--batch_sizes=8]
         [--input_length=512] [--target_length=32] [--lengths=both]
-        [--variants=global,share,sep,adapter,hyperformer_pp,prompt_tuning]
+        [--variants=hyperprompt_global,hyperprompt_share,hyperprompt_sep,adapter,...]
 
 For each model (MTL and every variant that packs) the built-in runner's
 training step (`trainer.train_step`) is compiled twice, for `batch` rows of

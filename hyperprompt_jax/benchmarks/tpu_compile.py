@@ -5,7 +5,7 @@ r"""A run's training step and decode compiled for a TPU slice, on a CPU host.
         [--gin.MESH_MODEL=2] [--gin.NUM_MICROBATCHES=2] \
         [--gin.REMAT_POLICY="'full'"] [--output_json=tpu.json]
     python -m hyperprompt_jax.benchmark --tpu_compile --topology=v5e:2x2 \
-        --model=t5_1_1_base --variants=mtl,global,hypergrid_lg --forms=auto \
+        --model=t5_1_1_base --variants=mtl,hyperprompt_global,hypergrid_lg --forms=auto \
         --batch_size=128 [--mesh_model=1] [--num_microbatches=1]
     python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3-32 \
         --gin_file=t5x/hypergrid_lg_glue_super_glue.gin [--gin.X=Y ...]
@@ -85,6 +85,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hyperprompt_jax import files
+from hyperprompt_jax import methods
 from hyperprompt_jax import paths
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import timing
@@ -755,7 +756,7 @@ def model_setups(backbone: str, variants: Sequence[str], forms: str,
 def run_models(args) -> int:
   """`--tpu_compile` without gin: the MFU benchmark's models."""
   variants = (list(mfu.MODELS) if args.variants is None
-              else [v for v in args.variants.split(',') if v])
+              else methods.variant_names(args.variants))
   bad = sorted(set(variants) - set(mfu.MODELS))
   if bad:
     raise ValueError(f'Unknown variants {bad} for --tpu_compile: choose from '

@@ -16,7 +16,9 @@ module, an entry here, its T5Config field and its wiring in
 `conditioning.py`.
 """
 
+import sys
 from typing import Any
+import warnings
 
 from hyperprompt_jax.methods import adapters
 from hyperprompt_jax.methods import hyperformer
@@ -43,6 +45,28 @@ def axis_names() -> tuple[str, ...]:
 def variant_files() -> tuple[str, ...]:
   """Every gin/variants file that selects a method, in registry order."""
   return tuple(f for method in REGISTRY for f in method.VARIANT_FILES)
+
+
+# A variant's name is its gin/variants file's. The benchmarks' --variants
+# named HyperPrompt's by the hypernetwork alone before 0.2; those names
+# keep working, with a warning, for one release.
+RENAMED_VARIANTS = {'share': 'hyperprompt_share', 'sep': 'hyperprompt_sep',
+                    'global': 'hyperprompt_global'}
+
+
+def variant_names(flag: str) -> list[str]:
+  """The names of a comma-separated --variants value, old names renamed."""
+  names = []
+  for name in (n for n in flag.split(',') if n):
+    if name in RENAMED_VARIANTS:
+      warnings.warn(f"--variants: '{name}' is now "
+                    f"'{RENAMED_VARIANTS[name]}'", DeprecationWarning,
+                    stacklevel=2)
+      print(f"--variants: '{name}' is now '{RENAMED_VARIANTS[name]}' (the "
+            'old name goes in the next release)', file=sys.stderr)
+      name = RENAMED_VARIANTS[name]
+    names.append(name)
+  return names
 
 
 def configured(model_config: Any) -> list[tuple[Any, Any]]:
