@@ -86,10 +86,11 @@ PACKED_SCRIPT = textwrap.dedent(r'''
     import math, re, warnings
     import jax, numpy as np
     from flax.linen import partitioning as nn_partitioning
+    from hyperprompt_jax.common import partitioning
     from hyperprompt_jax.methods import adapters, hyperprompt
     from hyperprompt_jax.model import network
     from hyperprompt_jax.t5 import traced_mesh
-    from hyperprompt_jax.common import partitioning, trainer
+    from hyperprompt_jax.training import trainer
 
     assert jax.device_count() == 8
     tasks, enc_len, dec_len = 4, 32, 8
