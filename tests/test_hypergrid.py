@@ -397,3 +397,41 @@ def test_per_shard_forms_keep_each_row_on_its_data_shard(form):
   assert (np.abs(r['dkernel'] - dkernel)
           <= conftest.float32_bound(tokens, tokens) * dkernel_size).all()
 
+
+
+def test_grouped_form_over_several_ragged_matmuls(monkeypatch):
+  """The grouped form takes a batch's rows a few at a time, one ragged
+  matmul of at most `MAX_RAGGED_GROUPS` groups each (the TPU compiler fails
+  on some larger counts): split into 2 + 2 + 1 rows here, its value and
+  gradients of `sum(w * out)` are still each token's own example's gated
+  matmul (numpy, Eq. 7 per segment)."""
+  monkeypatch.setattr(hypergrid, 'MAX_RAGGED_GROUPS', 8)  # 4 groups a row
+  rng = np.random.default_rng(0)
+  rows, length, d_in, d_out, s, k_in, k_out = 5, 12, 8, 12, 3, 4, 6
+  x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
+  kernel = rng.normal(size=(d_in, d_out)).astype(np.float32)
+  grid = rng.uniform(size=(rows, s, k_in, k_out)).astype(np.float32)
+  w = rng.normal(size=(rows, length, d_out)).astype(np.float32)
+  segments = np.stack([np.repeat([1, 2, 3, 0], rng.multinomial(
+      length, [0.25] * 4)) for _ in range(rows)]).astype(np.int32)
+
+  def loss(x, kernel):
+    return (hypergrid.packed_gated_matmul(x, kernel, grid, segments,
+                                          form='grouped') * w).sum()
+
+  value, (dx, dkernel) = jax.jit(jax.value_and_grad(loss, (0, 1)))(x, kernel)
+  want = size = 0.0
+  dx_want, dkernel_want = np.zeros_like(x), np.zeros_like(kernel)
+  for row in range(rows):
+    for t in range(length):
+      seg = segments[row, t]
+      gate = 1 if seg == 0 else 1 + numpy_hypergrid.block_repeat(
+          grid[row, seg - 1], d_in, d_out)
+      want += x[row, t] @ (kernel * gate) @ w[row, t]
+      size += np.abs(x[row, t]) @ np.abs(kernel * gate) @ np.abs(w[row, t])
+      dx_want[row, t] = (kernel * gate) @ w[row, t]
+      dkernel_want += np.outer(x[row, t], w[row, t]) * gate
+  bound = conftest.float32_bound(d_in, d_out, rows * length)
+  conftest.assert_close_to_scale(value, want, bound, size)
+  conftest.assert_close_to_scale(dx, dx_want, bound, name='dx')
+  conftest.assert_close_to_scale(dkernel, dkernel_want, bound, name='dkernel')

@@ -533,3 +533,61 @@ def test_the_compile_command_takes_a_t5x_run_file(tmp_path):
     assert setup['programs'][kind]['flops'] > 0, kind
     assert f'quickstart_train {kind}: ' in printed
   assert 'v5litepod-4 = v5e:2x2: 4 chips, 4 devices (one a chip)' in printed
+
+
+_HYPERGRID_FORMS_FOR_A_SLICE = '''
+import jax, jax.numpy as jnp
+from flax.linen import partitioning as nn_partitioning
+from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.runner import partitioning
+mesh = partitioning.create_mesh(devices=tpu_compile.topology_devices(TOPOLOGY))
+split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+def step(form, segments):
+  def loss(x, kernel, grid, segment_ids):
+    return hypergrid.packed_gated_matmul(
+        x, kernel, grid, segment_ids, form=form,
+        kernel_axes=('mlp', 'embed')).astype(jnp.float32).sum()
+  args = (jax.ShapeDtypeStruct((40, 8, 64), jnp.bfloat16, sharding=split),
+          jax.ShapeDtypeStruct((64, 32), jnp.bfloat16, sharding=whole),
+          jax.ShapeDtypeStruct((40, segments, 8, 4), jnp.float32,
+                               sharding=split),
+          jax.ShapeDtypeStruct((40, 8), jnp.int32, sharding=split))
+  try:
+    jax.jit(jax.value_and_grad(loss, (0, 1, 2))).lower(*args).compile()
+    return 'compiles'
+  except Exception as e:  # pylint: disable=broad-except
+    return str(e).splitlines()[0][:400]
+
+with jax.set_mesh(mesh), nn_partitioning.axis_rules(
+    partitioning.logical_axis_rules()):
+  print('RESULT auto', hypergrid.resolve_packed_form('auto'))
+  for form in ('grouped', 'pallas', 'token_blocks'):
+    print('RESULT', form, step(form, 31))
+  print('RESULT grouped_128', step('grouped', 128))
+'''
+
+
+@needs_libtpu
+@pytest.mark.parametrize('topology', ['v5e:2x2', 'v3:2x2'])
+def test_every_hypergrid_packed_form_compiles_for_a_tpu_slice(tmp_path,
+                                                               topology):
+  """HyperGrid's gated matmul and its gradients in each packed form,
+  compiled for a slice with the batch split over its chips (40 rows of 32
+  segments: 320 groups a v5e chip, 160 a v3 TensorCore). One ragged matmul
+  of a shard's 160 or 320 groups crashed the TPU compiler ("Bitcast cannot
+  have different shape sizes"); 'grouped' takes its rows a few at a time,
+  and refuses, by name, the rows of over 127 segments it cannot split."""
+  printed = _run(['-c', f'TOPOLOGY = {topology!r}\n'
+                  + _HYPERGRID_FORMS_FOR_A_SLICE], tmp_path)
+  results = dict(l.split(' ', 2)[1:] for l in printed.splitlines()
+                 if l.startswith('RESULT '))
+  assert results.pop('auto') == 'pallas'
+  refused = results.pop('grouped_128')
+  assert results == dict.fromkeys(('grouped', 'pallas', 'token_blocks'),
+                                  'compiles')
+  assert ("packed_form='grouped' takes at most 127 segments a row on a TPU"
+          in refused and 'MAX_SEGMENTS=128' in refused
+          and "'pallas' or 'token_blocks'" in refused), refused

@@ -67,10 +67,12 @@ example's gated weight, by one of three exact forms (`packed_form`):
   T5.1.1-small's `wo`), recomputed in the backward pass; the FLOPs of one
   plain matmul.
 - 'grouped': the folded weights `(1 + psi(grid[s])) ⊙ W`, `S d_in d_out`
-  values a row, and one grouped matmul over each data shard's rows
-  (`jax.lax.ragged_dot` under `shard_map`), the FLOPs of one plain matmul
-  where a grouped kernel runs it; XLA:CPU computes every group densely, and
-  the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
+  values a row, and grouped matmuls over each data shard's rows
+  (`jax.lax.ragged_dot` under `shard_map`, at most `MAX_RAGGED_GROUPS` =
+  128 groups each: the TPU compiler fails on some larger counts, so a TPU
+  takes at most 127 segments a row in this form), the FLOPs of one plain
+  matmul where a grouped kernel runs it; XLA:CPU computes every group
+  densely, and the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
 - 'pallas': a TPU kernel (`segment_kernels.py`) that gates each tile of
   the kernel per segment in VMEM and multiplies that segment's rows, so HBM
   sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
@@ -493,23 +495,45 @@ def _grouped_gated_matmul(x: Array, kernel: Array, grid: Array,
   return _rowwise_ragged_dot(x, weights, sizes.astype(jnp.int32))
 
 
+# The most groups one `ragged_dot` takes: the TPU compiler (libtpu 0.0.42)
+# lays a ragged matmul's group sizes out twice, `s32[G]` and `s32[G, 1]`,
+# padded to different tiles, and fails on the bitcast between them ("Bitcast
+# cannot have different shape sizes") for some G over 128, on every
+# generation (v3 from 129 on; v4, v5e, v5p, v6e e.g. 257-384 and 513-640).
+MAX_RAGGED_GROUPS = 128
+
+
 def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
   """Each row's tokens times its own groups' weights: `x [batch, length,
   d_in]`, `weights [batch, G, d_in, d_out]`, `sizes [batch, G]` ->
   `[batch, length, d_out]`.
 
-  One `ragged_dot` over the flattened rows, run per shard of the batch
+  `ragged_dot`s over the flattened rows, run per shard of the batch
   where the logical axis 'batch' is split over the mesh (`shard_map`): the
   group sizes of the whole batch would make GSPMD gather every row onto
   every chip, and the TPU compiler takes no batch dimension in a ragged
   matmul (`ragged_dot_general`'s batch dimensions do not compile there).
+  A shard's rows go `MAX_RAGGED_GROUPS // G` at a time, one `ragged_dot`
+  each (the same products: a row's tokens meet only its own groups).
   """
+  groups = weights.shape[1]
+  if groups > MAX_RAGGED_GROUPS and placement.target_platform() == 'tpu':
+    raise ValueError(
+        f"HyperGridConfig.packed_form='grouped' takes at most "
+        f'{MAX_RAGGED_GROUPS - 1} segments a row on a TPU (the TPU '
+        f'compiler fails on a ragged matmul of some group counts over '
+        f'{MAX_RAGGED_GROUPS}), got MAX_SEGMENTS={groups - 1}: lower '
+        "MAX_SEGMENTS or take packed_form='pallas' or 'token_blocks'.")
+
   def flat(x, weights, sizes):
     rows, length, d_in = x.shape
-    out = jax.lax.ragged_dot(x.reshape(rows * length, d_in),
-                             weights.reshape(-1, *weights.shape[2:]),
-                             sizes.reshape(-1))
-    return out.reshape(rows, length, -1)
+    step = max(1, MAX_RAGGED_GROUPS // groups)
+    out = [jax.lax.ragged_dot(x[i:i + step].reshape(-1, d_in),
+                              weights[i:i + step].reshape(
+                                  -1, *weights.shape[2:]),
+                              sizes[i:i + step].reshape(-1))
+           for i in range(0, rows, step)]
+    return jnp.concatenate(out).reshape(rows, length, -1)
 
   batch_axes = traced_mesh.batch_axes(x.shape[0])
   if batch_axes is None:
