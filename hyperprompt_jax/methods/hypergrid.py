@@ -517,7 +517,7 @@ def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
   each (the same products: a row's tokens meet only its own groups).
   """
   groups = weights.shape[1]
-  if groups > MAX_RAGGED_GROUPS and placement.target_platform() == 'tpu':
+  if groups > MAX_RAGGED_GROUPS and traced_mesh.target_platform() == 'tpu':
     raise ValueError(
         f"HyperGridConfig.packed_form='grouped' takes at most "
         f'{MAX_RAGGED_GROUPS - 1} segments a row on a TPU (the TPU '
