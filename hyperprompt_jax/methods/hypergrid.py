@@ -72,16 +72,16 @@ example's gated weight, by one of three exact forms (`packed_form`):
   128 groups each: the TPU compiler fails on some larger counts, so a TPU
   takes at most 127 segments a row in this form), the FLOPs of one plain
   matmul where a grouped kernel runs it; XLA:CPU computes every group
-  densely, and the TPU compiler's program counts 2.7x MTL's FLOPs at Base.
+  densely, and the TPU compiler's program counts several times MTL's
+  FLOPs (docs/performance.md).
 - 'pallas': a TPU kernel (`segment_kernels.py`) that gates each tile of
   the kernel per segment in VMEM and multiplies that segment's rows, so HBM
   sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
   (tests; slow).
 'auto' (`resolve_packed_form`) is 'pallas' where the model is compiled for
-a TPU: at T5.1.1-Base on a v3 slice its step takes 1.17x MTL's bytes and
-1.25x its temporaries, where 'token_blocks' takes 4.0x and 2.1x (and
-'grouped' more); elsewhere 'token_blocks' (XLA:CPU has no grouped matmul,
-a GPU runs no TPU kernel).
+a TPU, the form that moves the fewest bytes there (docs/performance.md, On
+a TPU slice); elsewhere 'token_blocks' (XLA:CPU has no grouped matmul, a
+GPU runs no TPU kernel).
 The L variant and Output Gating gate elementwise: a per-token gate vector,
 no weight.
 
