@@ -43,6 +43,22 @@ MOVED_MODULES = {
 }
 
 
+_SAID = set()
+
+
+def warn_renamed(message: str, stacklevel: int = 2, once: bool = False
+                 ) -> None:
+  """An old name used, kept for one release: a DeprecationWarning naming
+  the new one, and the same line on stderr (Python's default filters hide
+  a library's DeprecationWarning from a command's user); `once`: on stderr
+  once a process (a check that runs on every model build)."""
+  warnings.warn(message, DeprecationWarning, stacklevel=stacklevel + 1)
+  if not (once and message in _SAID):
+    _SAID.add(message)
+    print(f'{message} (the old name goes in the next release)',
+          file=sys.stderr)
+
+
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """Imports an old module path as its new module (the same object)."""
 

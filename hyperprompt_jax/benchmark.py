@@ -20,14 +20,14 @@ HyperFormer++ r 16, t' 512, e 128, t 64, Prompt-Tuning 12 tokens, T = 8;
 HyperPrompt l_enc 16, l_dec 6, r 32, t' 64, e 128, t 64, T = 8; HyperGrid
 32 x 128 on `wo`, task attention conditioning, T = 16). The steps are timed
 side by side in this one process, in interleaved rounds (MTL, share, ...,
-then share, ..., MTL: each round starts one model later) so drift and
-position hit every model alike; the median per-step time gives the ratio
+then share, ..., MTL: each round starts one variant later) so drift and
+position hit every variant alike; the median per-step time gives the ratio
 variant / MTL. Peak memory is XLA's own
 estimate for the compiled step (`compiled.memory_analysis()`: temporaries +
 arguments + outputs - aliased). Hyper-prompts are computed once per step for
 all tasks, so their ratio should not grow with the batch size.
 
-`--table` prints one row per model: the parameter ratio and the forward FLOPs
+`--table` prints one row per variant: the parameter ratio and the forward FLOPs
 per example (XLA's cost analysis, `param_table.forward_flops`) of the
 `--table_model` network, beside the step-time ratio of the `--gin_file`
 network (T5.1.1-small by default) at the first batch size.
@@ -64,7 +64,8 @@ TensorFlow (its flags are the ones marked --mfu, and --variants,
 such as v3:4x4) on this host, with no TPU (libtpu, the `[tpu]` extra), and
 prints what each device and chip would hold and do (`tpu_compile.py`): of
 the run of `--gin_file` (or of each `--setups` name), or, without gin, of
-the --mfu models (--model, --variants, --forms, --batch_size, --mesh_model).
+the --mfu variants (--model, --variants, --forms, --batch_size,
+--mesh_model).
 A t5x run file (gin/t5x/) compiles t5x's own train, eval and predict steps
 as t5x.train builds them (`hyperprompt_jax/t5x/steps_compile.py`; needs t5x):
 
@@ -119,7 +120,7 @@ def _add_side_by_side_flags(parser: argparse.ArgumentParser) -> None:
                            'per-task parts are computed once per batch')
   parser.add_argument(
       '--decode', action='store_true',
-      help='time one incremental decode step of each model against its '
+      help='time one incremental decode step of each variant against its '
            'cache (ratio over MTL) at the first batch size')
   parser.add_argument(
       '--packing', action='store_true',
@@ -152,7 +153,7 @@ def _add_memory_flags(parser: argparse.ArgumentParser) -> None:
                       'comma-separated: run file names (runs/<name>.gin), each optionally with '
                       'gin files added after a +, e.g. '
                       'hyperprompt_global_glue+models/t5_1_1_large '
-                      '(default: every gin/experiments/ setup)')
+                      '(default: every gin/setups/ setup)')
   parser.add_argument('--devices', type=int, default=1,
                       help='--memory: devices of data parallelism the '
                       'batch is split over (default: 1)')
@@ -165,7 +166,7 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
   """--mfu: model FLOPs utilisation, without gin."""
   parser.add_argument(
       '--mfu', action='store_true',
-      help='model FLOPs utilisation of each model\'s training step on this '
+      help='model FLOPs utilisation of each variant\'s training step on this '
            'device (benchmarks/mfu.py); no gin, no TensorFlow')
   parser.add_argument('--model', default='t5_1_1_base',
                       help='--mfu: the backbone, a gin/models file name, '
@@ -179,7 +180,7 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
                       help='--mfu: untimed steps after compiling (default: '
                            '3); --steps are then timed one by one')
   parser.add_argument('--forms', default='both',
-                      help='--mfu: both forms of the models that have two '
+                      help='--mfu: both forms of the variants that have two '
                            '(T5Config.gradient_form, HyperGridConfig.'
                            'packed_form), each default, or the forms named: '
                            'both, auto, or e.g. written,grouped,pallas '
@@ -189,9 +190,9 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
                            "from the device's kind; a CPU has none)")
   parser.add_argument('--output_json', default=None,
                       help='--mfu, --tpu_compile: the JSON of the figures, '
-                           'rewritten after each model')
+                           'rewritten after each variant or setup')
   parser.add_argument('--profile', default=None,
-                      help='--mfu: models whose step is traced after timing '
+                      help='--mfu: variants whose step is traced after timing '
                            'and broken down by XLA op and kernel (names, or '
                            'all)')
   parser.add_argument('--profile_dir', default=None,
@@ -206,7 +207,7 @@ def _add_tpu_compile_flags(parser: argparse.ArgumentParser) -> None:
       help='compile the training step (and decode) for a TPU slice, no TPU '
            'needed (benchmarks/tpu_compile.py): per-chip memory against its '
            'HBM, FLOPs, bytes, collectives, scatters; of the run of '
-           '--gin_file / --setups, or without them of the --mfu models '
+           '--gin_file / --setups, or without them of the --mfu variants '
            '(python -m hyperprompt_jax.compile)')
   add_tpu_compile_flags(parser)
 
@@ -242,7 +243,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _without_gin(argv: Sequence[str]) -> int:
-  """`--mfu`, and `--tpu_compile` of the MFU benchmark's models: their flags
+  """`--mfu`, and `--tpu_compile` of the MFU benchmark's variants: their flags
   parsed and run without gin (an accelerator image may lack it, and these
   take no gin file)."""
   parser = argparse.ArgumentParser(
@@ -263,7 +264,7 @@ def _uses_gin(argv: Sequence[str]) -> bool:
 
 def compile_for_tpu(args: argparse.Namespace) -> int:
   """The compile of `args` (gin flags parsed): a t5x run file's t5x steps,
-  built-in run files' steps, or without gin the MFU models'."""
+  built-in run files' steps, or without gin the MFU variants'."""
   from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
   search = [p for p in args.gin_search_paths.split(',') if p]
   if not args.gin_file and not args.setups:

@@ -15,7 +15,7 @@ built-in run file (`runs/`) gives the `RunSettings` and network that
 (`trainer.train_step`) and decode are compiled; a t5x run file (`t5x/`)
 gives t5x's own train, eval and predict steps as `python -m t5x.train`
 builds them (t5x installed). `--setups` names several built-in run files;
-without gin, the MFU benchmark's models are compiled (`--model`,
+without gin, the MFU benchmark's variants are compiled (`--model`,
 `--variants`, `--forms`, `--batch_size`, `--mesh_model`).
 
 `--topology` is the slice as gcloud names it (v3-32, v4-32, v5litepod-16,
@@ -34,7 +34,7 @@ from hyperprompt_jax import benchmark
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
   """The slice, the run's files (gin_utils adds --gin_file / --gin.X=Y),
-  and without gin the MFU benchmark's models."""
+  and without gin the MFU benchmark's variants."""
   benchmark.add_tpu_compile_flags(parser)
   parser.add_argument('--setups', default=None,
                       help='built-in run files to compile, comma-separated '
@@ -45,7 +45,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help='the JSON of the figures, rewritten after each '
                       'program')
   models = parser.add_argument_group(
-      'without gin: the MFU benchmark\'s models')
+      'without gin: the MFU benchmark\'s variants')
   models.add_argument('--model', default='t5_1_1_base',
                       help='a gin/models file name (default: t5_1_1_base)')
   models.add_argument('--variants', default=None,

@@ -18,7 +18,7 @@ GLUE / SuperGLUE averages. SELECTION says which checkpoint each task is read
 at, as the papers did: 'best_per_task' (HyperPrompt), 'best_average'
 (HyperGrid: one checkpoint, the best SELECTION_BENCHMARK average) or 'last';
 `eval_summary` cites the papers' lines. By default it is the protocol the
-run records (its setup's experiment file, in MODEL_DIR/config.gin, which
+run records (its setup file, in MODEL_DIR/config.gin, which
 both runners write), else 'best_per_task'; one given that differs is said. A checkpoint
 that cannot be read is skipped and listed in `summary.json`
 (`unreadable_checkpoints`); the others are still summarised, and the command

@@ -4,7 +4,7 @@ hyperprompt_jax.export_task_params`.
 Writes the task-conditioned parameters of one `checkpoint_<step>` (the
 built-in runner's, or t5x's in either layout) as one small self-describing
 file (`task_params`: the arrays, the methods, the model settings, the task
-list in id order, the number of task rows, and a fingerprint of the backbone
+list in id order, the number of tasks, and a fingerprint of the backbone
 they were trained with). The model comes from gin, as for evaluation: the
 run's model, variant and task files (a run file that includes them):
 

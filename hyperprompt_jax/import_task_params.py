@@ -9,8 +9,9 @@ larger than the source's (`NUM_TASKS` raised for tasks added with
 - the task parameters of `--task_params` (an `export_task_params`
   artifact; its method, model settings, task ids and backbone are checked),
   or else the checkpoint's own;
-- rows for the task ids the source was not trained on, by `--new_task_init`
-  ('mean', 'copy' with `--new_task_source`, 'fresh'; `task_params.grow`).
+- the parameters of the task ids the source was not trained on, by
+  `--new_task_init` ('mean', 'copy' with `--new_task_source`, 'fresh';
+  `task_params.grow`).
 
 The output is `<output_dir>/checkpoint_0/` in t5x's orbax layout
 (`state/` = `{target: params, state: {step: 0}}`, no optimizer state), so
@@ -38,12 +39,12 @@ def add_flags(parser) -> None:
   parser.add_argument('--output_dir', required=True,
                       help='where checkpoint_0 is written')
   parser.add_argument('--new_task_init', default='mean',
-                      help="rows of new task ids: 'mean' (default), 'copy' "
-                      "or 'fresh'")
+                      help="the parameters of new task ids: 'mean' "
+                      "(default), 'copy' or 'fresh'")
   parser.add_argument('--new_task_source',
-                      help="the task whose row 'copy' copies")
+                      help="the task whose parameters 'copy' copies")
   parser.add_argument('--seed', type=int, default=0,
-                      help="the initialisation of 'fresh' rows")
+                      help="the initialisation of 'fresh' parameters")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -20,7 +20,7 @@ prints the flag that points the runs at the directory. --try_gcs lets TFDS
 copy its public prepared copies from GCS instead (off unless given). On a
 machine without network: prepare on one with network and copy the
 directory. A t5x run file (t5x/*.gin) needs t5x to parse; without it, give
-the setup's runner-neutral experiment file (experiments/*.gin) instead.
+the setup's runner-neutral setup file (setups/*.gin) instead.
 """
 
 import importlib
@@ -67,8 +67,8 @@ def _from_gin(args) -> tuple[Optional[str], Optional[str]]:
       raise
     raise ValueError(
         f'{", ".join(args.gin_file)}: gin cannot read a t5x run file where '
-        "t5x is not installed. Give the setup's experiment file instead "
-        '(t5x/NAME.gin includes experiments/NAME.gin, which both runners '
+        "t5x is not installed. Give its setup file instead "
+        '(t5x/NAME.gin includes setups/NAME.gin, which both runners '
         'share), or --mixture.') from e
   finally:
     sys.modules['__main__'] = main

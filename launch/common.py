@@ -310,7 +310,7 @@ _T5X_PACKAGE_FILE = re.compile(r't5x/[^/]+/.+')
 
 # Each runner's run files, under the gin directory: a runs/ file configures
 # the built-in runner's loop, a t5x/ file t5x's. The other folders (models/,
-# variants/, tasks/, experiments/) serve both.
+# variants/, tasks/, setups/) serve both.
 RUN_FILE_DIR = {'t5x': 't5x', 'builtin': 'runs'}
 EXAMPLE_RUN_FILE = {'t5x': 't5x/hyperprompt_global_glue.gin',
                     'builtin': 'runs/hyperprompt_glue.gin'}
@@ -386,6 +386,24 @@ def check_gin_files(parser: argparse.ArgumentParser,
         'file of your own: give its path, or a gs:// URL')
   for name in args.gin_file:
     _check_runner_of(parser, args.runner, name, gin_dirs)
+    _say_if_renamed(name, gin_dirs)
+
+
+# Shipped gin folders renamed, old -> new (`gin_utils.RENAMED_GIN_FOLDERS`):
+# the old folder's alias files include the new paths for one release.
+RENAMED_GIN_FOLDERS = {'experiments': 'setups'}
+
+
+def _say_if_renamed(name: str, gin_dirs: Sequence[str]) -> None:
+  """Names the new path of a --gin_file in a renamed folder (t5x, which
+  reads it through its alias file, says nothing)."""
+  relative = _in_gin_dir(name, gin_dirs)
+  parts = relative.split(os.sep) if relative else []
+  if len(parts) == 2 and parts[0] in RENAMED_GIN_FOLDERS:
+    new = f'{RENAMED_GIN_FOLDERS[parts[0]]}/{parts[1]}'
+    print(f'# --gin_file={name}: gin/{parts[0]}/ is now '
+          f'gin/{RENAMED_GIN_FOLDERS[parts[0]]}/; give --gin_file={new} '
+          '(the old path goes in the next release)', file=sys.stderr)
 
 
 def run_command(args: argparse.Namespace, python: str) -> Command:

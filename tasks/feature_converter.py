@@ -24,7 +24,7 @@ With `num_tasks` given, every example's task id is checked against `[0,
 num_tasks)` here, in the input pipeline on the host (a tf.data assertion):
 an id out of range stops the dataset's iterator with a message naming it,
 before the batch reaches a compiled step, where an out-of-range gather
-would silently read another task's row (or NaN). t5x builds every dataset
+would silently read another task's parameters (or NaN). t5x builds every dataset
 of its train, eval and infer runs through its model's converter, which
 binds `num_tasks`, so its steps need no check of their own
 (`t5x_model.TaskIdsEncoderDecoderModel`).

@@ -48,7 +48,7 @@ def test_report_rows():
   rows = benchmark_suite.benchmark(cfg, [1, 2], ['hyperprompt_global'], 'decoder',
                              input_length=8, target_length=4, rounds=1,
                              steps=1)
-  assert [(r['batch_size'], r['model']) for r in rows] == [
+  assert [(r['batch_size'], r['variant']) for r in rows] == [
       (1, 'mtl'), (1, 'hyperprompt_global'), (2, 'mtl'),
       (2, 'hyperprompt_global')]
   assert all(r['seconds_per_step'] > 0 and r['peak_bytes'] > 0 for r in rows)
@@ -95,7 +95,7 @@ def test_decode_rows():
   rows = benchmark_suite.decode_benchmark(cfg, 2, ['hyperprompt_global', 'hypergrid_lg'],
                                     'both', input_length=8, target_length=4,
                                     rounds=1, steps=1)
-  assert [r['model'] for r in rows] == ['mtl', 'hyperprompt_global', 'hypergrid_lg']
+  assert [r['variant'] for r in rows] == ['mtl', 'hyperprompt_global', 'hypergrid_lg']
   assert all(r['seconds_per_step'] > 0 for r in rows)
   assert rows[0]['ratio_to_mtl'] == 1.0
 
@@ -110,14 +110,14 @@ def test_variant_table_rows():
                                  input_length=8, target_length=4,
                                  batch_size=2, flops_batch_size=2, rounds=1,
                                  steps=1)
-  by_model = {r['model']: r for r in rows}
-  assert [r['model'] for r in rows] == ['mtl', 'adapter', 'prompt_tuning']
-  assert by_model['mtl']['parameter_ratio'] == 1.0
-  assert by_model['mtl']['flops_ratio'] == 1.0
-  assert by_model['mtl']['step_time_ratio'] == 1.0
-  assert by_model['adapter']['parameter_ratio'] > 1.0
+  by_variant = {r['variant']: r for r in rows}
+  assert [r['variant'] for r in rows] == ['mtl', 'adapter', 'prompt_tuning']
+  assert by_variant['mtl']['parameter_ratio'] == 1.0
+  assert by_variant['mtl']['flops_ratio'] == 1.0
+  assert by_variant['mtl']['step_time_ratio'] == 1.0
+  assert by_variant['adapter']['parameter_ratio'] > 1.0
   # 12 prompt positions before 8 tokens: a much longer encoder pass.
-  assert by_model['prompt_tuning']['flops_ratio'] > 1.5
+  assert by_variant['prompt_tuning']['flops_ratio'] > 1.5
   assert 'FLOPs / MTL' in benchmark_suite.format_table(rows)
 
 
@@ -136,7 +136,7 @@ def test_packing_rows():
   rows = packing_benchmark.packing_benchmark(
       configs, 2, 128, 16, ['glue_super_glue'], rounds=1, steps=1,
       stream_rows=40)['glue_super_glue']
-  assert [r['model'] for r in rows] == ['mtl']
+  assert [r['variant'] for r in rows] == ['mtl']
   mtl = rows[0]
   assert mtl['packed_examples_per_row'] > mtl['unpacked_examples_per_row'] == 1
   assert mtl['packed_efficiency'] > mtl['unpacked_efficiency']
@@ -242,7 +242,7 @@ def test_variants_are_named_as_their_gin_files():
       os.path.splitext(os.path.basename(f))[0]
       for f in methods.variant_files()}
   assert 'hyperprompt_global' in benchmark_suite.VARIANTS
-  assert 'hyperprompt_global' in mfu.MODELS and 'global' not in mfu.MODELS
+  assert 'hyperprompt_global' in mfu.VARIANTS and 'global' not in mfu.VARIANTS
   with pytest.warns(DeprecationWarning, match="'global' is now "
                     "'hyperprompt_global'"):
     assert methods.variant_names('global,,adapter') == [

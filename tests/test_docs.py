@@ -622,11 +622,11 @@ def test_layout_lists_every_file():
 def test_gin_and_t5x_docs_name_every_run_file():
   """Every file of gin/runs/ and gin/t5x/ is named in docs/gin.md or
   docs/t5x.md, or is a paper setup (`<method>_<benchmark>.gin`, one per
-  file of gin/experiments/)."""
+  file of gin/setups/)."""
   named = {path for doc in ('gin.md', 't5x.md')
            for _, span in _names(ROOT / 'docs' / doc)
            if span.endswith('.gin') for path in _expand_braces(span)}
-  setups = {p.name for p in (GIN_DIR / 'experiments').glob('*.gin')}
+  setups = {p.name for p in (GIN_DIR / 'setups').glob('*.gin')}
   unnamed = sorted(
       f'{folder}/{p.name}' for folder in ('runs', 't5x')
       for p in (GIN_DIR / folder).glob('*.gin')

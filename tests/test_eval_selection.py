@@ -229,18 +229,18 @@ def _macros(files):
     gin.clear_config()
 
 
-@pytest.mark.parametrize('experiment, expected', [
+@pytest.mark.parametrize('setup, expected', [
     ('hypergrid_l2_glue_super_glue', ('best_average', 'glue')),
     ('hypergrid_lg_glue_super_glue', ('best_average', 'glue')),
     ('mtl_glue_super_glue', ('last', None)),
     ('hyperprompt_global_glue', ('best_per_task', None)),
     ('adapter_super_glue', ('best_per_task', None)),
 ])
-def test_experiment_files_set_their_papers_selection(experiment, expected):
-  assert _macros(['runs/eval.gin', f'experiments/{experiment}.gin']) == (
+def test_setup_files_set_their_papers_selection(setup, expected):
+  assert _macros(['runs/eval.gin', f'setups/{setup}.gin']) == (
       expected)
   # The other order leaves the protocol to the run's record (below).
-  assert _macros([f'experiments/{experiment}.gin', 'runs/eval.gin']) == (
+  assert _macros([f'setups/{setup}.gin', 'runs/eval.gin']) == (
       None, None)
 
 

@@ -387,9 +387,10 @@ def test_a_mixture_with_nothing_to_sample_fails_before_anything(
 
 def test_eval_refuses_a_checkpoint_read_as_another_model_or_task_list(
     trained, tmp_path):
-  """The run record says what the rows mean: evaluating (inferring,
-  probing, exporting) with the task list reversed, or another activation of
-  the same shapes, is refused by name; the override reads it anyway."""
+  """The run record says whose parameters the checkpoint holds: evaluating
+  (inferring, probing, exporting) with the task list reversed, or another
+  activation of the same shapes, is refused by name; the override reads it
+  anyway."""
   checkpoint = str(trained[0] / f'checkpoint_{STEPS}')
   glue = task_ids.run_task_list()
   model = _model()

@@ -25,7 +25,8 @@ from hyperprompt_jax.model import network
 GIN_DIR = pathlib.Path(paths.gin_dir())
 PROJECT_FILES = sorted(p.relative_to(GIN_DIR).as_posix()
                        for p in GIN_DIR.rglob('*.gin')
-                       if p.relative_to(GIN_DIR).parts[0] != 't5x')
+                       if p.relative_to(GIN_DIR).parts[0]
+                       not in ('t5x', 'experiments'))
 T5X_FILES = sorted(p.relative_to(GIN_DIR).as_posix()
                    for p in (GIN_DIR / 't5x').glob('*.gin'))
 # The t5x script whose `__main__` functions a run configuration binds.
@@ -35,7 +36,7 @@ T5X_SCRIPTS = {'t5x/configs/runs/finetune.gin': 'train',
                't5x/configs/runs/infer.gin': 'infer'}
 _INCLUDE = re.compile(r"^include\s+'([^']+)'", re.MULTILINE)
 # The papers' setups, each written once for both runners.
-EXPERIMENTS = sorted(p.stem for p in (GIN_DIR / 'experiments').glob('*.gin'))
+SETUPS = sorted(p.stem for p in (GIN_DIR / 'setups').glob('*.gin'))
 # What a paper setup fixes besides the network.
 PAPER_MACROS = ('MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'NUM_TASKS',
                 'INITIAL_CHECKPOINT_PATH', 'TRAIN_STEPS', 'BATCH_SIZE',
@@ -197,19 +198,49 @@ def test_a_t5x_run_file_takes_another_model_size():
 
 
 def test_every_paper_setup_has_a_run_file_for_each_runner():
-  assert len(EXPERIMENTS) == 24  # 21 at Base, HyperGrid LG at 3 sizes
-  for name in EXPERIMENTS:
+  assert len(SETUPS) == 24  # 21 at Base, HyperGrid LG at 3 sizes
+  for name in SETUPS:
     for runner in ('t5x', 'runs'):
       text = (GIN_DIR / runner / f'{name}.gin').read_text()
-      assert f"include 'experiments/{name}.gin'" in text, (runner, name)
+      assert f"include 'setups/{name}.gin'" in text, (runner, name)
       assert 'Required to be set' in text and 'Commonly overridden' in text
   # Every method's variant files and MTL, on GLUE, SuperGLUE or both.
-  texts = [(GIN_DIR / 'experiments' / f'{name}.gin').read_text()
-           for name in EXPERIMENTS]
+  texts = [(GIN_DIR / 'setups' / f'{name}.gin').read_text()
+           for name in SETUPS]
   for variant_file in methods.variant_files():
     assert any(f"include '{variant_file}'" in t for t in texts), variant_file
   assert {'mtl_glue', 'mtl_super_glue', 'mtl_glue_super_glue'} <= set(
-      EXPERIMENTS)
+      SETUPS)
+
+
+def test_the_old_experiments_folder_holds_an_alias_of_each_setup():
+  """gin/experiments/ is gin/setups/: for one release each old path
+  is a two-line file, a deprecation comment and the new path's include
+  (a run recorded before names experiments/ in its config)."""
+  aliases = sorted((GIN_DIR / 'experiments').glob('*.gin'))
+  assert [p.stem for p in aliases] == SETUPS
+  for path in aliases:
+    comment, include = path.read_text().splitlines()
+    assert comment.startswith('# Deprecated') and (
+        f'setups/{path.stem}.gin' in comment)
+    assert include == f"include 'setups/{path.stem}.gin'"
+
+
+@pytest.mark.parametrize('name', SETUPS)
+def test_an_old_experiments_path_parses_as_its_setup_and_warns(name, capsys):
+  gin_utils.parse_gin([f'setups/{name}.gin'], [])
+  want = gin.config_str()
+  assert capsys.readouterr().err == ''
+  gin.clear_config()
+  for given in (f'experiments/{name}.gin',
+                str(GIN_DIR / 'experiments' / f'{name}.gin')):
+    with pytest.warns(DeprecationWarning, match=re.escape(
+        f'gin/experiments/ is now gin/setups/; give '
+        f'--gin_file=setups/{name}.gin')):
+      gin_utils.parse_gin([given], [])
+    assert gin.config_str() == want
+    assert f'--gin_file=setups/{name}.gin' in capsys.readouterr().err
+    gin.clear_config()
 
 
 def _bound_setup() -> tuple[network.T5Config, dict]:
@@ -224,7 +255,7 @@ def _bound_setup() -> tuple[network.T5Config, dict]:
   return config, macros
 
 
-@pytest.mark.parametrize('name', EXPERIMENTS)
+@pytest.mark.parametrize('name', SETUPS)
 def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
   """The t5x run file and the built-in one bind the same T5Config and paper
   macros. With t5x installed the t5x file parses whole; without, its
@@ -262,13 +293,13 @@ def test_both_runners_bind_the_same_model_for_a_paper_setup(name, tmp_path):
     t5x_config = dataclasses.replace(
         t5x_config, remat_policy=builtin_config.remat_policy)
   assert t5x_config == builtin_config
-  if t5x_root is not None:  # every macro; else those the experiment sets
+  if t5x_root is not None:  # every macro; else those the setup sets
     assert set(t5x_macros) == set(PAPER_MACROS)
   assert t5x_macros == {m: builtin_macros[m] for m in t5x_macros}
 
 
 def test_the_t5x_runner_files_bind_nothing_of_the_model():
-  """The model is the experiment files'; the runner may set only how a step
+  """The model is the setup files'; the runner may set only how a step
   spends memory (REMAT_POLICY: same parameters, same results)."""
   for name in ('t5x/train.gin', 't5x/model.gin'):
     text = (GIN_DIR / name).read_text().replace(
@@ -321,17 +352,16 @@ def test_an_include_cycle_is_one_error_naming_the_files(tmp_path):
   assert len(str(info.value).splitlines()) == 1
 
 
-@pytest.mark.parametrize('experiment, mixture, partitions', [
+@pytest.mark.parametrize('setup, mixture, partitions', [
     ('hyperprompt_global_glue', 'glue_proportional', 1),
     ('hypergrid_lg_glue_super_glue_3b', 'glue_super_glue_proportional', 8),
 ])
-def test_t5x_eval_takes_the_setups_experiment_file(experiment, mixture,
-                                                   partitions):
-  """t5x/eval.gin then the experiment file: the setup's model, tasks,
+def test_t5x_eval_takes_the_setup_file(setup, mixture, partitions):
+  """t5x/eval.gin then the setup file: the setup's model, tasks,
   lengths and model parallelism, over t5x's eval defaults."""
   t5x_root = _t5x_root()
   with _t5x_main('eval'):
-    gin_utils.parse_gin(['t5x/eval.gin', f'experiments/{experiment}.gin'],
+    gin_utils.parse_gin(['t5x/eval.gin', f'setups/{setup}.gin'],
                         ["CHECKPOINT_PATH = '/run'",
                          "EVAL_OUTPUT_DIR = '/run/eval'"], [t5x_root])
     assert gin.query_parameter('MIXTURE_OR_TASK_NAME/macro.value') == mixture

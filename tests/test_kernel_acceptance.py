@@ -43,11 +43,11 @@ def test_acceptance_runs_at_a_tiny_size(tmp_path):
   assert report['passed'] and report['platform'] == 'cpu'
   assert report['tests']['status'] == 'passed', report['tests']
   assert '1 passed' in report['tests']['summary']
-  entry = report['models']['hypergrid_lg']
+  entry = report['variants']['hypergrid_lg']
   forms = entry['forms']['float32']
   assert forms['passed'] and forms['kernel_loss'] > 0
   assert forms['loss'] <= 1e-4 and forms['worst'] <= 1e-3
-  for form in ('token_blocks', 'pallas'):
+  for form in ('partial_sums', 'pallas'):
     row = entry['timing'][form]
     assert row['seconds_per_step'] > 0 and row['mfu'] is None
   assert 'PASSED' in run.stdout

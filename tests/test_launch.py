@@ -455,7 +455,7 @@ NO_DATA_DIR = ['--tpu=hp-pod', '--zone=us-central2-b']
 
 
 @pytest.mark.parametrize('gin_files', [
-    ['t5x/mtl_glue.gin'],  # its experiment includes tasks/glue.gin
+    ['t5x/mtl_glue.gin'],  # its setup includes tasks/glue.gin
     ['models/t5_1_1_small.gin', 'tasks/super_glue.gin'],
 ])
 def test_tpu_a_run_of_the_real_tasks_needs_the_data_in_cloud_storage(
@@ -473,6 +473,18 @@ def test_tpu_a_run_of_the_real_tasks_needs_the_data_in_cloud_storage(
   assert '--tfds_data_dir=/data/tfds must be a gs:// path' in result.stderr
 
 
+def test_an_old_setup_path_still_launches_naming_the_new():
+  """gin/experiments/ is gin/setups/: its alias files still resolve
+  for one release, and the launcher names the new path."""
+  result = _launch('tpu_pod.py', *TPU, '--mode=eval', '--gin_file=t5x/eval.gin',
+                   '--gin_file=experiments/hyperprompt_global_glue.gin',
+                   '--checkpoint_path=gs://b/run', '--output_dir=gs://b/eval',
+                   '--dry-run')
+  assert result.returncode == 0, result.stderr
+  assert ('gin/experiments/ is now gin/setups/; give '
+          '--gin_file=setups/hyperprompt_global_glue.gin') in result.stderr
+
+
 def test_tpu_the_fixtures_need_no_data_dir():
   result = _launch('tpu_pod.py', *NO_DATA_DIR,
                    '--gin_file=t5x/quickstart_train.gin',
@@ -485,7 +497,7 @@ def test_tpu_the_fixtures_need_no_data_dir():
 def test_tpu_leaderboard_and_probe_run_on_every_worker(mode, macro):
   flags = ['--gin_file=runs/leaderboard.gin' if mode == 'leaderboard'
            else '--gin_file=runs/probe.gin',
-           '--gin_file=experiments/hyperprompt_global_glue.gin',
+           '--gin_file=setups/hyperprompt_global_glue.gin',
            '--checkpoint_path=gs://b/run/checkpoint_1000',
            f'--output_dir=gs://b/{mode}', f'--mode={mode}']
   _, files = _dry_run('tpu_pod.py', *TPU, '--runner=builtin', *flags)

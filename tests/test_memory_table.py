@@ -32,7 +32,7 @@ def test_smallest_fitting_is_the_first_power_of_two_that_fits(batch, limit,
 
 def test_the_paper_setups_are_read_from_their_run_files():
   """HyperGrid LG: T5 v1.0 Base, batch 128 of 512 / 32, packed rows
-  (the paper's setup, gin/experiments/hypergrid_lg_glue_super_glue.gin)."""
+  (the paper's setup, gin/setups/hypergrid_lg_glue_super_glue.gin)."""
   setup = memory_table.read_setup('hypergrid_lg_glue_super_glue')
   assert (setup.batch_size, setup.input_length, setup.target_length,
           setup.pack) == (128, 512, 32, True)

@@ -39,11 +39,11 @@ def test_backbones_are_the_gin_models(backbone):
   assert dataclasses.replace(ours, check_traced_task_ids=True) == from_gin
 
 
-@pytest.mark.parametrize('model', [m for m in mfu.MODELS if m != 'mtl'])
-def test_models_are_the_gin_variants(model):
+@pytest.mark.parametrize('variant', [v for v in mfu.VARIANTS if v != 'mtl'])
+def test_variants_are_the_gin_variants(variant):
   base = mfu.model_config('t5_1_1_base', 'mtl')
-  assert mfu.model_config('t5_1_1_base', model) == dataclasses.replace(
-      benchmark_suite.variant_config(base, model, 'both'))
+  assert mfu.model_config('t5_1_1_base', variant) == dataclasses.replace(
+      benchmark_suite.variant_config(base, variant, 'both'))
 
 
 def test_length_estimates_weigh_tasks_by_their_training_examples():
@@ -153,7 +153,7 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   report = json.loads((out / 'mfu.json').read_text())
-  assert [(r['model'], r['form'], r['rows'])
+  assert [(r['variant'], r['form'], r['rows'])
           for r in report['rows']] == [
               ('mtl', 'auto', 'packed'), ('adapter', 'written', 'packed'),
               ('adapter', 'autodiff', 'packed')]
@@ -173,9 +173,9 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
 
 
 def test_forms_pick_the_runs():
-  everything = list(mfu.MODELS)
+  everything = list(mfu.VARIANTS)
   assert mfu.runs(['hypergrid_lg', 'adapter'], 'both') == [
-      ('mtl', 'auto'), ('hypergrid_lg', 'token_blocks'),
+      ('mtl', 'auto'), ('hypergrid_lg', 'partial_sums'),
       ('hypergrid_lg', 'grouped'), ('adapter', 'written'),
       ('adapter', 'autodiff')]
   assert mfu.runs(everything, 'written,grouped') == [
@@ -185,6 +185,16 @@ def test_forms_pick_the_runs():
       ('prompt_tuning', 'auto')]
   assert {form for _, form in mfu.runs(everything, 'auto')} == {'auto'}
   # The TPU kernel only where named ('both': the CPU's and the plain form).
-  assert mfu.runs(['hypergrid_lg'], 'pallas,token_blocks') == [
-      ('mtl', 'auto'), ('hypergrid_lg', 'token_blocks'),
+  assert mfu.runs(['hypergrid_lg'], 'pallas,partial_sums') == [
+      ('mtl', 'auto'), ('hypergrid_lg', 'partial_sums'),
       ('hypergrid_lg', 'pallas')]
+
+
+def test_an_old_form_name_still_works_with_a_warning(capsys):
+  """HyperGrid's 'token_blocks' is 'partial_sums': --forms takes the
+  old name for one release, warning with the new."""
+  with pytest.warns(DeprecationWarning,
+                    match="'token_blocks' is now 'partial_sums'"):
+    assert mfu.form_names('pallas,token_blocks') == 'pallas,partial_sums'
+  assert "'token_blocks' is now 'partial_sums'" in capsys.readouterr().err
+  assert mfu.form_names('both') == 'both'

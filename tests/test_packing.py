@@ -1,4 +1,4 @@
-"""Packed mixed-task rows against the same examples unpacked, one per row.
+"""Packed rows of mixed tasks against the same examples unpacked, one per row.
 
 The reference is the unpacked model, already checked against the numpy
 re-derivations: a packed batch (built here by a plain greedy packer, not

@@ -183,16 +183,16 @@ def test_the_mixture_and_directory_come_from_gin(tmp_path, capsys):
   assert _lines(capsys)[0] == f'TFDS datasets of glue_rte in {other}:'
 
 
-def test_a_setups_experiment_file_gives_its_mixture(tmp_path, capsys):
-  assert prepare_data.main(['--gin_file=experiments/hyperprompt_global_glue.gin',
+def test_a_setup_file_gives_its_mixture(tmp_path, capsys):
+  assert prepare_data.main(['--gin_file=setups/hyperprompt_global_glue.gin',
                             f'--data_dir={tmp_path}']) == 1
   assert _lines(capsys)[0] == (
       f'TFDS datasets of glue_proportional in {tmp_path}:')
   # Its t5x run file: read by gin where t5x is installed, else refused with
-  # the experiment file to give instead.
+  # the setup file to give instead.
   flags = ['--gin_file=t5x/mtl_glue_super_glue.gin', f'--data_dir={tmp_path}']
   if importlib.util.find_spec('t5x') is None:
-    with pytest.raises(ValueError, match="Give the setup's experiment file"):
+    with pytest.raises(ValueError, match="Give its setup file"):
       prepare_data.main(flags)
   else:
     assert prepare_data.main(flags) == 1

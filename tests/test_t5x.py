@@ -240,11 +240,11 @@ def test_t5x_metabalance_quickstart_keeps_its_state_and_evaluates(tmp_path):
                if k.startswith(prefix + 'auxiliary/')}
   # Every parameter but the task-indexed ones (HyperPrompt-Global's task
   # embeddings and per-task prompts, [8 GLUE tasks, ...]) is balanced.
-  rows = {k for k in params
-          if k.rsplit('/', 1)[1] in ('task_embeddings', 'global_prompts')}
-  assert len(rows) == 4
-  assert all(state[f'target/{k}'].shape[0] == 8 for k in rows)
-  assert target.keys() == auxiliary.keys() == params - rows
+  indexed = {k for k in params
+             if k.rsplit('/', 1)[1] in ('task_embeddings', 'global_prompts')}
+  assert len(indexed) == 4
+  assert all(state[f'target/{k}'].shape[0] == 8 for k in indexed)
+  assert target.keys() == auxiliary.keys() == params - indexed
   assert all(v.shape == () for v in target.values())
   assert all(v.shape == (7,) for v in auxiliary.values())
   assert any(np.any(v > 0) for v in auxiliary.values())
@@ -326,11 +326,12 @@ def test_t5x_fine_tunes_from_a_t5x_checkpoint(tmp_path):
   assert all(not v.any() for v in opt.values())
 
 
-def test_t5x_adds_a_task_and_trains_only_its_rows(quickstart_dir, tmp_path):
-  """import_task_params grows the t5x quickstart's checkpoint to 17 task
-  rows; t5x trains the new task from it (t5x/quickstart_add_task.gin): the
-  backbone, the shared parameters and the 16 trained rows stay
-  bit-identical, row 16 trains."""
+def test_t5x_adds_a_task_and_trains_only_its_parameters(quickstart_dir,
+                                                        tmp_path):
+  """import_task_params grows the t5x quickstart's checkpoint to 17 tasks;
+  t5x trains the new task from it (t5x/quickstart_add_task.gin): the
+  backbone, the shared parameters and the 16 trained tasks' parameters stay
+  bit-identical, task 16's train."""
   grown = tmp_path / 'grown'
   _run('hyperprompt_jax.import_task_params',
        '--gin_file=runs/quickstart_model.gin', '--gin.NUM_TASKS=17',
@@ -357,10 +358,10 @@ def test_t5x_adds_a_task_and_trains_only_its_rows(quickstart_dir, tmp_path):
     if path not in axes:
       assert before[k].tobytes() == after[k].tobytes() == trained[k].tobytes()
       continue
-    rows = lambda x, a=axes[path]: np.moveaxis(x, a, 0)
-    assert rows(before[k])[:16].tobytes() == rows(trained[k]).tobytes()
-    assert rows(after[k])[:16].tobytes() == rows(trained[k]).tobytes(), k
-    assert not np.array_equal(rows(after[k])[16], rows(before[k])[16]), k
+    tasks = lambda x, a=axes[path]: np.moveaxis(x, a, 0)
+    assert tasks(before[k])[:16].tobytes() == tasks(trained[k]).tobytes()
+    assert tasks(after[k])[:16].tobytes() == tasks(trained[k]).tobytes(), k
+    assert not np.array_equal(tasks(after[k])[16], tasks(before[k])[16]), k
 
 
 # ---------------------------------------------- the adapter, in process --

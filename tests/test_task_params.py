@@ -1,5 +1,5 @@
 """Task parameters after training: export / import round trips, growing the
-task axis, training only the new tasks' rows, and bad input."""
+task axis, training only the new tasks' parameters, and bad input."""
 
 import dataclasses
 import json
@@ -54,8 +54,9 @@ def _flat(tree):
 
 
 def _random_params(model, seed):
-  """Initialised parameters with every value moved, so no row is left at a
-  constant initialisation (zeros, ones) that would hide a misplaced row."""
+  """Initialised parameters with every value moved, so no task's are left
+  at a constant initialisation (zeros, ones) that would hide misplaced
+  ones."""
   params = _flat(jax.jit(lambda rng: network.init_variables(
       model, rng, 8, 4)['params'])(jax.random.PRNGKey(seed)))
   rng = np.random.default_rng(seed)
@@ -116,10 +117,10 @@ def test_export_then_import_gives_back_the_parameters(variant, tmp_path):
   assert header['task_list'] == list(TASKS) and header['num_tasks'] == 4
   assert out['bytes'] < out['checkpoint_bytes']
   # Import onto the checkpoint's backbone: the original parameters.
-  params, fresh, rows = initial_checkpoint.params_from_t5x(
+  params, fresh, trained_tasks = initial_checkpoint.params_from_t5x(
       _trainer(model), str(checkpoint), str(tmp_path / 'task.npz'),
       task_list=TASKS)
-  assert fresh == [] and rows == 4
+  assert fresh == [] and trained_tasks == 4
   for k, v in _flat(params).items():
     np.testing.assert_array_equal(v, trained[k], err_msg=k)
 
@@ -206,7 +207,7 @@ def test_an_unreadable_artifact_is_named(tmp_path):
 
 def test_non_finite_task_parameters_are_refused_on_export_and_import(
     global_on_t5x, tmp_path):
-  """NaN rows would load silently and the run would stop later on a NaN
+  """NaN values would load silently and the run would stop later on a NaN
   loss, blamed on the learning rate: refused, naming the array."""
   _, _, artifact = global_on_t5x
   arrays, header = task_params.read(artifact)
@@ -263,9 +264,9 @@ def _inputs(num_tasks_seen):
     ('hyperprompt_share', 'copy'), ('adapter', 'fresh'),
     ('prompt_tuning', 'mean'), ('hypergrid_lg', 'copy'),
     ('hyperformer_pp', 'mean')])
-def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
+def test_growing_keeps_every_task_and_adds_tasks_by_the_rule(variant, rule,
                                                            tmp_path):
-  """A 4-task checkpoint (t5x-like: no record, every row trained) into a
+  """A 4-task checkpoint (t5x-like: no record, every task trained) into a
   6-task model."""
   old_model = network.Transformer(_config(variant))
   new_model = network.Transformer(_config(variant, num_tasks=6))
@@ -274,9 +275,9 @@ def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
   task_list = TASKS + ('glue_qqp', 'glue_qnli')
   growth = task_params.Growth(rule, 'glue_mnli' if rule == 'copy' else None)
   trainer = _trainer(new_model)
-  params, _, rows = initial_checkpoint.params_from_t5x(
+  params, _, trained_tasks = initial_checkpoint.params_from_t5x(
       trainer, str(checkpoint), growth=growth, task_list=task_list)
-  assert rows == 4
+  assert trained_tasks == 4
   grown = _flat(params)
   init = _flat(trainer.fresh_params()) if rule == 'fresh' else None
   axes = _grown_axes(variant)
@@ -285,23 +286,23 @@ def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
       np.testing.assert_array_equal(grown[k], v, err_msg=k)
       continue
     a = axes[k]
-    old_rows = np.moveaxis(v, a, 0)
-    np.testing.assert_array_equal(np.moveaxis(grown[k], a, 0)[:4], old_rows,
+    old_tasks = np.moveaxis(v, a, 0)
+    np.testing.assert_array_equal(np.moveaxis(grown[k], a, 0)[:4], old_tasks,
                                   err_msg=k)
-    for new_row in (4, 5):
-      got = np.moveaxis(grown[k], a, 0)[new_row]
+    for new_task in (4, 5):
+      got = np.moveaxis(grown[k], a, 0)[new_task]
       if rule == 'mean':
-        want = sum(old_rows[i].astype(np.float64) for i in range(4)) / 4
+        want = sum(old_tasks[i].astype(np.float64) for i in range(4)) / 4
         # A float32 sum of 4 and a division, per entry.
         conftest.assert_close_to_scale(
             got, want, conftest.float32_bound(4, 1),
-            sum(np.abs(old_rows[i].astype(np.float64))
+            sum(np.abs(old_tasks[i].astype(np.float64))
                 for i in range(4)) / 4, k)
       elif rule == 'copy':  # MNLI has id 1
-        np.testing.assert_array_equal(got, old_rows[1], err_msg=k)
+        np.testing.assert_array_equal(got, old_tasks[1], err_msg=k)
       else:
         np.testing.assert_array_equal(
-            got, np.moveaxis(init[k], a, 0)[new_row], err_msg=k)
+            got, np.moveaxis(init[k], a, 0)[new_task], err_msg=k)
   # The old tasks' outputs are the old model's.
   enc, dec, ids = _inputs(4)
   def logits(model, params):
@@ -311,24 +312,24 @@ def test_growing_keeps_every_row_and_adds_rows_by_the_rule(variant, rule,
 
   want = logits(old_model, traverse_util.unflatten_dict(trained, sep='/'))
   got = logits(new_model, params)
-  # More task rows may reorder the sums that run over them: the forward
+  # More tasks may reorder the sums that run over them: the forward
   # pass's float32 bound (`conftest.model_forward_lengths`).
   conftest.assert_close_to_scale(got, want, conftest.float32_bound(
       *conftest.model_forward_lengths(new_model.config, 10, 5)))
 
 
-def test_rows_of_ids_never_trained_are_new_rows(global_on_t5x):
-  """The artifact's model had 4 rows for 4 tasks; exported again with only
-  3 tasks in its list, row 3 counts as untrained: a new task at id 3 gets
-  the rule's row, not the leftover."""
+def test_ids_never_trained_are_new_tasks(global_on_t5x):
+  """The artifact's model had 4 tasks' parameters; exported again with
+  only 3 tasks in its list, id 3 counts as untrained: a new task at id 3
+  gets the rule's parameters, not the leftover."""
   model, trained, artifact = global_on_t5x
   arrays, header = task_params.read(artifact)
   three = artifact.replace('.npz', '_3.npz')
   task_params.write(three, arrays, {**header, 'task_list': list(TASKS[:3])})
-  params, _, rows = initial_checkpoint.params_from_t5x(
+  params, _, trained_tasks = initial_checkpoint.params_from_t5x(
       _trainer(model), str(conftest.T5X_TINY / 'orbax' / 'checkpoint_100'),
       three, growth=task_params.Growth('copy', 'glue_rte'), task_list=TASKS)
-  assert rows == 3
+  assert trained_tasks == 3
   flat = _flat(params)
   axes = task_params.task_axes(model)
   for k, a in axes.items():
@@ -345,7 +346,7 @@ def test_growth_errors():
   flat = {'x': np.zeros((5, 2))}
   abstract = {'x': jax.ShapeDtypeStruct((4, 2), np.float32)}
   with pytest.raises(task_params.TaskParamsError,
-                     match='checkpoint has 5 task rows, the model 4'):
+                     match='checkpoint has 5 tasks, the model 4'):
     task_params.grow(flat, abstract, {'x': 0}, task_params.Growth(), 5)
   with pytest.raises(task_params.TaskParamsError, match='not a trained task'):
     task_params.grow({'x': np.zeros((2, 2))}, abstract, {'x': 0},
@@ -353,16 +354,16 @@ def test_growth_errors():
                      ('glue_rte', 'glue_mnli', 'glue_qqp'))
 
 
-# ------------------------------------------------- training the new rows --
+# ------------------------------------- training the new tasks' parameters --
 
-def test_training_only_new_rows_leaves_everything_else_bit_identical(
+def test_training_only_new_tasks_leaves_everything_else_bit_identical(
     tmp_path):
   old_model = network.Transformer(_config('hyperprompt_global'))
   model = network.Transformer(_config('hyperprompt_global', num_tasks=5))
   checkpoint = _save(tmp_path / 'checkpoint_1',
                      _random_params(old_model, seed=4))
   axes = task_params.task_axes(model)
-  optimizer = optimizers.only_task_rows(
+  optimizer = optimizers.only_task_params(
       optimizers.make_optimizer(learning_rate=1e-2),
       {k: (a, 4) for k, a in axes.items()})
   trainer = _trainer(model, optimizer)
@@ -371,7 +372,8 @@ def test_training_only_new_rows_leaves_everything_else_bit_identical(
   before = _flat(params)
   state = trainer.new_state(params)
   # No optimizer state for what is frozen: Adafactor's moments of the
-  # new rows only (factored or not, never more values than the rows).
+  # new task's parameters only (factored or not, never more values than
+  # they hold).
   new_values = sum(v.size // v.shape[axes[k]] for k, v in before.items()
                    if k in axes)
   state_values = sum(x.size for x in jax.tree.leaves(state['opt_state']))
@@ -384,9 +386,9 @@ def test_training_only_new_rows_leaves_everything_else_bit_identical(
   after = _flat(state['params'])
   for k, v in before.items():
     if k in axes:
-      old_rows = np.moveaxis(after[k], axes[k], 0)[:4]
+      old_tasks = np.moveaxis(after[k], axes[k], 0)[:4]
       np.testing.assert_array_equal(
-          old_rows.view(np.uint32),
+          old_tasks.view(np.uint32),
           np.moveaxis(v, axes[k], 0)[:4].view(np.uint32), err_msg=k)
       assert not np.array_equal(np.moveaxis(after[k], axes[k], 0)[4],
                                 np.moveaxis(v, axes[k], 0)[4]), k
@@ -395,9 +397,42 @@ def test_training_only_new_rows_leaves_everything_else_bit_identical(
                                     v.view(np.uint32), err_msg=k)
 
 
+def test_the_old_names_still_work_with_a_warning():
+  """`optimizers.only_task_rows` and `initial_checkpoint.only_new_task_rows
+  (first_new_row=...)` (a user's gin file may bind them) are
+  `only_task_params` and `only_new_task_params(first_new_task=...)`:
+  for one release they warn, naming the new, and build the same optimizer."""
+  model = network.Transformer(_config('hyperprompt_global', num_tasks=5))
+  params = traverse_util.unflatten_dict(_random_params(model, seed=1),
+                                        sep='/')
+  grads = jax.tree.map(np.ones_like, params)
+
+  def first_update(optimizer):
+    return _flat(optimizer.update(grads, optimizer.init(params), params)[0])
+
+  tasks = {k: (a, 4) for k, a in task_params.task_axes(model).items()}
+  want = first_update(optimizers.only_task_params(
+      optimizers.make_optimizer(), tasks))
+  with pytest.warns(DeprecationWarning, match='is now optimizers.'
+                    'only_task_params'):
+    old = optimizers.only_task_rows(optimizers.make_optimizer(), tasks)
+  assert first_update(old).keys() == want.keys()
+  for k, v in first_update(old).items():
+    np.testing.assert_array_equal(v, want[k], err_msg=k)
+  new = initial_checkpoint.only_new_task_params(
+      optimizers.make_optimizer(), model, first_new_task=4)
+  with pytest.warns(DeprecationWarning, match=re.escape(
+      'is now initial_checkpoint.only_new_task_params(first_new_task=...)')):
+    old = initial_checkpoint.only_new_task_rows(
+        optimizers.make_optimizer(), model, first_new_row=4)
+  for k, v in first_update(old).items():
+    np.testing.assert_array_equal(v, first_update(new)[k], err_msg=k)
+    np.testing.assert_array_equal(v, want[k], err_msg=k)
+
+
 def test_train_only_new_tasks_from_a_trained_run(tmp_path):
   """The runner end to end: a 3-task run, then the 4th task (CoLA) added
-  and trained alone, its rows started from the mean."""
+  and trained alone, its parameters started from the mean."""
   gin.clear_config()
   old = network.Transformer(_config('hyperprompt_global', num_tasks=3,
                                     vocab_size=384))
@@ -420,7 +455,7 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
         initial_checkpoint_path=str(tmp_path / 'old' / 'checkpoint_2'),
         train_only_new_tasks=True, **kwargs))
     gin.bind_parameter(bind, list(TASKS[:3]))
-    with pytest.raises(ValueError, match='the model has no new task rows'):
+    with pytest.raises(ValueError, match='the model has no new tasks'):
       training_loop.train(old, settings=run_settings.RunSettings(
           model_dir=str(tmp_path / 'none'), train_steps=2,
           mixture_or_task_name='fixture_glue_rte',
@@ -445,12 +480,13 @@ def test_train_only_new_tasks_from_a_trained_run(tmp_path):
       np.testing.assert_array_equal(now[k], v, err_msg=k)
   assert any(not np.allclose(np.moveaxis(now[k], a, 0)[3],
                              np.moveaxis(was[k], a, 0).mean(0))
-             for k, a in axes.items())  # the new rows trained
+             for k, a in axes.items())  # the new task trained
 
 
 def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
   """import_task_params: t5x's layout ({target, state: {step}}), the real t5x
-  backbone and the artifact's rows, grown to 5 tasks by 'copy'."""
+  backbone and the artifact's task parameters, grown to 5 tasks by
+  'copy'."""
   from hyperprompt_jax.checkpointing import task_params_import  # pylint: disable=g-import-not-at-top
   model, trained, artifact = global_on_t5x
   grown = network.Transformer(dataclasses.replace(model.config, num_tasks=5))
@@ -478,9 +514,9 @@ def test_import_writes_a_checkpoint_both_runners_read(global_on_t5x, tmp_path):
   for k in expected.files:
     np.testing.assert_array_equal(flat[k], expected[k], err_msg=k)
   for k, a in task_params.task_axes(grown).items():
-    rows = np.moveaxis(flat[k], a, 0)
-    np.testing.assert_array_equal(rows[:4], np.moveaxis(trained[k], a, 0))
-    np.testing.assert_array_equal(rows[4], np.moveaxis(trained[k], a, 0)[2])
+    tasks = np.moveaxis(flat[k], a, 0)
+    np.testing.assert_array_equal(tasks[:4], np.moveaxis(trained[k], a, 0))
+    np.testing.assert_array_equal(tasks[4], np.moveaxis(trained[k], a, 0)[2])
 
 
 def test_sizes_count_the_task_parameters_in_float32():

@@ -89,7 +89,7 @@ MODELS = {
     # every variant in the default form (on TPU the kernel, 'pallas'), one
     # in the others.
     **{f'hypergrid_{v}': _hypergrid(v) for v in ('l', 'l2', 'lg', 'gl')},
-    'hypergrid_lg_token_blocks': _hypergrid('lg', 'token_blocks'),
+    'hypergrid_lg_partial_sums': _hypergrid('lg', 'partial_sums'),
     'hypergrid_lg_grouped': _hypergrid('lg', 'grouped'),
     'output_gating': _hypergrid('output_gating'),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),
@@ -184,9 +184,9 @@ def controls(devices) -> dict:
           'auto_forms': forms}
 
 
-# t5x's programs (`t5x_programs`): the training step of each model on packed
-# rows, its eval loss and beam search on unpacked ones.
-T5X_MODELS = ('hyperprompt_global', 'hypergrid_lg')
+# t5x's programs (`t5x_programs`): the training step of each variant on
+# packed rows, its eval loss and beam search on unpacked ones.
+T5X_VARIANTS = ('hyperprompt_global', 'hypergrid_lg')
 T5X_PREDICTED = ('hyperprompt_global',)
 
 
@@ -237,7 +237,7 @@ def t5x_programs(devices) -> dict:
     return tpu_compile.figures(compiled, time.perf_counter() - start)
 
   report = {}
-  for name in T5X_MODELS + ('unchecked',):
+  for name in T5X_VARIANTS + ('unchecked',):
     # The id space of t5x's default run task list (GLUE's 8 tasks).
     config = dataclasses.replace(model_config(
         'hyperprompt_global' if name == 'unchecked' else name), num_tasks=8)

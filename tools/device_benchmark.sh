@@ -14,7 +14,7 @@
 # numpy; the repository is put on PYTHONPATH (no install). TensorFlow, seqio
 # and gin are not needed. Wheels in .whl/ beside the repository's files, if
 # any, are installed first into /tmp/site (no index, no dependencies).
-# Writes $OUT/mfu.json (rewritten after each model) and $OUT/mfu.log ($OUT:
+# Writes $OUT/mfu.json (rewritten after each variant) and $OUT/mfu.log ($OUT:
 # ./mfu_out by default). FLAGs are added to the benchmark's and win (e.g.
 # --peak_tflops=989, --variants=adapter, --model=t5_1_1_tiny).
 set -euo pipefail

@@ -75,7 +75,7 @@ def variant_config(base: network.T5Config, variant: str,
 def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
               variants: Sequence[str], placement: str, input_length: int,
               target_length: int, rounds: int, steps: int) -> list[dict]:
-  """Returns one row per (batch size, model): median seconds per training
+  """Returns one row per (batch size, variant): median seconds per training
   step (the built-in runner's `trainer.train_step`), peak bytes, and their
   ratios to MTL at that batch size."""
   rows = []
@@ -83,7 +83,7 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
   configs = {name: variant_config(base, name, placement)
              for name in ['mtl', *variants]}
   for batch_size in batch_sizes:
-    # One batch for every model: ids every one of them has.
+    # One batch for every variant: ids every one of them has.
     batch = timing.random_batch(
         np.random.default_rng(0), batch_size, input_length, target_length,
         base.vocab_size, min(cfg.num_tasks for cfg in configs.values()))
@@ -96,7 +96,7 @@ def benchmark(base: network.T5Config, batch_sizes: Sequence[int],
                                                       state, batch)
     timed = timing.timed_side_by_side(runners, rounds, steps, 'mtl')
     for name in configs:
-      rows.append({'batch_size': batch_size, 'model': name,
+      rows.append({'batch_size': batch_size, 'variant': name,
                    'seconds_per_step': timed[name][0],
                    'ratio_to_mtl': timed[name][1],
                    'peak_bytes': peaks[name],
@@ -196,7 +196,7 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
                      variants: Sequence[str], placement: str,
                      input_length: int, target_length: int, rounds: int,
                      steps: int) -> list[dict]:
-  """One row per model: the median seconds of one incremental decode step
+  """One row per variant: the median seconds of one incremental decode step
   (one token against a cache of `target_length`, created by
   `network.create_cache` as both runners' decoders do) and its ratio to
   MTL's, timed side by side."""
@@ -228,7 +228,7 @@ def decode_benchmark(base: network.T5Config, batch_size: int,
     runners[name] = (lambda i, step=step, p=params, c=cache, e=encoded:
                      step(p, c, e)[0])
   timed = timing.timed_side_by_side(runners, rounds, steps, 'mtl')
-  return [{'model': name, 'seconds_per_step': seconds, 'ratio_to_mtl': ratio}
+  return [{'variant': name, 'seconds_per_step': seconds, 'ratio_to_mtl': ratio}
           for name, (seconds, ratio) in timed.items()]
 
 
@@ -267,11 +267,11 @@ def variant_table(small: network.T5Config, base: network.T5Config,
                   variants: Sequence[str], placement: str, input_length: int,
                   target_length: int, batch_size: int, flops_batch_size: int,
                   rounds: int, steps: int) -> list[dict]:
-  """One row per model ('mtl' first, then `variants`): the parameter ratio
+  """One row per variant ('mtl' first, then `variants`): the parameter ratio
   and the forward FLOPs per example of the `base` network (abstract shapes:
   nothing is allocated), and the training-step time ratio over MTL of the
   `small` network at `batch_size`, timed side by side by `benchmark`."""
-  timed = {r['model']: r for r in benchmark(
+  timed = {r['variant']: r for r in benchmark(
       small, [batch_size], variants, placement, input_length, target_length,
       rounds, steps)}
   rows = []
@@ -279,7 +279,7 @@ def variant_table(small: network.T5Config, base: network.T5Config,
     model = network.Transformer(variant_config(base, name, placement))
     summary = param_counts.summarize(param_counts.abstract_params(model))
     rows.append({
-        'model': name,
+        'variant': name,
         'num_tasks': model.config.num_tasks,
         'parameter_ratio': summary['ratio'],
         'forward_flops_per_example': param_counts.forward_flops(
@@ -294,10 +294,10 @@ def variant_table(small: network.T5Config, base: network.T5Config,
 
 
 def format_table(rows: list[dict]) -> str:
-  lines = [f'{"model":<15}{"T":>3}{"#params":>10}{"fwd FLOPs/ex":>14}'
+  lines = [f'{"variant":<15}{"T":>3}{"#params":>10}{"fwd FLOPs/ex":>14}'
            f'{"FLOPs / MTL":>13}{"step / MTL":>12}']
   for r in rows:
-    lines.append(f'{r["model"]:<15}{r["num_tasks"]:>3}'
+    lines.append(f'{r["variant"]:<15}{r["num_tasks"]:>3}'
                  f'{r["parameter_ratio"]:>9.4f}x'
                  f'{r["forward_flops_per_example"]:>14.3e}'
                  f'{r["flops_ratio"]:>12.4f}x{r["step_time_ratio"]:>11.3f}x')
@@ -305,10 +305,10 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_rows(rows: list[dict]) -> str:
-  lines = [f'{"batch":>5}  {"model":<15}{"ms/step":>10}{"time / MTL":>12}'
+  lines = [f'{"batch":>5}  {"variant":<15}{"ms/step":>10}{"time / MTL":>12}'
            f'{"peak MiB":>11}{"peak / MTL":>12}']
   for r in rows:
-    lines.append(f'{r["batch_size"]:>5}  {r["model"]:<15}'
+    lines.append(f'{r["batch_size"]:>5}  {r["variant"]:<15}'
                  f'{1000 * r["seconds_per_step"]:>10.1f}'
                  f'{r["ratio_to_mtl"]:>11.3f}x'
                  f'{r["peak_bytes"] / 2**20:>11.1f}'
@@ -320,7 +320,7 @@ def _memory_table(args: argparse.Namespace) -> int:
   """`--memory`: `memory_table` of the setups, printed."""
   setups = (args.setups.split(',') if args.setups else sorted(
       p[:-len('.gin')] for p in os.listdir(
-          os.path.join(paths.gin_dir(), 'experiments'))
+          os.path.join(paths.gin_dir(), 'setups'))
       if p.endswith('.gin')))
   memories = [float(gb) for gb in args.device_memory_gb.split(',')]
   if args.devices < 1 or any(gb <= 0 for gb in memories):
@@ -427,16 +427,16 @@ def _print_remat_microbatches(args: argparse.Namespace,
 
 def _print_decode(args: argparse.Namespace, base: network.T5Config,
                   variants: Sequence[str], batch_size: int) -> None:
-  """--decode: one incremental decode step of each model against MTL's."""
+  """--decode: one incremental decode step of each variant against MTL's."""
   rows = decode_benchmark(base, batch_size, variants, args.placement,
                           args.input_length, args.target_length,
                           args.rounds, args.steps)
   print(f'devices: {jax.devices()}')
   print(f'decode step: batch {batch_size}, input {args.input_length}, '
         f'cache {args.target_length}')
-  print(f'{"model":<15}{"ms/step":>10}{"step / MTL":>12}')
+  print(f'{"variant":<15}{"ms/step":>10}{"step / MTL":>12}')
   for r in rows:
-    print(f'{r["model"]:<15}{1000 * r["seconds_per_step"]:>10.2f}'
+    print(f'{r["variant"]:<15}{1000 * r["seconds_per_step"]:>10.2f}'
           f'{r["ratio_to_mtl"]:>11.3f}x')
 
 

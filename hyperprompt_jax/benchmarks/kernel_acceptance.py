@@ -12,7 +12,7 @@ for every TPU generation from a CPU host.
         [--backbones=t5_1_1_base,t5_base] [--output_json=vmem.json]
 
 On the machine the kernels are for (one TPU chip; the first form), four
-checks, each model of `KERNEL_MODELS` in its kernel form ('pallas') beside
+checks, each variant of `KERNEL_VARIANTS` in its kernel form ('pallas') beside
 its XLA form:
 (a) tests: `tests/test_segment_kernels.py` (the `--tests` pytest selection:
     the kernels against numpy token by token, Mosaic on the chip) in a
@@ -74,11 +74,11 @@ from hyperprompt_jax.t5 import segment_kernels
 from hyperprompt_jax.training import trainer
 
 MIB = 2**20
-# The models whose packed rows go through the kernels: the config field
+# The variants whose packed rows go through the kernels: the config field
 # that holds their packed form, and the XLA form they are checked against
 # (the exact one 'auto' picks off TPU).
-KERNEL_MODELS = {
-    'hypergrid_lg': ('hypergrid', 'token_blocks'),
+KERNEL_VARIANTS = {
+    'hypergrid_lg': ('hypergrid', 'partial_sums'),
     'adapter': ('adapter', 'task_blocks'),
     'hyperformer_pp': ('hyperformer', 'task_blocks'),
 }
@@ -92,12 +92,12 @@ CHECKS = {
     # n ~ 10^4 terms a sum, with room): every parameter's gradient agrees.
     'float32': ('float32', 1e-4, 'worst', 1e-3),
     # The run's: each form rounds its own intermediates to bfloat16 (u =
-    # 2^-8; the kernel HyperGrid's gated weight once, 'token_blocks' the
+    # 2^-8; the kernel HyperGrid's gated weight once, 'partial_sums' the
     # gated inputs), and a small gradient of cancelling terms (a bias
     # generator's) differs by several percent. At t5_1_1_tiny on CPU
     # (rows of 64 / 16): the kernels against the XLA forms, loss 3e-4 and
     # all gradients 1.3e-2 (HyperGrid), 1.2e-2 (HyperFormer++), 2e-4 (the
-    # adapter); two XLA forms alike (HyperGrid 'token_blocks' against
+    # adapter); two XLA forms alike (HyperGrid 'partial_sums' against
     # 'grouped': 6e-4, 1.3e-2). The float32 check is the strict one.
     'bfloat16': (None, 2**-7, 'global', 2**-4),
 }
@@ -157,12 +157,12 @@ def run_tests(select: str, log: Callable[[str], None] = print
 # -- (b) the kernel form against the XLA form ---------------------------------
 
 
-def form_config(backbone: str, model: str, dtype: str, form: str
+def form_config(backbone: str, variant: str, dtype: str, form: str
                 ) -> network.T5Config:
-  """`mfu.model_config`'s `model` with its packed rows in `form` ('pallas'
-  or its XLA form, `KERNEL_MODELS`)."""
-  cfg = mfu.model_config(backbone, model, dtype)
-  field = KERNEL_MODELS[model][0]
+  """`mfu.model_config`'s `variant` with its packed rows in `form` ('pallas'
+  or its XLA form, `KERNEL_VARIANTS`)."""
+  cfg = mfu.model_config(backbone, variant, dtype)
+  field = KERNEL_VARIANTS[variant][0]
   return cfg.replace(**{field: getattr(cfg, field).replace(packed_form=form)})
 
 
@@ -202,30 +202,31 @@ def differences(loss: float, grads: Any, want_loss: float, want_grads: Any
           'parameters': each}
 
 
-def compare_forms(backbone: str, model: str, batch: dict[str, Any],
+def compare_forms(backbone: str, variant: str, batch: dict[str, Any],
                   input_length: int, target_length: int,
                   checks: Sequence[str] = tuple(CHECKS),
                   log: Callable[[str], None] = print) -> dict[str, Any]:
   """(b): the kernel form's loss and gradients against the XLA form's, in
   each activation dtype of `checks` (`CHECKS`), on the same parameters."""
-  xla_form = KERNEL_MODELS[model][1]
+  xla_form = KERNEL_VARIANTS[variant][1]
   params = timing.fresh_params(
-      network.Transformer(form_config(backbone, model, 'float32', xla_form)),
+      network.Transformer(form_config(backbone, variant, 'float32', xla_form)),
       input_length, target_length)
   out = {}
   for dtype in checks:
     precision, loss_bound, which, bound = CHECKS[dtype]
     want_loss, want_grads = _gradients(
-        form_config(backbone, model, dtype, xla_form), params, batch,
+        form_config(backbone, variant, dtype, xla_form), params, batch,
         precision)
-    loss, grads = _gradients(form_config(backbone, model, dtype, KERNEL_FORM),
-                             params, batch, precision)
+    loss, grads = _gradients(
+        form_config(backbone, variant, dtype, KERNEL_FORM), params, batch,
+        precision)
     diff = differences(loss, grads, want_loss, want_grads)
     diff.update(kernel_loss=loss, xla_loss=want_loss, gradient=diff[which],
                 judged=which, bounds=(loss_bound, bound),
                 passed=diff['loss'] <= loss_bound and diff[which] <= bound)
     out[dtype] = diff
-    log(f'{time.strftime("%H:%M:%S")} {model} {dtype}: loss {loss:.6f} '
+    log(f'{time.strftime("%H:%M:%S")} {variant} {dtype}: loss {loss:.6f} '
         f'({KERNEL_FORM}) vs {want_loss:.6f} ({xla_form}), relative '
         f'{diff["loss"]:.1e} (bound {loss_bound:.0e}); gradients: {which} '
         f'{diff[which]:.1e} (bound {bound:.0e}), global {diff["global"]:.1e}'
@@ -238,23 +239,23 @@ def compare_forms(backbone: str, model: str, batch: dict[str, Any],
 # -- (c), (d) time and MFU ----------------------------------------------------
 
 
-def time_forms(backbone: str, model: str, dtype: str, batch: dict[str, Any],
+def time_forms(backbone: str, variant: str, dtype: str, batch: dict[str, Any],
                warmup_steps: int, steps: int, peak: Optional[float],
                log: Callable[[str], None] = print) -> dict[str, Any]:
   """(c), (d): each form's training step timed (`mfu.measure`), and MFU of
   the XLA form's FLOPs over each form's time."""
   rows = {}
-  for form in (KERNEL_MODELS[model][1], KERNEL_FORM):
-    log(f'{time.strftime("%H:%M:%S")} {model} [{form}]: compiling the step')
-    rows[form] = mfu.measure(form_config(backbone, model, dtype, form), batch,
-                             warmup_steps, steps)
-  xla = rows[KERNEL_MODELS[model][1]]
+  for form in (KERNEL_VARIANTS[variant][1], KERNEL_FORM):
+    log(f'{time.strftime("%H:%M:%S")} {variant} [{form}]: compiling the step')
+    rows[form] = mfu.measure(form_config(backbone, variant, dtype, form),
+                             batch, warmup_steps, steps)
+  xla = rows[KERNEL_VARIANTS[variant][1]]
   flops = xla['xla_flops'] or xla['six_nd_flops']
   for form, row in rows.items():
     seconds = row['seconds_per_step']
     row['mfu'] = flops / seconds / (peak * 1e12) if peak else None
     row['ratio_to_xla'] = seconds / xla['seconds_per_step']
-    log(f'{model} [{form}]: {1000 * seconds:.1f} ms/step '
+    log(f'{variant} [{form}]: {1000 * seconds:.1f} ms/step '
         f'({row["ratio_to_xla"]:.3f}x the XLA form), MFU '
         f'{_percent(row["mfu"])}')
   return rows
@@ -266,10 +267,10 @@ def _percent(x: Optional[float]) -> str:
 
 def acceptance(args: argparse.Namespace,
                log: Callable[[str], None] = print) -> dict[str, Any]:
-  """The four checks (module docstring) of `args`' models."""
+  """The four checks (module docstring) of `args`' variants."""
   report = {'model': args.model, 'batch_size': args.batch_size,
             'input_length': args.input_length,
-            'target_length': args.target_length, 'models': {}}
+            'target_length': args.target_length, 'variants': {}}
   # Before this process opens the chip.
   report['tests'] = (run_tests(args.tests, log) if args.tests != 'none'
                      else {'status': 'skipped'})
@@ -280,44 +281,44 @@ def acceptance(args: argparse.Namespace,
   log(f'device: {device.device_kind} ({device.platform}), jax '
       f'{jax.__version__}, peak {peak} TFLOP/s bf16; kernels '
       f'{"on the chip" if device.platform == "tpu" else "interpreted"}')
-  for model in args.variants.split(','):
-    cfg = mfu.model_config(args.model, model, args.dtype)
+  for variant in args.variants.split(','):
+    cfg = mfu.model_config(args.model, variant, args.dtype)
     batch, stats = mfu.synthetic_rows(
         args.batch_size, args.input_length, args.target_length,
         cfg.vocab_size, cfg.num_tasks, packed=True,
         max_segments=hypergrid.max_segments(cfg.hypergrid))
     entry = {'rows': stats}
-    entry['forms'] = compare_forms(args.model, model, batch, args.input_length,
-                                   args.target_length,
+    entry['forms'] = compare_forms(args.model, variant, batch,
+                                   args.input_length, args.target_length,
                                    args.checks.split(','), log)
     if args.steps:
-      entry['timing'] = time_forms(args.model, model, args.dtype, batch,
+      entry['timing'] = time_forms(args.model, variant, args.dtype, batch,
                                    args.warmup_steps, args.steps, peak, log)
-    report['models'][model] = entry
+    report['variants'][variant] = entry
     if args.output_json:
       files.write_atomically(args.output_json, json.dumps(report, indent=1))
   report['passed'] = report['tests']['status'] != 'failed' and all(
-      d['passed'] for e in report['models'].values()
+      d['passed'] for e in report['variants'].values()
       for d in e['forms'].values())
   return report
 
 
 def format_report(report: dict[str, Any]) -> str:
-  """The checks as a table: one row per model and form."""
+  """The checks as a table: one row per variant and form."""
   lines = [f'{report["model"]}, batch {report["batch_size"]} rows of '
            f'{report["input_length"]} / {report["target_length"]}; '
            f'{report["device"]}; tests: {report["tests"]["status"]}',
-           f'{"model":<28}{"f32 loss/grad":>16}{"bf16 loss/grad":>16}'
+           f'{"variant":<28}{"f32 loss/grad":>16}{"bf16 loss/grad":>16}'
            f'{"ms/step":>9}{"x XLA":>7}{"MFU":>7}']
-  for model, entry in report['models'].items():
+  for variant, entry in report['variants'].items():
     forms = entry['forms']
-    for form in (KERNEL_MODELS[model][1], KERNEL_FORM):
+    for form in (KERNEL_VARIANTS[variant][1], KERNEL_FORM):
       kernel = form == KERNEL_FORM
       cells = [f'{forms[d]["loss"]:.0e}/{forms[d]["gradient"]:.0e}'
                if kernel and d in forms else '-' for d in CHECKS]
       timing_row = entry.get('timing', {}).get(form)
       lines.append(
-          f'{f"{model} [{form}]":<28}{cells[0]:>16}{cells[1]:>16}' + (
+          f'{f"{variant} [{form}]":<28}{cells[0]:>16}{cells[1]:>16}' + (
               f'{1000 * timing_row["seconds_per_step"]:>9.1f}'
               f'{timing_row["ratio_to_xla"]:>6.3f}x'
               f'{_percent(timing_row["mfu"]):>7}'
@@ -352,14 +353,14 @@ def _gated_case(backbone: str, target: str):
   return loss, args, 3
 
 
-def _adapter_case(backbone: str, model: str):
-  """The adapters' per-task matmuls of `model` ('adapter', 'hyperformer_pp':
+def _adapter_case(backbone: str, variant: str):
+  """The adapters' per-task matmuls of `variant` ('adapter', 'hyperformer_pp':
   b = d / reduction, HyperFormer++'s norm), one layer of T tasks."""
-  cfg = mfu.model_config(backbone, model)
-  method = cfg.adapter if model == 'adapter' else cfg.hyperformer
+  cfg = mfu.model_config(backbone, variant)
+  method = cfg.adapter if variant == 'adapter' else cfg.hyperformer
   d, t = cfg.emb_dim, cfg.num_tasks
   b = d // method.reduction
-  norm = model == 'hyperformer_pp'
+  norm = variant == 'hyperformer_pp'
 
   def loss(h, down, down_bias, up, up_bias, *rest):
     *norm_params, task_ids = rest
@@ -381,8 +382,9 @@ def _adapter_case(backbone: str, model: str):
 CASES = {
     'hypergrid_wo': functools.partial(_gated_case, target='wo'),
     'hypergrid_wi': functools.partial(_gated_case, target='wi'),
-    'adapter': functools.partial(_adapter_case, model='adapter'),
-    'hyperformer_pp': functools.partial(_adapter_case, model='hyperformer_pp'),
+    'adapter': functools.partial(_adapter_case, variant='adapter'),
+    'hyperformer_pp': functools.partial(_adapter_case,
+                                        variant='hyperformer_pp'),
 }
 _PER_BACKBONE = ('hypergrid_wo', 'hypergrid_wi')
 _USED_VMEM = re.compile(
@@ -555,8 +557,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       help='rows (default: 4, a device of a Base run)')
   parser.add_argument('--input_length', type=int, default=512)
   parser.add_argument('--target_length', type=int, default=32)
-  parser.add_argument('--variants', default=','.join(KERNEL_MODELS),
-                      help=f'models among {list(KERNEL_MODELS)}')
+  parser.add_argument('--variants', default=','.join(KERNEL_VARIANTS),
+                      help=f'variants among {list(KERNEL_VARIANTS)}')
   parser.add_argument('--checks', default=','.join(CHECKS),
                       help='activation dtypes the forms are compared in')
   parser.add_argument('--steps', type=int, default=5,
@@ -597,7 +599,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
   else:
     args = gin_utils.command_flags(PROG, __doc__, argv, add_flags=add_flags)
-  for flag, given, known in (('--variants', args.variants, KERNEL_MODELS),
+  for flag, given, known in (('--variants', args.variants, KERNEL_VARIANTS),
                              ('--checks', args.checks, CHECKS),
                              ('--cases', args.cases, CASES)):
     bad = sorted(set(given.split(',')) - set(known))

@@ -6,12 +6,12 @@
         [--forms=both] [--steps=5] [--warmup_steps=3]
         [--peak_tflops=989] [--output_json=mfu.json]
 
-MTL and each model of `MODELS` (HyperPrompt-Global, HyperGrid-LG, the
+MTL and each variant of `VARIANTS` (HyperPrompt-Global, HyperGrid-LG, the
 Vanilla Adapter, HyperFormer++, Prompt-Tuning, at the papers' settings)
-train on synthetic rows, side by side in one process: each model's step
+train on synthetic rows, side by side in one process: each variant's step
 (`trainer.train_step`, the built-in runner's: forward, backward,
 Adafactor) is compiled once, run `warmup_steps` times, then timed
-`steps` times, every step on its own (the median is reported). A model
+`steps` times, every step on its own (the median is reported). A variant
 with two forms (`FORMS`: `T5Config.gradient_form` of the adapters and
 packed HyperPrompt, `HyperGridConfig.packed_form` of HyperGrid) is timed in
 both (`--forms=both`), in its default (`auto`), or in the forms named
@@ -24,7 +24,7 @@ tf.data) first-fit into `batch_size` rows of `input_length` /
 as training packs them; the report's `rows` says so. Token ids are random
 (a step's cost does not depend on them).
 
-Figures per model: step time and its ratio to MTL's; real tokens per second
+Figures per variant: step time and its ratio to MTL's; real tokens per second
 (the examples' input and target tokens); model FLOPs per step, XLA's cost
 analysis of the compiled step (the numerator: it counts the attention
 scores, the optimizer and any recomputation), beside the 6 N D estimate
@@ -32,7 +32,7 @@ scores, the optimizer and any recomputation), beside the 6 N D estimate
 peak (`PEAK_TFLOPS`, or `--peak_tflops`; on a CPU there is none, so MFU is
 n/a without it); the step's peak memory as XLA plans it, and the device's
 peak so far where it reports one. The JSON (`--output_json`) is rewritten
-after each model, so a run cut short keeps what it measured.
+after each variant, so a run cut short keeps what it measured.
 
 This module imports no TensorFlow, seqio, orbax or gin: a bare accelerator
 image with jax, flax and optax runs it (tools/device_benchmark.sh).
@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import hyperprompt_jax
 from hyperprompt_jax import files
 from hyperprompt_jax import methods
 from hyperprompt_jax import paths
@@ -82,9 +83,9 @@ BACKBONES = {
     name: backbone_settings(name) for name in sorted(
         os.path.splitext(f)[0]
         for f in os.listdir(os.path.join(paths.gin_dir(), 'models')))}
-# Each model's gin/variants file (MTL: none), read at its settings (the
+# Each variant's gin/variants file (MTL: none), read at its settings (the
 # papers').
-MODELS = {
+VARIANTS = {
     'mtl': None,
     'hyperprompt_global': 'variants/hyperprompt_global.gin',
     'hypergrid_lg': 'variants/hypergrid_lg.gin',
@@ -92,17 +93,19 @@ MODELS = {
     'hyperformer_pp': 'variants/hyperformer_pp.gin',
     'prompt_tuning': 'variants/prompt_tuning.gin',
 }
-# Models with two forms, one shaped for XLA:CPU and the plain one: the
+# Variants with two forms, one shaped for XLA:CPU and the plain one: the
 # config field that picks them, and the forms (CPU's first; a third, a
 # TPU kernel, runs only where `--forms` names it).
 FORMS = {
     'hyperprompt_global': ('gradient_form', ('written', 'autodiff')),
     'adapter': ('gradient_form', ('written', 'autodiff')),
     'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
-    'hypergrid_lg': ('packed_form', ('token_blocks', 'grouped', 'pallas')),
+    'hypergrid_lg': ('packed_form', ('partial_sums', 'grouped', 'pallas')),
 }
 TWO_FORMS = tuple(name for name, (field, _) in FORMS.items()
                   if field == 'gradient_form')
+# Forms renamed, old name -> new (`form_names`).
+RENAMED_FORMS = hypergrid.RENAMED_PACKED_FORMS
 
 # Dense bf16 TFLOP/s per chip, by a lower-case piece of
 # `jax.Device.device_kind` (the first that matches; vendors' datasheets).
@@ -139,11 +142,11 @@ def method_settings(variant_file: str) -> dict[str, Any]:
   return settings
 
 
-def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
+def model_config(backbone: str, variant: str, dtype: str = 'bfloat16',
                  form: str = 'auto') -> network.T5Config:
-  """The `network.T5Config` of `model` ('mtl' or a key of `MODELS`) on
+  """The `network.T5Config` of `variant` ('mtl' or a key of `VARIANTS`) on
   `backbone` (a key of `BACKBONES`), activations in `dtype`, in `form`
-  for a model of `FORMS` ('auto': the default).
+  for a variant of `FORMS` ('auto': the default).
 
   HyperGrid's grid is cut to divide d_model and d_ff where they are
   smaller than the paper's (t5_1_1_tiny). Traced task ids are not checked
@@ -153,20 +156,20 @@ def model_config(backbone: str, model: str, dtype: str = 'bfloat16',
   if backbone not in BACKBONES:
     raise ValueError(f'Unknown model {backbone!r}: choose from '
                      f'{sorted(BACKBONES)}.')
-  if model not in MODELS:
-    raise ValueError(f'Unknown variant {model!r} for --mfu: choose from '
-                     f'{list(MODELS)}.')
+  if variant not in VARIANTS:
+    raise ValueError(f'Unknown variant {variant!r} for --mfu: choose from '
+                     f'{list(VARIANTS)}.')
   size = BACKBONES[backbone]
-  method = method_settings(MODELS[model]) if MODELS[model] else {}
+  method = method_settings(VARIANTS[variant]) if VARIANTS[variant] else {}
   if 'hypergrid' in method:  # the grid's blocks must divide a tiny model's
     method['hypergrid'] = dataclasses.replace(
         method['hypergrid'],
         grid_rows=math.gcd(method['hypergrid'].grid_rows, size['emb_dim']),
         grid_cols=math.gcd(method['hypergrid'].grid_cols, size['mlp_dim']))
   gradient_form = 'auto'
-  if model in FORMS and FORMS[model][0] == 'gradient_form':
+  if variant in FORMS and FORMS[variant][0] == 'gradient_form':
     gradient_form = form
-  elif model in FORMS:  # HyperGrid's packed form
+  elif variant in FORMS:  # HyperGrid's packed form
     method['hypergrid'] = dataclasses.replace(method['hypergrid'],
                                               packed_form=form)
   return network.T5Config(**size, **method, dtype=dtype,
@@ -406,14 +409,27 @@ def kernel_times(profile_dir: str, steps: int, top: int = 25
           'top_kernels': table(kernels, kernel_count)}
 
 
-def runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
-  """`(model, form)` in the order they run, MTL first: both forms of a
-  model of `FORMS` (`forms='both'`), its default ('auto'), or those of its
-  forms that the comma-separated `forms` names (its default where it names
-  none of them)."""
+def form_names(flag: str) -> str:
+  """A --forms value with old form names (`RENAMED_FORMS`) renamed, each
+  with a DeprecationWarning and a line on stderr."""
+  names = []
+  for name in flag.split(','):
+    if name in RENAMED_FORMS:
+      hyperprompt_jax.warn_renamed(
+          f"--forms: '{name}' is now '{RENAMED_FORMS[name]}'")
+      name = RENAMED_FORMS[name]
+    names.append(name)
+  return ','.join(names)
+
+
+def runs(variants: Sequence[str], forms: str) -> list[tuple[str, str]]:
+  """`(variant, form)` in the order they run, MTL first: both forms of a
+  variant of `FORMS` (`forms='both'`), its default ('auto'), or those of
+  its forms that the comma-separated `forms` names (its default where it
+  names none of them)."""
   named = set(forms.split(','))
   runs = []
-  for name in ['mtl', *[m for m in models if m != 'mtl']]:
+  for name in ['mtl', *[v for v in variants if v != 'mtl']]:
     own = FORMS[name][1] if name in FORMS else ()
     if forms == 'both' and own:
       chosen = own[:2]
@@ -423,12 +439,12 @@ def runs(models: Sequence[str], forms: str) -> list[tuple[str, str]]:
   return runs
 
 
-def label_of(model: str, form: str) -> str:
-  """A model's name in the tables: with its form where one is named."""
-  return model if form == 'auto' else f'{model} [{form}]'
+def label_of(variant: str, form: str) -> str:
+  """A variant's name in the tables: with its form where one is named."""
+  return variant if form == 'auto' else f'{variant} [{form}]'
 
 
-def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
+def mfu_benchmark(backbone: str, variants: Sequence[str], dtype: str,
                   batch_size: int, input_length: int, target_length: int,
                   warmup_steps: int, steps: int,
                   peak: Optional[float] = None,
@@ -436,8 +452,8 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
                   output_json: Optional[str] = None,
                   log=print, profile: Sequence[str] = (),
                   profile_dir: Optional[str] = None) -> dict[str, Any]:
-  """Every model's figures (module docstring), the JSON's content; the
-  models named in `profile` (or 'all') are traced into `profile_dir` after
+  """Every variant's figures (module docstring), the JSON's content; the
+  variants named in `profile` (or 'all') are traced into `profile_dir` after
   timing and their device time broken down by op."""
   device = jax.devices()[0]
   tflops_peak = peak_tflops(device, peak)
@@ -451,9 +467,9 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
   log(f'device: {device.device_kind} ({device.platform}, '
       f'{jax.device_count()} devices; the step runs on one), jax '
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
-  for name, form in runs(models, forms):
+  for name, form in runs(variants, forms):
     cfg = model_config(backbone, name, dtype, form)
-    packed = True  # every model packs (`synthetic_rows` can do without)
+    packed = True  # every variant packs (`synthetic_rows` can do without)
     slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
     batch, stats = synthetic_rows(batch_size, input_length, target_length,
                                   cfg.vocab_size, cfg.num_tasks, packed,
@@ -465,14 +481,14 @@ def mfu_benchmark(backbone: str, models: Sequence[str], dtype: str,
     trace = (os.path.join(profile_dir, f'{name}_{form}')
              if profile_dir and ('all' in profile or name in profile)
              else None)
-    # Each model is timed before the next compiles: a run cut short (the
-    # device script's timeout) keeps every model it reached, and no
+    # Each variant is timed before the next compiles: a run cut short (the
+    # device script's timeout) keeps every variant it reached, and no
     # compilation autotunes kernels on the device while a step is timed.
     row = measure(cfg, batch, warmup_steps, steps, trace)
     seconds = row['seconds_per_step']
     flops = row['xla_flops'] or row['six_nd_flops']
     row.update({
-        'model': name, 'form': form, 'label': label,
+        'variant': name, 'form': form, 'label': label,
         'rows': 'packed' if packed else 'unpacked', **stats,
         'real_tokens_per_second': stats['real_tokens'] / seconds,
         'tflops_per_second': flops / seconds / 1e12,
@@ -520,7 +536,7 @@ def format_report(report: dict) -> str:
            f'{report["target_length"]}, {report["steps"]} timed steps after '
            f'{report["warmup_steps"]}; {report["device"]}, jax '
            f'{report["jax"]}',
-           f'{"model":<30}{"rows":<9}{"ms/step":>9}{"x MTL":>7}'
+           f'{"variant":<30}{"rows":<9}{"ms/step":>9}{"x MTL":>7}'
            f'{"real tok/s":>12}{"XLA TFLOP":>10}{"6ND TFLOP":>10}'
            f'{"TFLOP/s":>9}{"MFU":>7}{"peak GiB":>9}']
   for r in report['rows']:
@@ -539,12 +555,13 @@ def format_report(report: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
   """`python -m hyperprompt_jax.benchmark --mfu` with its parsed flags."""
-  models = (list(MODELS) if args.variants is None
-            else methods.variant_names(args.variants))
-  bad = sorted(set(models) - set(MODELS))
+  variants = (list(VARIANTS) if args.variants is None
+              else methods.variant_names(args.variants))
+  bad = sorted(set(variants) - set(VARIANTS))
   if bad:
     raise ValueError(f'Unknown variants {bad} for --mfu: choose from '
-                     f'{list(MODELS)}.')
+                     f'{list(VARIANTS)}.')
+  args.forms = form_names(args.forms)
   known = {'both', 'auto', *(f for _, fs in FORMS.values() for f in fs)}
   if not set(args.forms.split(',')) <= known:
     raise ValueError(f'--forms={args.forms}: choose from both, auto, or '
@@ -553,15 +570,15 @@ def run(args: argparse.Namespace) -> int:
     raise ValueError('--batch_size and --steps must be positive, '
                      '--warmup_steps >= 0.')
   profile = [v for v in (args.profile or '').split(',') if v]
-  bad = sorted(set(profile) - set(MODELS) - {'all'})
+  bad = sorted(set(profile) - set(VARIANTS) - {'all'})
   if bad:
-    raise ValueError(f'Unknown models {bad} for --profile: choose from '
-                     f'{["all", *MODELS]}.')
+    raise ValueError(f'Unknown variants {bad} for --profile: choose from '
+                     f'{["all", *VARIANTS]}.')
   profile_dir = args.profile_dir or (
       os.path.join(os.path.dirname(args.output_json) or '.', 'profiles')
       if args.output_json else os.path.join('.', 'mfu_profiles'))
   report = mfu_benchmark(
-      args.model, models, args.dtype, args.batch_size, args.input_length,
+      args.model, variants, args.dtype, args.batch_size, args.input_length,
       args.target_length, args.warmup_steps, args.steps, args.peak_tflops,
       args.forms, args.output_json,
       log=lambda line: print(line, flush=True),

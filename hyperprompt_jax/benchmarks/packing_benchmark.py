@@ -4,7 +4,7 @@
         [--input_length=512] [--target_length=32] [--lengths=both]
         [--variants=hyperprompt_global,hyperprompt_share,hyperprompt_sep,adapter,...]
 
-For each model (MTL and every variant that packs) the built-in runner's
+For MTL and each variant that packs, the built-in runner's
 training step (`trainer.train_step`) is compiled twice, for `batch` rows of
 one example each and for `batch` packed rows, and timed side by side in one
 process, every step on its own (`timing.step_times`). A step's work is its
@@ -18,7 +18,7 @@ few (at 512 / 32 the 8 unpacked rows' target tokens swing by +-10 %
 between draws). The ratios (a packed step against MTL's, and the
 speedup: packed real tokens per second over unpacked) are
 `timing.relative_ratio`s: each step's time relative to its round's, the
-median over all steps of a model; each is printed with its bootstrap
+median over all steps of a variant; each is printed with its bootstrap
 interval over the rounds (`timing.relative_ratio_interval`): the spread
 within the run (another run on a shared machine may fall further).
 
@@ -161,15 +161,15 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
                       distributions: Sequence[str], rounds: int, steps: int,
                       z_loss: float = 1e-4, stream_rows: int = STREAM_ROWS
                       ) -> dict[str, list[dict]]:
-  """Per length distribution, one row per model: seconds per step and real
+  """Per length distribution, one row per variant: seconds per step and real
   target tokens per second, unpacked and packed, on the same example
-  stream. Each (model, layout) step is compiled once (the shapes do not
+  stream. Each (variant, layout) step is compiled once (the shapes do not
   depend on the distribution) and every step is timed side by side; a
   row's tokens, examples and fill are means over `stream_rows` packed rows
   and the examples they hold, unpacked.
 
   Args:
-    configs: model name -> its configuration ('mtl' first).
+    configs: variant name -> its configuration ('mtl' first).
   """
   if stream_rows < batch_size:
     raise ValueError(f'stream_rows ({stream_rows}) must be at least the '
@@ -215,7 +215,7 @@ def packing_benchmark(configs: dict[str, network.T5Config], batch_size: int,
   for d in distributions:
     rows = []
     for name in configs:
-      row = {'model': name, 'num_tasks': configs[name].num_tasks,
+      row = {'variant': name, 'num_tasks': configs[name].num_tasks,
              'batch_size': batch_size, 'stream_rows': stream_rows,
              'rounds': rounds, 'steps': steps}
       for pack, label in ((False, 'unpacked'), (True, 'packed')):
@@ -252,11 +252,11 @@ def format_packing(rows: list[dict]) -> str:
   def interval(low_high, digits):
     return f'({low_high[0]:.{digits}f}-{low_high[1]:.{digits}f})'
 
-  lines = [f'{"model":<15}{"unpacked tok/s":>15}{"packed tok/s":>14}'
+  lines = [f'{"variant":<15}{"unpacked tok/s":>15}{"packed tok/s":>14}'
            f'{"speedup (95%)":>23}{"packed step / MTL packed (95%)":>33}']
   for r in rows:
     lines.append(
-        f'{r["model"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
+        f'{r["variant"]:<15}{r["unpacked_tokens_per_second"]:>15.1f}'
         f'{r["packed_tokens_per_second"]:>14.1f}'
         f'{r["speedup"]:>9.2f}x {interval(r["speedup_interval"], 2):>13}'
         f'{r["packed_step_to_mtl"]:>16.3f}x '

@@ -38,8 +38,8 @@ on the host) is compiled, then the evaluator's greedy decode
 (`predictor.Predictor`). The gin files import the task registry (seqio,
 TensorFlow) as the run's do.
 
-Without `--gin_file`, the setups are the MFU benchmark's models
-(`mfu.MODELS` at `--model`'s size, `mfu.model_config`), packed rows of
+Without `--gin_file`, the setups are the MFU benchmark's variants
+(`mfu.VARIANTS` at `--model`'s size, `mfu.model_config`), packed rows of
 `--batch_size` at `--input_length` / `--target_length`; this path imports no
 gin, TensorFlow or seqio.
 
@@ -493,7 +493,7 @@ def setup_gin_files(name: str) -> list[str]:
   """The gin files of a setup name: `<run>` is `runs/<run>.gin`;
   `<run>+<file>[+<file>...]` adds gin files after it, as `--gin_file` would
   (`hyperprompt_global_glue+models/t5_1_1_large`: the run at Large, the
-  experiments' documented way to change the model size)."""
+  setup files' documented way to change the model size)."""
   run, *extra = name.split('+')
   if not run or not all(extra):
     raise ValueError(f'Setup {name!r}: expected <run>[+<gin file>...], e.g. '
@@ -741,29 +741,29 @@ def model_setups(backbone: str, variants: Sequence[str], forms: str,
                  target_length: int, mesh_model: int = 1,
                  num_microbatches: Optional[int] = None,
                  eval_batch_size: Optional[int] = None) -> list[Setup]:
-  """The MFU benchmark's models (`mfu.MODELS`) as setups: packed rows,
-  MTL first (the tables' reference)."""
-  models = ['mtl'] + [v for v in variants if v != 'mtl']
-  return [Setup(name=mfu.label_of(model, form), config=mfu.model_config(
-                    backbone, model, dtype, form),
+  """The MFU benchmark's variants (`mfu.VARIANTS`) as setups: packed
+  rows, MTL first (the tables' reference)."""
+  variants = ['mtl'] + [v for v in variants if v != 'mtl']
+  return [Setup(name=mfu.label_of(variant, form), config=mfu.model_config(
+                    backbone, variant, dtype, form),
                 input_length=input_length, target_length=target_length,
                 batch_size=batch_size, mesh_model=mesh_model,
                 num_microbatches=num_microbatches,
                 eval_batch_size=eval_batch_size)
-          for model, form in mfu.runs(models, forms)]
+          for variant, form in mfu.runs(variants, forms)]
 
 
 def run_models(args) -> int:
-  """`--tpu_compile` without gin: the MFU benchmark's models."""
-  variants = (list(mfu.MODELS) if args.variants is None
+  """`--tpu_compile` without gin: the MFU benchmark's variants."""
+  variants = (list(mfu.VARIANTS) if args.variants is None
               else methods.variant_names(args.variants))
-  bad = sorted(set(variants) - set(mfu.MODELS))
+  bad = sorted(set(variants) - set(mfu.VARIANTS))
   if bad:
     raise ValueError(f'Unknown variants {bad} for --tpu_compile: choose from '
-                     f'{list(mfu.MODELS)}.')
+                     f'{list(mfu.VARIANTS)}.')
   setups = model_setups(
-      args.model, variants, args.forms, args.dtype, args.batch_size,
-      args.input_length, args.target_length, args.mesh_model,
+      args.model, variants, mfu.form_names(args.forms), args.dtype,
+      args.batch_size, args.input_length, args.target_length, args.mesh_model,
       args.num_microbatches, args.eval_batch_size)
   return print_report(compile_report(args.topology, setups, args.output_json,
                                log=lambda s: print(s, flush=True)),

@@ -212,8 +212,8 @@ def match_params(loaded: Mapping[str, np.ndarray], abstract_params: PyTree,
                  path: str, allow_missing: bool = False
                  ) -> tuple[PyTree, list[str]]:
   """`restore_params` on arrays already read (`load_t5x_params`'s flat dict,
-  perhaps changed: task rows grown, task parameters replaced); `path` names
-  their checkpoint in errors."""
+  perhaps changed: new tasks' parameters added, task parameters replaced);
+  `path` names their checkpoint in errors."""
   wanted = traverse_util.flatten_dict(flax.core.unfreeze(abstract_params),
                                       sep='/')
   mismatched = [

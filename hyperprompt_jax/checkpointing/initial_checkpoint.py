@@ -1,9 +1,10 @@
 """The parameters a run starts from (INITIAL_CHECKPOINT_PATH): a t5x or
-built-in checkpoint's, read with orbax, its task rows grown to the run's
-task list and an exported task-parameter artifact placed on its backbone;
-how many task rows it trained, and the optimizer that trains only the new
-ones (TRAIN_ONLY_NEW_TASKS). Kept apart from the train step (`trainer`),
-which imports no checkpoint library."""
+built-in checkpoint's, read with orbax, with the parameters of the run's new
+tasks added (its task-indexed arrays grown to the run's task list) and an
+exported task-parameter artifact placed on its backbone; how many tasks it
+trained, and the optimizer that trains only the new tasks' parameters
+(TRAIN_ONLY_NEW_TASKS). Kept apart from the train step (`trainer`), which
+imports no checkpoint library."""
 
 from typing import Any, Optional, Sequence
 
@@ -12,6 +13,7 @@ import gin
 import jax
 import numpy as np
 
+import hyperprompt_jax
 from hyperprompt_jax import task_params
 from hyperprompt_jax.checkpointing import checkpoints
 from hyperprompt_jax.checkpointing import run_record
@@ -32,9 +34,9 @@ def params_from_t5x(
 
   A pretrained checkpoint gives the backbone; the task-conditioned
   parameters it lacks are freshly initialised. A trained multi-task
-  checkpoint gives its task parameters too; the rows of task ids it was
-  not trained on (appended ones, and unused ones) are set by `growth`'s
-  rule (`task_params.grow`). With
+  checkpoint gives its task parameters too; the parameters of task ids it
+  was not trained on (appended ones, and unused ones) are set by
+  `growth`'s rule (`task_params.grow`). With
   `task_params_path`, an exported artifact's task parameters replace the
   checkpoint's (`task_params.check` first).
 
@@ -43,14 +45,15 @@ def params_from_t5x(
       and their shardings).
     path: a `checkpoint_<step>` folder (either runner, either layout).
     task_params_path: a `task_params` artifact to place on its backbone.
-    growth: how new task rows start (default: the mean of the trained).
+    growth: how the new tasks' parameters start (default: the mean of the
+      trained tasks').
     task_list: the run's task list (`task_ids.run_task_list()`).
 
   Returns:
-    `(params, fresh, rows)`: the placed parameters, the '/'-paths freshly
-    initialised, and the number of task rows the checkpoint (or artifact)
-    was trained for (`trained_rows`; 0 for a checkpoint
-    without task parameters).
+    `(params, fresh, trained)`: the placed parameters, the '/'-paths freshly
+    initialised, and the number of tasks the checkpoint (or artifact) was
+    trained for (`trained_tasks`; 0 for a checkpoint without task
+    parameters).
 
   Raises:
     ValueError: a shape mismatch (naming the parameter), a missing
@@ -63,7 +66,7 @@ def params_from_t5x(
     task_params.check(header, trainer.model, task_list, loaded, path)
     loaded = {k: v for k, v in loaded.items()
               if not param_groups.is_task_conditioned(k)} | arrays
-  rows = trained_rows(trainer.model, path, task_params_path)
+  trained = trained_tasks(trainer.model, path, task_params_path)
   axes = task_params.task_axes(trainer.model)
   record = run_record.read(path)
   if record and axes and task_list and not task_params_path:
@@ -71,21 +74,21 @@ def params_from_t5x(
                                         task_list)
     if moved:
       raise task_params.TaskParamsError(
-          f'INITIAL_CHECKPOINT_PATH {path}: {moved}. Its task rows would be '
-          'read as other tasks\' rows: keep the trained tasks\' ids (append '
-          'new tasks after them; tasks.add_task does).')
+          f'INITIAL_CHECKPOINT_PATH {path}: {moved}. Its tasks\' parameters '
+          'would be read as other tasks\': keep the trained tasks\' ids '
+          '(append new tasks after them; tasks.add_task does).')
   abstract = traverse_util.flatten_dict(trainer.abstract_params, sep='/')
   growth = growth or task_params.Growth()
   # A fresh initialisation only where one is needed (parameters the
-  # checkpoint lacks, 'fresh' rows): loading a whole checkpoint then
+  # checkpoint lacks, 'fresh' new tasks): loading a whole checkpoint then
   # allocates the model once, not twice.
   fresh = None
-  model_rows = max((abstract[k].shape[a] for k, a in axes.items()),
-                   default=0)
-  if growth.rule == 'fresh' and rows < model_rows:
+  model_tasks = max((abstract[k].shape[a] for k, a in axes.items()),
+                    default=0)
+  if growth.rule == 'fresh' and trained < model_tasks:
     fresh = traverse_util.flatten_dict(trainer.fresh_params(), sep='/')
   loaded = task_params.grow(
-      loaded, abstract, axes, growth, rows, list(task_list),
+      loaded, abstract, axes, growth, trained, list(task_list),
       fresh=None if fresh is None else multihost.host_value(
           {k: fresh[k] for k in axes}))
   loaded, missing = checkpoints.match_params(
@@ -107,39 +110,53 @@ def params_from_t5x(
     value = flat_loaded.get(k)
     params[k] = fresh[k] if value is None else jax.device_put(
         np.asarray(value, v.dtype), shardings[k])
-  return traverse_util.unflatten_dict(params, sep='/'), missing, rows
+  return traverse_util.unflatten_dict(params, sep='/'), missing, trained
 
 
-def trained_rows(model: network.Transformer, checkpoint_path: str,
-                 artifact_path: Optional[str] = None) -> int:
-  """How many task rows of a starting point were trained: its task list's
+def trained_tasks(model: network.Transformer, checkpoint_path: str,
+                  artifact_path: Optional[str] = None) -> int:
+  """How many tasks of a starting point were trained: its task list's
   length (an artifact's header, a built-in checkpoint's run record), else
-  (t5x's checkpoints) every row it has, read from its metadata."""
+  (t5x's checkpoints) every task its task-indexed arrays hold, read from
+  its metadata."""
   if artifact_path:
     return len(task_params.read(artifact_path)[1]['task_list'])
   record = run_record.read(checkpoint_path)
   if record and record.get('task_list'):
     return len(record['task_list'])
   shapes = checkpoints.param_shapes(checkpoint_path)
-  rows = [shapes[k][a] for k, a in task_params.task_axes(model).items()
-          if k in shapes]
-  return max(rows, default=0)
+  tasks = [shapes[k][a] for k, a in task_params.task_axes(model).items()
+           if k in shapes]
+  return max(tasks, default=0)
+
+
+def only_new_task_params(optimizer,
+                         model: Optional[network.Transformer] = None,
+                         first_new_task: int = 0):
+  """`optimizer` on the parameters of tasks `first_new_task:` only (of
+  every task-indexed parameter, `optimizers.only_task_params`); for t5x's
+  gin (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin),
+  where `model` is the gin-configured network."""
+  if model is None:
+    model = gin.get_configurable(network.Transformer)()
+  if (isinstance(first_new_task, bool)
+      or not isinstance(first_new_task, int)
+      or not 0 <= first_new_task < model.config.num_tasks):
+    raise ValueError(
+        f'The first new task must be an integer in [0, NUM_TASKS='
+        f'{model.config.num_tasks}), got {first_new_task!r}: it is the '
+        'number of tasks the starting checkpoint was trained on.')
+  return optimizers.only_task_params(
+      optimizer, {k: (axis, first_new_task)
+                  for k, axis in task_params.task_axes(model).items()})
 
 
 def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
                        first_new_row: int = 0):
-  """`optimizer` on the rows `first_new_row:` of every task-indexed
-  parameter only (`optimizers.only_task_rows`); for t5x's gin
-  (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin), where
-  `model` is the gin-configured network."""
-  if model is None:
-    model = gin.get_configurable(network.Transformer)()
-  if isinstance(first_new_row, bool) or not isinstance(first_new_row, int) or (
-      not 0 <= first_new_row < model.config.num_tasks):
-    raise ValueError(
-        f'The first new task row must be an integer in [0, NUM_TASKS='
-        f'{model.config.num_tasks}), got {first_new_row!r}: it is the number '
-        'of tasks the starting checkpoint was trained on.')
-  return optimizers.only_task_rows(
-      optimizer, {k: (axis, first_new_row)
-                  for k, axis in task_params.task_axes(model).items()})
+  """Deprecated (goes in the next release): `only_new_task_params`, whose
+  `first_new_task` is this `first_new_row` (a user's gin file may bind
+  either; gin/t5x/add_task.gin binds the new)."""
+  hyperprompt_jax.warn_renamed(
+      'initial_checkpoint.only_new_task_rows(first_new_row=...) is now '
+      'initial_checkpoint.only_new_task_params(first_new_task=...)')
+  return only_new_task_params(optimizer, model, first_new_row)

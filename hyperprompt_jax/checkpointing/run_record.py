@@ -66,8 +66,8 @@ def make(model_config: Any, data: Mapping[str, Any], start_step: int,
          task_list: Sequence[str] = (),
          processes: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
   """The record saved with each checkpoint of a run started at
-  `start_step`; `task_list` is the run's (id order: which task rows were
-  trained, `task_params`); `processes` its data layout
+  `start_step`; `task_list` is the run's (id order: which tasks' parameters
+  were trained, `task_params`); `processes` its data layout
   (`multihost.DataLayout.record`)."""
   return {'version': VERSION, 'start_step': start_step,
           'model': network.model_settings(model_config), 'data': dict(data),
@@ -142,7 +142,7 @@ def task_list_change(saved: Sequence[str], now: Sequence[str]
                      ) -> Optional[str]:
   """How `now` (a run's task list) moves the ids of `saved` (a
   checkpoint's), or None: the saved tasks must keep their ids (be the first
-  entries of `now`; appended tasks are new rows)."""
+  entries of `now`; appended tasks are new tasks)."""
   for i, name in enumerate(saved):
     if i >= len(now) or now[i] != name:
       where = (f'id {list(now).index(name)}' if name in now
@@ -176,7 +176,7 @@ def check_checkpoint(checkpoint_path: str, model_config: Any,
                      ) -> None:
   """Refuses to read a checkpoint of the built-in runner as anything but
   what it was trained as: its run record's model settings and task ids
-  (a task's row read as another task's gives wrong predictions with no
+  (a task's parameters read as another task's give wrong predictions with no
   error). t5x's checkpoints record neither: nothing to compare.
 
   Args:

@@ -43,7 +43,7 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
   trainer = trainer_lib.Trainer(
       model, optimizers.make_optimizer(), partitioning.create_mesh(),
       {'inputs': 8, 'targets': 4}, seed=seed)
-  params, fresh, rows = initial_checkpoint.params_from_t5x(
+  params, fresh, trained = initial_checkpoint.params_from_t5x(
       trainer, checkpoint_path, task_params_path, growth, task_list)
   if fresh:
     raise ValueError(
@@ -51,12 +51,12 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
         f'({fresh[:3]} ...): give --task_params, or a checkpoint of this '
         'method.')
   checkpoints.save_t5x_params(jax.device_get(params), output_dir, step=0)
-  log.info('Wrote %s: the backbone of %s, the task parameters of %s, %d task '
-           'rows (%s trained%s).', target, checkpoint_path,
-           task_params_path or checkpoint_path, model.config.num_tasks, rows,
-           f', {model.config.num_tasks - rows} set by '
+  log.info('Wrote %s: the backbone of %s, the task parameters of %s, %d '
+           'tasks (%s trained%s).', target, checkpoint_path,
+           task_params_path or checkpoint_path, model.config.num_tasks,
+           trained, f', {model.config.num_tasks - trained} set by '
            f'{(growth or task_params.Growth()).rule!r}'
-           if rows < model.config.num_tasks else '')
+           if trained < model.config.num_tasks else '')
   return target
 
 

@@ -93,13 +93,13 @@ def _value(text: str, macros: dict, where: str) -> Any:
 
 
 def paper_task_file(variant_file: str) -> str:
-  """The task file of the first paper setup (gin/experiments/) that runs
+  """The task file of the first paper setup (gin/setups/) that runs
   `variant_file`: its task list sets the variant's T (HyperPrompt and the
   baselines: 8, one GLUE or SuperGLUE run; HyperGrid: 16, both)."""
-  experiments = os.path.join(paths.gin_dir(), 'experiments')
-  for name in sorted(os.listdir(experiments)):
-    with open(os.path.join(experiments, name)) as f:
+  setups = os.path.join(paths.gin_dir(), 'setups')
+  for name in sorted(os.listdir(setups)):
+    with open(os.path.join(setups, name)) as f:
       text = f.read()
     if f"include '{variant_file}'" in text:
       return re.search(r"include '(tasks/[^']+)'", text).group(1)
-  raise ValueError(f'No paper setup in {experiments} includes {variant_file}.')
+  raise ValueError(f'No paper setup in {setups} includes {variant_file}.')

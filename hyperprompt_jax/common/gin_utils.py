@@ -23,6 +23,7 @@ import zipfile
 
 import gin
 
+import hyperprompt_jax
 from hyperprompt_jax import paths
 
 
@@ -311,6 +312,8 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
     raise ValueError('No --gin_file given: pass a model gin file, e.g. '
                      '--gin_file=models/t5_1_1_small.gin.')
   files = [resolve_gin_file(f, search_paths) for f in gin_files]
+  for name in gin_files:
+    warn_if_renamed(name)
   try:
     gin.parse_config_files_and_bindings(files, [], finalize_config=False)
     _check_macros_exist(bindings)
@@ -369,6 +372,36 @@ def _string_hint(statement: str) -> str:
   name, value = match.groups()
   return (f' If it is a string, quote it for gin inside the shell\'s '
           f'quotes: --gin.{name}="\'{value}\'"')
+
+
+# Shipped gin folders renamed, old name -> new. The old folder keeps one
+# alias file per file for one release (each includes its new path), so a
+# run file or a recorded config that names the old path still parses.
+RENAMED_GIN_FOLDERS = {'experiments': 'setups'}
+
+
+def renamed_gin_file(name: str) -> Optional[str]:
+  """The new path (under the gin directory) of a gin file given by the
+  path of a renamed folder ('experiments/x.gin' -> 'setups/x.gin'), or
+  None."""
+  folder = os.path.basename(os.path.dirname(os.path.normpath(name)))
+  if folder not in RENAMED_GIN_FOLDERS:
+    return None
+  new = f'{RENAMED_GIN_FOLDERS[folder]}/{os.path.basename(name)}'
+  return new if os.path.isfile(os.path.join(paths.gin_dir(), new)) else None
+
+
+def warn_if_renamed(name: str) -> None:
+  """A DeprecationWarning, and a line on stderr, for a --gin_file of a
+  renamed folder, naming its new path (the old one still parses, through
+  its alias file)."""
+  new = renamed_gin_file(name)
+  if new is None:
+    return
+  old_folder = os.path.basename(os.path.dirname(os.path.normpath(name)))
+  hyperprompt_jax.warn_renamed(
+      f'--gin_file={name}: gin/{old_folder}/ is now '
+      f'gin/{new.split("/")[0]}/; give --gin_file={new}', stacklevel=3)
 
 
 def resolve_gin_file(name: str, search_paths: Sequence[str]) -> str:

@@ -322,7 +322,8 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
   for step, path in found:
     tick = time.time()
     error = None
-    # What its rows mean: refused on every process alike (one record).
+    # Whose parameters it holds: refused on every process alike (one
+    # record).
     run_record.check_checkpoint(path, predictor.model.config,
                                 task_ids.run_task_list())
     try:

@@ -14,7 +14,7 @@ average):
   (GLUE / SuperGLUE dev, T5 v1.0 Base):
   `{mtl,ptft,t5_paper,hypergrid_l,hypergrid_l2,hypergrid_lg}_glue_super_glue`.
 
-Setup names are the experiment files' (gin/experiments/) where one exists.
+Setup names are the setup files' (gin/setups/) where one exists.
 A task's score is the mean of its printed metrics, a benchmark's average the
 mean of its 8 task scores (the papers' rule, `tasks.scores`); the printed
 averages that this does not reproduce within rounding are listed, with the

@@ -1,14 +1,14 @@
 """What a run's gin config records, read back by the commands that read its
 checkpoints: the evaluation protocol and the model parallelism.
 
-A paper setup names its protocol in its experiment gin (HyperPrompt: each task
+A paper setup names its protocol in its setup file (HyperPrompt: each task
 at its best checkpoint; HyperGrid: one checkpoint, the best GLUE average;
 fine-tuned baselines: the last one) as the macros SELECTION and
 SELECTION_BENCHMARK. Both runners write the run's whole gin config beside its
 checkpoints as `MODEL_DIR/config.gin` (the built-in runner with its first
 checkpoint, t5x's `summarize_gin_config` at start), and t5x's eval writes its
 own into EVAL_OUTPUT_DIR, naming the run in CHECKPOINT_PATH. Evaluation reads
-the protocol there, so the user never repeats the experiment file, and says
+the protocol there, so the user never repeats the setup file, and says
 so when a protocol given explicitly differs from the run's. Likewise the
 run's MESH_MODEL (3B / 11B setups set it), which eval, infer, probe and
 leaderboard take where their gin leaves it None, so the order of their gin

@@ -98,15 +98,15 @@ def _eta(seconds: float) -> str:
   return f'{seconds // 3600}h{seconds // 60 % 60:02d}m{seconds % 60:02d}s'
 
 
-def _first_new_task_row(model, settings: run_settings.RunSettings) -> int:
-  """The first row TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
-  starting point was trained on (`initial_checkpoint.trained_rows`; read from
-  metadata, no array loaded)."""
-  first = initial_checkpoint.trained_rows(
+def _first_new_task(model, settings: run_settings.RunSettings) -> int:
+  """The first task TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
+  starting point was trained on (`initial_checkpoint.trained_tasks`; read
+  from metadata, no array loaded)."""
+  first = initial_checkpoint.trained_tasks(
       model, settings.initial_checkpoint_path, settings.task_params_path)
   if first >= model.config.num_tasks:
     raise ValueError(
-        f'TRAIN_ONLY_NEW_TASKS: the model has no new task rows (NUM_TASKS='
+        f'TRAIN_ONLY_NEW_TASKS: the model has no new tasks (NUM_TASKS='
         f'{model.config.num_tasks}, and {settings.initial_checkpoint_path} '
         f'has {first}); raise NUM_TASKS to the tasks of the run, new ones '
         'included.')
@@ -168,12 +168,12 @@ class _Run:
     evaluation: what evaluates during training (None: EVAL_PERIOD is None).
     mesh: the device mesh (MESH_DATA x MESH_MODEL).
     optimizer: `settings.optimizer`; with TRAIN_ONLY_NEW_TASKS, restricted
-      to the new task rows.
+      to the new tasks' parameters.
     balancing: MetaBalance's plan (None: the loss's gradient).
     num_microbatches: the parts each batch's gradient is taken in (1:
       whole batches).
-    first_new_row: with TRAIN_ONLY_NEW_TASKS, the first task row that
-      trains (the rows before it stay as loaded); else None.
+    first_new_task: with TRAIN_ONLY_NEW_TASKS, the first task whose
+      parameters train (the trained tasks' stay as loaded); else None.
   """
   settings: run_settings.RunSettings
   model: network.Transformer
@@ -182,7 +182,7 @@ class _Run:
   optimizer: Any
   balancing: Optional[metabalance.Plan]
   num_microbatches: int
-  first_new_row: Optional[int]
+  first_new_task: Optional[int]
 
 
 def _resolve(settings: run_settings.RunSettings,
@@ -211,13 +211,13 @@ def _resolve(settings: run_settings.RunSettings,
         f'of {data}, or a larger MESH_MODEL for fewer data shards.')
   num_microbatches = trainer_lib.check_num_microbatches(
       settings.num_microbatches, settings.batch_size // mesh.shape['data'])
-  optimizer, first_new_row = settings.optimizer, None
+  optimizer, first_new_task = settings.optimizer, None
   if settings.train_only_new_tasks:
-    first_new_row = _first_new_task_row(model, settings)
-    optimizer = initial_checkpoint.only_new_task_rows(optimizer, model,
-                                                      first_new_row)
+    first_new_task = _first_new_task(model, settings)
+    optimizer = initial_checkpoint.only_new_task_params(optimizer, model,
+                                                        first_new_task)
   return _Run(settings, model, evaluation, mesh, optimizer, balancing,
-              num_microbatches, first_new_row)
+              num_microbatches, first_new_task)
 
 
 def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
@@ -300,7 +300,8 @@ def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
       settings.mixture_or_task_name, settings.task_feature_lengths,
       settings.batch_size, settings.pack, settings.seed, rows.max_examples)
   # The optimizer state's shape depends on it: a resume must keep it.
-  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.first_new_row
+  # (The record's name for it, kept: older records keep checking.)
+  data['TRAIN_ONLY_NEW_TASKS_FROM_ROW'] = run.first_new_task
   # So is MetaBalance's (its moving averages, one per auxiliary).
   data['GRADIENT_BALANCING'] = run.balancing and run_record.balancing_record(
       dataclasses.asdict(run.balancing.settings))
@@ -349,10 +350,10 @@ def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
            f' with the task parameters of {settings.task_params_path}'
            if settings.task_params_path else '', len(fresh))
   if checkpoint_tasks and checkpoint_tasks < model.config.num_tasks:
-    log.info('Task rows %d to %d (new task ids) set by NEW_TASK_INIT=%r'
-             '%s.', checkpoint_tasks,
+    log.info('The parameters of tasks %d to %d (new task ids) set by '
+             'NEW_TASK_INIT=%r%s.', checkpoint_tasks,
              model.config.num_tasks - 1, settings.growth.rule,
-             '; only they train' if run.first_new_row is not None
+             '; only they train' if run.first_new_task is not None
              else '')
   return trainer.new_state(params), iter(dataset)
 

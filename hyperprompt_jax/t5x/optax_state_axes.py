@@ -1,5 +1,5 @@
 """t5x's partitioner taught the state of the project's optax optimizer
-(Adafactor's `FactoredState`, `TaskRowsState`): registered on import, which
+(Adafactor's `FactoredState`, `TaskParamsState`): registered on import, which
 `t5x_model` does, so every gin/t5x file has it."""
 
 import functools
@@ -55,10 +55,10 @@ def register_optax_partition_rules() -> None:
   # pylint: disable-next=protected-access
   rules = optimizers.OptaxStatePartitionRules._RULES
   rules.setdefault(optax.FactoredState, _factored_state_axes)
-  # Training only new task rows: the state is over slices of task-indexed
-  # parameters, which the project's rules replicate anyway.
-  rules.setdefault(hp_optimizers.TaskRowsState,
-                   lambda state, params_axes: hp_optimizers.TaskRowsState(
+  # Training only the new tasks' parameters: the state is over slices of
+  # task-indexed parameters, which the project's rules replicate anyway.
+  rules.setdefault(hp_optimizers.TaskParamsState,
+                   lambda state, params_axes: hp_optimizers.TaskParamsState(
                        jax.tree.map(lambda _: None, state.inner)))
 
 

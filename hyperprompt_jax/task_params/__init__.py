@@ -5,28 +5,29 @@ shared backbone. Here they are:
 
 - the task-conditioned parameters are those under a method's scope
   (`param_groups`); the *task-indexed* ones among them carry the logical axis
-  name 'tasks' (each method's AXIS_NAMES): one row per task id, on the axis
+  name 'tasks' (each method's AXIS_NAMES): one entry per task id (a task's
+  parameters are its entries of every task-indexed array), on the axis
   `task_axes` reads from the model's `params_axes` (not always the first:
   the adapters' is second);
 - an artifact (`export`) is one `.npz` file: every task-conditioned array,
   plus a JSON header with the methods, the model settings, the task list (id
-  order), the number of task rows, each array's task axis and a fingerprint
+  order), the number of tasks, each array's task axis and a fingerprint
   of the backbone the parameters were trained with. numpy's npz rather than
   an orbax checkpoint because it is one self-describing file of a few MB to
   ship, and rather than safetensors because that is not in the project's
   dependencies (an npz is a zip of `.npy` files, readable anywhere);
-- `grow` appends rows for new task ids (`NUM_TASKS` raised, the new tasks
-  appended to the run's list, `tasks.add_task`), by a rule
-  (`NEW_TASK_INIT`): 'mean' of the trained tasks' rows, 'copy' of a named
-  source task's row (`NEW_TASK_SOURCE`), or 'fresh' (the model's own
-  initialisation, as for a new model). Every existing row and the backbone
-  are kept as they are;
-- the runner reads how many rows a checkpoint trained and trains the new
-  rows alone (`checkpointing/initial_checkpoint.py`: `trained_rows`,
-  `only_new_task_rows`); this module reads no checkpoint and builds no
-  optimizer.
+- `grow` appends the parameters of new task ids (`NUM_TASKS` raised, the
+  new tasks appended to the run's list, `tasks.add_task`), by a rule
+  (`NEW_TASK_INIT`): 'mean' of the trained tasks' parameters, 'copy' of a
+  named source task's (`NEW_TASK_SOURCE`), or 'fresh' (the model's own
+  initialisation, as for a new model). Every trained task's parameters and
+  the backbone are kept as they are;
+- the runner reads how many tasks a checkpoint trained and trains the new
+  tasks' parameters alone (`checkpointing/initial_checkpoint.py`:
+  `trained_tasks`, `only_new_task_params`); this module reads no checkpoint
+  and builds no optimizer.
 
-Shapes: a task-indexed array has `T` rows on its task axis, e.g. HyperPrompt-
+Shapes: a task-indexed array has `T` entries on its task axis, e.g. HyperPrompt-
 Global's task embeddings `[T, t']`, prompts `[T, l, d]`, the Vanilla
 Adapter's `[layers, T, d, b]`.
 """
@@ -131,7 +132,7 @@ def make_header(model: network.Transformer, flat: Mapping[str, np.ndarray],
 
 def check_finite(arrays: Mapping[str, np.ndarray], where: str) -> None:
   """Raises TaskParamsError naming every array of `where` that holds NaN or
-  Inf: such rows would load silently and the run would later stop on a
+  Inf: such values would load silently and the run would later stop on a
   non-finite loss, blamed on the learning rate."""
   bad = [f'{k} ({int(np.size(v) - np.isfinite(v).sum())} of {np.size(v)} '
          'values)' for k, v in sorted(arrays.items())
@@ -222,7 +223,7 @@ def check(header: Mapping[str, Any], model: network.Transformer,
   if model.config.num_tasks < header['num_tasks']:
     problems.append(
         f"NUM_TASKS={model.config.num_tasks} is smaller than the artifact's "
-        f"{header['num_tasks']} task rows; set --gin.NUM_TASKS="
+        f"{header['num_tasks']} tasks; set --gin.NUM_TASKS="
         f"{header['num_tasks']} or more")
   for i, name in enumerate(header['task_list']):
     if i >= len(task_list) or task_list[i] != name:
@@ -249,11 +250,12 @@ def check(header: Mapping[str, Any], model: network.Transformer,
 
 @dataclasses.dataclass(frozen=True)
 class Growth:
-  """How rows for new task ids are initialised (`NEW_TASK_INIT`).
+  """How the parameters of new task ids are initialised (`NEW_TASK_INIT`).
 
-  rule: 'mean' (of the trained tasks' rows), 'copy' (of `source`'s row) or
-    'fresh' (the model's initialisation).
-  source: the task whose row 'copy' takes (a name of the run's task list).
+  rule: 'mean' (of the trained tasks' parameters), 'copy' (of `source`'s)
+    or 'fresh' (the model's initialisation).
+  source: the task whose parameters 'copy' takes (a name of the run's task
+    list).
   """
   rule: str = 'mean'
   source: Optional[str] = None
@@ -271,16 +273,16 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
          axes: Mapping[str, int], growth: Growth, trained: int,
          task_list: Sequence[str] = (),
          fresh: Optional[Mapping[str, np.ndarray]] = None) -> Flat:
-  """Gives every task-indexed array of `flat` the model's rows: the first
-  `trained` kept, the others (rows of ids never trained, and the rows
-  appended up to the model's T + k) set by `growth`'s rule.
+  """Gives every task-indexed array of `flat` the model's tasks: the first
+  `trained` tasks' parameters kept, the others' (ids never trained, and
+  those appended up to the model's T + k) set by `growth`'s rule.
 
   Args:
-    flat: checkpoint (or artifact) arrays by '/'-path, T rows each.
-    abstract: the model's parameters by path (shapes), T + k rows.
+    flat: checkpoint (or artifact) arrays by '/'-path, T tasks each.
+    abstract: the model's parameters by path (shapes), T + k tasks each.
     axes: `task_axes` of the model.
     growth: the rule.
-    trained: the rows that were trained (`trained_rows`; at most T).
+    trained: the tasks that were trained (`trained_tasks`; at most T).
     task_list: the run's task list: 'copy' finds its source there.
     fresh: the model's freshly initialised parameters ('fresh' only).
 
@@ -288,21 +290,21 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
     `flat` with the task-indexed arrays replaced.
 
   Raises:
-    TaskParamsError: a checkpoint with more task rows than the model,
+    TaskParamsError: a checkpoint with more tasks than the model,
       task-indexed arrays that disagree on T, or a 'copy' source that was
       not trained.
   """
-  rows = {k: np.shape(flat[k])[axes[k]] for k in axes if k in flat}
-  if not rows:
+  counts = {k: np.shape(flat[k])[axes[k]] for k in axes if k in flat}
+  if not counts:
     return dict(flat)
-  if len(set(rows.values())) > 1:
+  if len(set(counts.values())) > 1:
     raise TaskParamsError(f'The task-indexed arrays disagree on the number '
-                          f'of tasks: {rows}.')
-  old = next(iter(rows.values()))
-  new = abstract[next(iter(rows))].shape[axes[next(iter(rows))]]
+                          f'of tasks: {counts}.')
+  old = next(iter(counts.values()))
+  new = abstract[next(iter(counts))].shape[axes[next(iter(counts))]]
   if old > new:
     raise TaskParamsError(
-        f'The checkpoint has {old} task rows, the model {new}: set '
+        f'The checkpoint has {old} tasks, the model {new}: set '
         f'--gin.NUM_TASKS={old} or more (a model can grow, not shrink).')
   trained = min(trained, old)
   if trained == new:
@@ -313,9 +315,9 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
     if source is None or source >= trained:
       raise TaskParamsError(
           f'NEW_TASK_SOURCE={growth.source!r} is not a trained task: the '
-          f'trained rows are those of {list(task_list)[:trained]}.')
+          f'trained tasks are {list(task_list)[:trained]}.')
   if growth.rule == 'mean' and not trained:
-    raise TaskParamsError("NEW_TASK_INIT='mean' needs trained task rows; the "
+    raise TaskParamsError("NEW_TASK_INIT='mean' needs trained tasks; the "
                           "checkpoint has none: use 'fresh'.")
   if growth.rule == 'fresh' and fresh is None:
     raise ValueError("NEW_TASK_INIT='fresh' needs the model's fresh "
@@ -326,9 +328,9 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
       continue
     value = np.asarray(flat[path])
     if growth.rule == 'mean':
-      row = value.take(range(trained), axis).astype(np.float64).mean(
+      mean = value.take(range(trained), axis).astype(np.float64).mean(
           axis, keepdims=True)
-      added = np.repeat(row, new - trained, axis)
+      added = np.repeat(mean, new - trained, axis)
     elif growth.rule == 'copy':
       added = value.take([source] * (new - trained), axis)
     else:

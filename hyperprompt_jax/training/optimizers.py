@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import hyperprompt_jax
 from hyperprompt_jax.methods import param_groups
 
 BACKBONE = 'backbone'
@@ -262,57 +263,59 @@ def _per_group(value: Any, missing: Any, name: str,
   return out
 
 
-class TaskRowsState(NamedTuple):
-  """`only_task_rows`' state: `inner`'s, over the trainable slices only."""
+class TaskParamsState(NamedTuple):
+  """`only_task_params`' state: `inner`'s, over the trainable slices only."""
   inner: Any
 
 
-def only_task_rows(inner: optax.GradientTransformation,
-                   rows: Mapping[str, tuple[int, int]]
-                   ) -> optax.GradientTransformation:
-  """Trains only some rows of the task-indexed parameters; everything else
-  gets zero updates and no optimizer state.
+def only_task_params(inner: optax.GradientTransformation,
+                     tasks: Mapping[str, tuple[int, int]]
+                     ) -> optax.GradientTransformation:
+  """Trains only some tasks' parameters (slices of the task-indexed
+  arrays, along their task axis); everything else gets zero updates and
+  no optimizer state.
 
-  Adding a task to a trained model (`task_params`): the new tasks' rows
-  learn, the backbone, the shared hypernetworks and the old tasks' rows stay
-  bit-identical. optax's `masked` / `multi_transform` freeze whole arrays;
-  here the frozen part is a slice of one, so `inner` runs on the trainable
-  slices alone (its state, e.g. Adafactor's moments and its relative step's
-  RMS, is over those rows only).
+  Adding a task to a trained model (`task_params`): the new tasks'
+  parameters learn, the backbone, the shared hypernetworks and the trained
+  tasks' parameters stay bit-identical. optax's `masked` /
+  `multi_transform` freeze whole arrays; here the frozen part is a slice of
+  one, so `inner` runs on the trainable slices alone (its state, e.g.
+  Adafactor's moments and its relative step's RMS, is over those slices
+  only).
 
   Args:
     inner: the optimizer of the trainable slices (`make_optimizer`'s).
-    rows: `{'/'-path: (axis, first)}`: of the parameter at path, the rows
-      `first:` along `axis` train.
+    tasks: `{'/'-path: (axis, first)}`: of the task-indexed parameter at
+      path, the tasks `first:` along its task axis `axis` train.
   """
-  if not rows:
-    raise ValueError('only_task_rows needs at least one trainable slice: '
+  if not tasks:
+    raise ValueError('only_task_params needs at least one trainable slice: '
                      'the model has no task-indexed parameters to train.')
 
   def trainable(tree):
     flat = traverse_util.flatten_dict(flax.core.unfreeze(tree), sep='/')
-    missing = sorted(set(rows) - set(flat))
+    missing = sorted(set(tasks) - set(flat))
     if missing:
-      raise ValueError(f'only_task_rows: the parameters lack {missing}.')
+      raise ValueError(f'only_task_params: the parameters lack {missing}.')
     return traverse_util.unflatten_dict(
         {k: jax.lax.slice_in_dim(flat[k], first, None, axis=axis)
-         for k, (axis, first) in rows.items()}, sep='/')
+         for k, (axis, first) in tasks.items()}, sep='/')
 
   def init_fn(params):
-    return TaskRowsState(inner.init(trainable(params)))
+    return TaskParamsState(inner.init(trainable(params)))
 
   def update_fn(updates, state, params=None):
     sliced, inner_state = inner.update(
         trainable(updates), state.inner,
         None if params is None else trainable(params))
-    state = TaskRowsState(inner_state)
+    state = TaskParamsState(inner_state)
     sliced = traverse_util.flatten_dict(sliced, sep='/')
     flat = traverse_util.flatten_dict(flax.core.unfreeze(updates), sep='/')
     out = {}
     for path, grad in flat.items():
       zeros = jnp.zeros_like(grad)
-      if path in rows:
-        axis, first = rows[path]
+      if path in tasks:
+        axis, first = tasks[path]
         out[path] = jax.lax.dynamic_update_slice_in_dim(
             zeros, sliced[path].astype(grad.dtype), first, axis)
       else:
@@ -323,3 +326,12 @@ def only_task_rows(inner: optax.GradientTransformation,
     return out, state
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def only_task_rows(inner: optax.GradientTransformation,
+                   rows: Mapping[str, tuple[int, int]]
+                   ) -> optax.GradientTransformation:
+  """Deprecated (goes in the next release): `only_task_params`."""
+  hyperprompt_jax.warn_renamed(
+      'optimizers.only_task_rows is now optimizers.only_task_params')
+  return only_task_params(inner, rows)

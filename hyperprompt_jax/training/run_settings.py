@@ -43,13 +43,13 @@ class RunSettings:
     use_cached_tasks: read seqio's offline cache.
     task_params_path: a `task_params` artifact (export_task_params) placed
       on the backbone of `initial_checkpoint_path`.
-    new_task_init: how rows for task ids the initial checkpoint (or
-      artifact) lacks start: 'mean' of its trained tasks' rows, 'copy' of
-      `new_task_source`'s row, or 'fresh' (`task_params.grow`).
+    new_task_init: how the parameters of task ids the initial checkpoint
+      (or artifact) lacks start: 'mean' of its trained tasks', 'copy' of
+      `new_task_source`'s, or 'fresh' (`task_params.grow`).
     new_task_source: the task 'copy' copies.
-    train_only_new_tasks: train only those new rows (`optimizers.
-      only_task_rows`): the backbone, shared hypernetworks and the trained
-      tasks' rows stay bit-identical.
+    train_only_new_tasks: train only those new tasks' parameters
+      (`optimizers.only_task_params`): the backbone, shared hypernetworks
+      and the trained tasks' parameters stay bit-identical.
     restart_data_on_layout_change: resuming with the data cut into another
       number of shards (another process count or MESH_MODEL,
       `multihost.data_layout`) restores the parameters and optimizer state
@@ -182,7 +182,7 @@ class RunSettings:
       if value and not path:
         raise ValueError(
             f'{macro} needs INITIAL_CHECKPOINT_PATH: the checkpoint whose '
-            'backbone (and task rows) the run starts from.')
+            'backbone (and task parameters) the run starts from.')
     if self.task_params_path is not None and not isinstance(
         self.task_params_path, str):
       raise ValueError('TASK_PARAMS_PATH must be a quoted path or None, got '
