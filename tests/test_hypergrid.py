@@ -260,27 +260,27 @@ def test_bad_configuration_raises(hg, message):
 
 
 def test_the_old_packed_form_name_still_works_with_a_warning():
-  """'token_blocks' is 'partial_sums' ('task_blocks' is another
+  """'token_blocks' is 'blockwise' ('task_blocks' is another
   form): `HyperGridConfig.packed_form` takes the old name for one release,
   warning with the new, and computes what the new one does."""
-  assert 'partial_sums' in hypergrid.PACKED_FORMS
+  assert 'blockwise' in hypergrid.PACKED_FORMS
   assert 'token_blocks' not in hypergrid.PACKED_FORMS
   old = hypergrid.HyperGridConfig(packed_form='token_blocks')
   with pytest.warns(DeprecationWarning,
-                    match="'token_blocks' is now 'partial_sums'"):
+                    match="'token_blocks' is now 'blockwise'"):
     hypergrid.check_hypergrid_config(old, 64, 256)
-  with pytest.warns(DeprecationWarning, match="'partial_sums'"):
-    assert hypergrid.resolve_packed_form('token_blocks') == 'partial_sums'
+  with pytest.warns(DeprecationWarning, match="'blockwise'"):
+    assert hypergrid.resolve_packed_form('token_blocks') == 'blockwise'
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, 6, 8)).astype(np.float32)
   kernel = rng.normal(size=(8, 12)).astype(np.float32)
   grid = rng.uniform(size=(2, 2, 4, 6)).astype(np.float32)
   segments = np.array([[1, 1, 2, 2, 2, 0], [1, 2, 2, 2, 2, 2]], np.int32)
-  with pytest.warns(DeprecationWarning, match="'partial_sums'"):
+  with pytest.warns(DeprecationWarning, match="'blockwise'"):
     got = hypergrid.packed_gated_matmul(x, kernel, grid, segments,
                                         form='token_blocks')
   np.testing.assert_array_equal(got, hypergrid.packed_gated_matmul(
-      x, kernel, grid, segments, form='partial_sums'))
+      x, kernel, grid, segments, form='blockwise'))
 
 
 def test_bad_inputs_raise():

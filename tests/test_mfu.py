@@ -175,7 +175,7 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
 def test_forms_pick_the_runs():
   everything = list(mfu.VARIANTS)
   assert mfu.runs(['hypergrid_lg', 'adapter'], 'both') == [
-      ('mtl', 'auto'), ('hypergrid_lg', 'partial_sums'),
+      ('mtl', 'auto'), ('hypergrid_lg', 'blockwise'),
       ('hypergrid_lg', 'grouped'), ('adapter', 'written'),
       ('adapter', 'autodiff')]
   assert mfu.runs(everything, 'written,grouped') == [
@@ -185,16 +185,16 @@ def test_forms_pick_the_runs():
       ('prompt_tuning', 'auto')]
   assert {form for _, form in mfu.runs(everything, 'auto')} == {'auto'}
   # The TPU kernel only where named ('both': the CPU's and the plain form).
-  assert mfu.runs(['hypergrid_lg'], 'pallas,partial_sums') == [
-      ('mtl', 'auto'), ('hypergrid_lg', 'partial_sums'),
+  assert mfu.runs(['hypergrid_lg'], 'pallas,blockwise') == [
+      ('mtl', 'auto'), ('hypergrid_lg', 'blockwise'),
       ('hypergrid_lg', 'pallas')]
 
 
 def test_an_old_form_name_still_works_with_a_warning(capsys):
-  """HyperGrid's 'token_blocks' is 'partial_sums': --forms takes the
+  """HyperGrid's 'token_blocks' is 'blockwise': --forms takes the
   old name for one release, warning with the new."""
   with pytest.warns(DeprecationWarning,
-                    match="'token_blocks' is now 'partial_sums'"):
-    assert mfu.form_names('pallas,token_blocks') == 'pallas,partial_sums'
-  assert "'token_blocks' is now 'partial_sums'" in capsys.readouterr().err
+                    match="'token_blocks' is now 'blockwise'"):
+    assert mfu.form_names('pallas,token_blocks') == 'pallas,blockwise'
+  assert "'token_blocks' is now 'blockwise'" in capsys.readouterr().err
   assert mfu.form_names('both') == 'both'

@@ -564,7 +564,7 @@ def step(form, segments):
 with jax.set_mesh(mesh), nn_partitioning.axis_rules(
     partitioning.logical_axis_rules()):
   print('RESULT auto', hypergrid.resolve_packed_form('auto'))
-  for form in ('grouped', 'pallas', 'partial_sums'):
+  for form in ('grouped', 'pallas', 'blockwise'):
     print('RESULT', form, step(form, 31))
   print('RESULT grouped_128', step('grouped', 128))
 '''
@@ -586,8 +586,8 @@ def test_every_hypergrid_packed_form_compiles_for_a_tpu_slice(tmp_path,
                  if l.startswith('RESULT '))
   assert results.pop('auto') == 'pallas'
   refused = results.pop('grouped_128')
-  assert results == dict.fromkeys(('grouped', 'pallas', 'partial_sums'),
+  assert results == dict.fromkeys(('grouped', 'pallas', 'blockwise'),
                                   'compiles')
   assert ("packed_form='grouped' takes at most 127 segments a row on a TPU"
           in refused and 'MAX_SEGMENTS=128' in refused
-          and "'pallas' or 'partial_sums'" in refused), refused
+          and "'pallas' or 'blockwise'" in refused), refused

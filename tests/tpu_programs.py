@@ -89,7 +89,7 @@ MODELS = {
     # every variant in the default form (on TPU the kernel, 'pallas'), one
     # in the others.
     **{f'hypergrid_{v}': _hypergrid(v) for v in ('l', 'l2', 'lg', 'gl')},
-    'hypergrid_lg_partial_sums': _hypergrid('lg', 'partial_sums'),
+    'hypergrid_lg_blockwise': _hypergrid('lg', 'blockwise'),
     'hypergrid_lg_grouped': _hypergrid('lg', 'grouped'),
     'output_gating': _hypergrid('output_gating'),
     'adapter': dict(adapter=adapters.AdapterConfig(reduction=8)),

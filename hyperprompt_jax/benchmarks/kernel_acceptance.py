@@ -78,7 +78,7 @@ MIB = 2**20
 # that holds their packed form, and the XLA form they are checked against
 # (the exact one 'auto' picks off TPU).
 KERNEL_VARIANTS = {
-    'hypergrid_lg': ('hypergrid', 'partial_sums'),
+    'hypergrid_lg': ('hypergrid', 'blockwise'),
     'adapter': ('adapter', 'task_blocks'),
     'hyperformer_pp': ('hyperformer', 'task_blocks'),
 }
@@ -92,12 +92,12 @@ CHECKS = {
     # n ~ 10^4 terms a sum, with room): every parameter's gradient agrees.
     'float32': ('float32', 1e-4, 'worst', 1e-3),
     # The run's: each form rounds its own intermediates to bfloat16 (u =
-    # 2^-8; the kernel HyperGrid's gated weight once, 'partial_sums' the
+    # 2^-8; the kernel HyperGrid's gated weight once, 'blockwise' the
     # gated inputs), and a small gradient of cancelling terms (a bias
     # generator's) differs by several percent. At t5_1_1_tiny on CPU
     # (rows of 64 / 16): the kernels against the XLA forms, loss 3e-4 and
     # all gradients 1.3e-2 (HyperGrid), 1.2e-2 (HyperFormer++), 2e-4 (the
-    # adapter); two XLA forms alike (HyperGrid 'partial_sums' against
+    # adapter); two XLA forms alike (HyperGrid 'blockwise' against
     # 'grouped': 6e-4, 1.3e-2). The float32 check is the strict one.
     'bfloat16': (None, 2**-7, 'global', 2**-4),
 }

@@ -100,7 +100,7 @@ FORMS = {
     'hyperprompt_global': ('gradient_form', ('written', 'autodiff')),
     'adapter': ('gradient_form', ('written', 'autodiff')),
     'hyperformer_pp': ('gradient_form', ('written', 'autodiff')),
-    'hypergrid_lg': ('packed_form', ('partial_sums', 'grouped', 'pallas')),
+    'hypergrid_lg': ('packed_form', ('blockwise', 'grouped', 'pallas')),
 }
 TWO_FORMS = tuple(name for name, (field, _) in FORMS.items()
                   if field == 'gradient_form')

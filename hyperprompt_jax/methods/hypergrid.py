@@ -62,7 +62,7 @@ first token; the decoder's come from the segment's part of `encoded`.
 row at it, and a row over it is an error (`inputs.check_segments`, on the
 host; the compiled program checks traced ids). Each token then meets its own
 example's gated weight, by one of three exact forms (`packed_form`):
-- 'partial_sums': the blockwise route with each token's own gates (not
+- 'blockwise': the blockwise route with each token's own gates (not
   the 'task_blocks' of HyperPrompt and the adapters, which permute tokens
   into blocks of one task), `length * min(k_out d_in, k_in d_out)` values
   a row (32 x 1024 per token for T5.1.1-small's `wo`), recomputed in the
@@ -81,7 +81,7 @@ example's gated weight, by one of three exact forms (`packed_form`):
   (tests; slow).
 'auto' (`resolve_packed_form`) is 'pallas' where the model is compiled for
 a TPU, the form that moves the fewest bytes there (docs/performance.md, On
-a TPU slice); elsewhere 'partial_sums' (XLA:CPU has no grouped matmul, a
+a TPU slice); elsewhere 'blockwise' (XLA:CPU has no grouped matmul, a
 GPU runs no TPU kernel).
 The L variant and Output Gating gate elementwise: a per-token gate vector,
 no weight.
@@ -131,11 +131,11 @@ AXIS_NAMES = ('tasks', 'grid_rows', 'grid_cols')
 VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
                  'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
                  'variants/output_gating.gin')
-PACKED_FORMS = ('auto', 'partial_sums', 'grouped', 'pallas')
+PACKED_FORMS = ('auto', 'blockwise', 'grouped', 'pallas')
 # Packed forms renamed, old name -> new: the old name keeps working, with a
 # DeprecationWarning, for one release ('token_blocks' read too much like
 # 'task_blocks', another form).
-RENAMED_PACKED_FORMS = {'token_blocks': 'partial_sums'}
+RENAMED_PACKED_FORMS = {'token_blocks': 'blockwise'}
 
 
 @struct.dataclass
@@ -156,7 +156,7 @@ class HyperGridConfig:
   # examples per row (the packer closes a row at it; a row over it is an
   # error), and how each token meets its own example's gated weight.
   max_segments: int = 8         # MAX_SEGMENTS
-  packed_form: str = 'auto'  # 'auto' | 'partial_sums' | 'grouped' | 'pallas'
+  packed_form: str = 'auto'  # 'auto' | 'blockwise' | 'grouped' | 'pallas'
 
 
 def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
@@ -433,12 +433,12 @@ def renamed_packed_form(form: str) -> str:
 
 def resolve_packed_form(form: str) -> str:
   """'auto' -> 'pallas' where the model is compiled for a TPU, else
-  'partial_sums' (module docstring, "Packed rows"; docs/performance.md,
+  'blockwise' (module docstring, "Packed rows"; docs/performance.md,
   "On a TPU slice"); an old name -> its new one."""
   form = renamed_packed_form(form)
   if form != 'auto':
     return form
-  return 'pallas' if traced_mesh.target_platform() == 'tpu' else 'partial_sums'
+  return 'pallas' if traced_mesh.target_platform() == 'tpu' else 'blockwise'
 
 
 def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
@@ -455,7 +455,7 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
     segment_ids: `[batch, length]`, 1..S, 0 on padding; for 'grouped' each
       segment's tokens contiguous, in order, padding last (as packers make
       them; `inputs.check_segments`).
-    form: 'partial_sums', 'grouped', 'pallas' or 'auto'
+    form: 'blockwise', 'grouped', 'pallas' or 'auto'
       (`resolve_packed_form`).
     kernel_axes: the kernel's logical axes ('pallas' splits it as a mesh
       does).
@@ -478,15 +478,15 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
   if form == 'pallas':
     return segment_kernels.segment_gated_matmul(x, kernel, grid, segment_ids,
                                                  kernel_axes)
-  return _partial_sums_gated_matmul(x, kernel, grid, segment_ids)
+  return _per_token_blockwise_matmul(x, kernel, grid, segment_ids)
 
 
 # Recomputed in the backward pass (its inputs are the only residuals): the
 # per-token gated blocks are the largest activation of the layer.
 @jax.checkpoint
-def _partial_sums_gated_matmul(x: Array, kernel: Array, grid: Array,
-                               segment_ids: Array) -> Array:
-  """'partial_sums': each token's own gates on `gated_matmul`'s blockwise
+def _per_token_blockwise_matmul(x: Array, kernel: Array, grid: Array,
+                                segment_ids: Array) -> Array:
+  """'blockwise': each token's own gates on `gated_matmul`'s blockwise
   route (`[batch, length, k_in, k_out]` gates, the smaller intermediate's
   side). The FLOPs of one plain matmul, plus elementwise work of that
   intermediate's size: XLA:CPU's cheapest exact form."""
@@ -545,7 +545,7 @@ def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
         f'{MAX_RAGGED_GROUPS - 1} segments a row on a TPU (the TPU '
         f'compiler fails on a ragged matmul of some group counts over '
         f'{MAX_RAGGED_GROUPS}), got MAX_SEGMENTS={groups - 1}: lower '
-        "MAX_SEGMENTS or take packed_form='pallas' or 'partial_sums'.")
+        "MAX_SEGMENTS or take packed_form='pallas' or 'blockwise'.")
 
   def flat(x, weights, sizes):
     rows, length, d_in = x.shape

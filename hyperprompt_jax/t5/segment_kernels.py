@@ -5,7 +5,7 @@ weights.
 In a packed row every example needs its own weights: HyperGrid's
 `x_t ((1 + psi(grid[s])) ⊙ W)` for the tokens of segment s, an adapter's
 `x_t W[task_t]`. XLA does that exactly only by materialising a per-token
-intermediate (HyperGrid's 'partial_sums': 32 gated input copies a token at
+intermediate (HyperGrid's 'blockwise': 32 gated input copies a token at
 T5.1.1-Base, 4x MTL's bytes on TPU), per-example weights ('grouped'), or a
 permutation of the tokens into blocks of one task (`t5/task_blocks.py`, the
 adapters' bytes). These kernels keep the per-example weights on chip: for
@@ -52,7 +52,7 @@ once, as XLA's are. Two selections are exact on purpose (HIGHEST: the 0/1
 matrices that place gates and sum gradient blocks). The one difference is where
 HyperGrid rounds: the kernel makes the gated weight `(1 + grid) ⊙ W` in float32
 and rounds it to the MXU's dtype once (relative 2^-8 in bfloat16), where
-'grouped' rounds `1 + grid` and the product, and 'partial_sums' the gated
+'grouped' rounds `1 + grid` and the product, and 'blockwise' the gated
 inputs, each 2^-8 too; so an output of the kernel and of an XLA form differ by
 at most (3 * 2^-8 + 2 n 2^-24) sum_i |x_i w~_i| (n: the contracted values; w~:
 the exact gated weight). The adapters' kernels round nothing XLA's matmuls do
@@ -621,10 +621,10 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
                          out_specs=spec(batch, None, split_out),
                          check_vma=False)(x, kernel, grid, segment_ids)
 
-  def partial_sums(*args):
+  def blockwise(*args):
     return _segment_gated_matmul(*args)[None]
 
-  partial = jax.shard_map(partial_sums, mesh=mesh, in_specs=in_specs,
+  partial = jax.shard_map(blockwise, mesh=mesh, in_specs=in_specs,
                           out_specs=spec(split_in, batch, None, split_out),
                           check_vma=False)(x, kernel, grid, segment_ids)
   return partial.sum(axis=0, dtype=x.dtype)
