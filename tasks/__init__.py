@@ -1,9 +1,11 @@
-"""seqio tasks and mixtures of the project (installed as `hyperprompt_jax.tasks`).
+"""The project's seqio tasks and mixtures (installed as hyperprompt_jax.tasks).
 
 Importing this package registers T5's GLUE and SuperGLUE tasks, their
-proportional mixtures (and the joint one) and the offline `fixture_*` tasks; every example carries `task_ids` (int32
-scalar), a stable id from `task_ids.run_task_list`. Feed them to a model
-through `TaskIdsEncDecFeatureConverter`; add your own tasks with `add_task`.
+proportional mixtures (and the joint one) and the offline `fixture_*` tasks.
+Every example carries `task_ids` (int32 scalar), a stable id from
+`task_ids.run_task_list`. Feed them to a model through
+`TaskIdsEncDecFeatureConverter`; add your own tasks with `add_task`
+(docs/tasks.md).
 """
 
 from hyperprompt_jax.tasks import glue

@@ -1,12 +1,10 @@
-"""A small target task with helpers, for MetaBalance (docs/methods.md, MetaBalance).
+"""A small target task with helpers, for MetaBalance.
 
 `quickstart_rte_small`: the fixture RTE with only its first 40 training
-examples (its validation split whole), registered as an alias of `glue_rte`
-(RTE's id, score and metrics). The mixture `quickstart_rte_small_with_glue`
-trains it with the other 7 fixture GLUE tasks at proportional rates: 40 of
-its 2,840 training examples are the target's. The auxiliary-learning case
-of a small task trained with the rest of GLUE as help
-(runs/quickstart_metabalance.gin).
+examples, an alias of `glue_rte` (its id, score and metrics). The mixture
+`quickstart_rte_small_with_glue` trains it with the other 7 fixture GLUE
+tasks at proportional rates: a small task with the rest of GLUE as help
+(runs/quickstart_metabalance.gin; docs/methods.md, "MetaBalance").
 """
 
 import seqio
@@ -25,10 +23,12 @@ class _FirstTrainExamples(sources.FixtureDataSource):
   """A fixture whose train split is cut to its first `count` examples."""
 
   def __init__(self, count: int, *args, **kwargs):
+    """`count` train examples; the rest as `sources.FixtureDataSource`."""
     self._count = count
     super().__init__(*args, **kwargs)
 
   def _examples(self, split: str):
+    """The split's examples, train cut to `count`."""
     examples = super()._examples(split)
     return examples[:self._count] if split == 'train' else examples
 

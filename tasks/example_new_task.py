@@ -1,16 +1,14 @@
 """A task the quickstart never saw, registered the way users add theirs.
 
-`quickstart_reviews`: two-clause product reviews whose label is the verdict
-of the *second* clause ("the plot was dull , but in the end the cast was
-lovely ." -> positive). The words come from the fixtures' sentiment lists,
-so the quickstart's backbone knows them, but no fixture task asks for the
-second clause's verdict: half the examples' first clause says the
-opposite, so reading the first clause or a mixture of both scores near the
-majority class (50). Importing this module registers it with
-`tasks.add_task`, which appends its id after the run's tasks (16 for the
-quickstart's joint list: NUM_TASKS = 17), and the mixture
-`quickstart_with_reviews` (the quickstart's 16 tasks and this one) to
-evaluate old and new tasks together (runs/quickstart_add_task*.gin).
+`quickstart_reviews`: two-clause reviews labelled by the *second* clause's
+verdict ("the plot was dull , but in the end the cast was lovely ." ->
+positive). The quickstart's backbone knows the words (the fixtures'
+sentiment lists), but no fixture task asks for the second clause, and in
+half the examples the first says the opposite, so reading it scores near
+the majority class. Importing this module registers it with
+`tasks.add_task`, which gives it the id after the run's tasks, and the
+mixture `quickstart_with_reviews` of old and new tasks
+(runs/quickstart_add_task*.gin; docs/task_params.md).
 """
 
 import functools
@@ -34,8 +32,7 @@ SEED = 20261123
 
 
 def _review(rng: random.Random, label: int) -> dict:
-  """Two verdicts on two subjects; the second one is the label. Half the
-  reviews turn (the first verdict is the opposite), half do not."""
+  """Two verdicts on two subjects, the second the label; half turn."""
   second = rng.choice(fixture_data.POSITIVE if label
                       else fixture_data.NEGATIVE)
   turns = rng.random() < 0.5
@@ -57,7 +54,8 @@ def examples(split: str) -> list[dict]:
 
 def _dataset(split: str, shuffle_files: bool = False, seed=None
              ) -> tf.data.Dataset:
-  del shuffle_files, seed  # one small in-memory file per split
+  """The split as a dataset (one small in-memory file: nothing to shuffle)."""
+  del shuffle_files, seed
   rows = examples(split)
   return tf.data.Dataset.from_tensor_slices({
       'review': [r['review'] for r in rows],

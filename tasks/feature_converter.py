@@ -1,40 +1,28 @@
 """seqio's encoder-decoder feature converter, carrying task ids through.
 
 Unpacked (`pack=False`, evaluation and inference): `task_ids` is a seqio
-pass-through feature of rank 0 (int32 `[]` per example, `[batch]` once
-batched). Callers such as t5x's evaluator pass feature lengths without it,
-and trim / pad cannot slice a scalar, so the converter adds the key to the
-lengths for seqio's checks and keeps it away from trim / pad.
+pass-through feature of rank 0 (`[batch]` once batched). Callers such as
+t5x's evaluator give no length for it, and trim / pad cannot slice a
+scalar, so the converter adds it to the lengths for seqio's checks only.
 
-Packed (`pack=True`, training): a row holds several examples, possibly of
-different tasks, so the ids become per-token features packed with the
-tokens: `encoder_task_ids [input_length]` and `decoder_task_ids
-[target_length]`, each token carrying its example's task id (0 on padding,
-where the segment id is 0 too), beside seqio's segment ids and positions.
-seqio refuses pass-through features when packing, so the converter spreads
-the scalar id over each example's tokens before they are packed as ordinary
-features.
+Packed (`pack=True`, training): a row may hold examples of several tasks,
+so the ids become per-token features, `encoder_task_ids [input_length]`
+and `decoder_task_ids [target_length]` (0 on padding, as the segment id).
+seqio refuses pass-through features when packing, so the scalar id is
+spread over each example's tokens before packing. Rows are packed best-fit
+from a buffer of the next examples (`packing.best_fit_pack`), which fills
+rows better than seqio's stream-order packer (docs/performance.md,
+"Packing").
 
-Rows are packed best-fit from a buffer of the next examples
-(`packing.best_fit_pack`), not by seqio's packer, which fills one row at a
-time in stream order: ~93 % of a row's positions hold tokens at GLUE +
-SuperGLUE lengths instead of ~70 %.
+With `num_tasks`, every task id is checked on the host by a tf.data
+assertion, before an out-of-range gather could silently read another
+task's parameters; t5x builds its datasets through its model's converter, which
+binds `num_tasks` (`t5x_model.TaskIdsEncoderDecoderModel`).
 
-With `num_tasks` given, every example's task id is checked against `[0,
-num_tasks)` here, in the input pipeline on the host (a tf.data assertion):
-an id out of range stops the dataset's iterator with a message naming it,
-before the batch reaches a compiled step, where an out-of-range gather
-would silently read another task's parameters (or NaN). t5x builds every dataset
-of its train, eval and infer runs through its model's converter, which
-binds `num_tasks`, so its steps need no check of their own
-(`t5x_model.TaskIdsEncoderDecoderModel`).
-
-Prompt-Tuning's soft prompt takes `n` encoder positions per example. Unpacked
-the model prepends them to the row; packed, they must be counted by the
-packer, so `input_prompt_length=n` reserves them: each example's inputs get
-`n` placeholder tokens (`PROMPT_SLOT_TOKEN`) in front before packing, and the
-model puts the example's soft prompt in those slots (positions `0..n-1` of
-every segment).
+Prompt-Tuning's soft prompt takes `n` encoder positions per example, which
+packed rows must reserve (`input_prompt_length=n`): `n` placeholder tokens
+(`PROMPT_SLOT_TOKEN`) in front of each example's inputs, filled by the
+model (positions `0..n-1` of every segment).
 """
 
 from typing import Mapping, Optional
@@ -123,6 +111,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
 
   def __call__(self, ds: tf.data.Dataset,
                task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    """Converts `ds`, which must carry `task_ids`, to model features."""
     if TASK_IDS not in ds.element_spec:
       raise ValueError(
           f"The dataset has no '{TASK_IDS}' feature (it has "
@@ -143,10 +132,11 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
     return super().__call__(ds, lengths)
 
   def checks(self, num_tasks: int, max_examples: Optional[int]) -> bool:
-    """Whether every row this converter makes is known on the host to hold
-    task ids in `[0, num_tasks)` and, packed, at most `max_examples`
-    examples (None: any number): its ids are checked against a space no
-    larger, and its packer closes a row at the bound or earlier."""
+    """Whether this converter's rows are checked on the host already.
+
+    That is, task ids in `[0, num_tasks)` and, packed, at most
+    `max_examples` examples a row (None: any number).
+    """
     if self.num_tasks is None or self.num_tasks > num_tasks:
       return False
     return (max_examples is None or not self.pack or
@@ -169,6 +159,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
   def _convert_features(self, ds: tf.data.Dataset,
                         task_feature_lengths: Mapping[str, int]
                         ) -> tf.data.Dataset:
+    """seqio's conversion, task ids checked and, packed, spread per token."""
     lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
     if self.num_tasks is not None:
       ds = ds.map(self._check_task_id, num_parallel_calls=tf.data.AUTOTUNE)
@@ -199,6 +190,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
 
   def _pack_or_pad(self, ds: tf.data.Dataset,
                    packed_lengths: Mapping[str, int]) -> tf.data.Dataset:
+    """Packs best-fit (`packing.best_fit_pack`), or pads as seqio does."""
     if not self.pack:
       return super()._pack_or_pad(ds, packed_lengths)
     return packing.best_fit_pack(ds, packed_lengths, self._pack_buffer_size,
@@ -206,6 +198,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
 
   def _convert_example(self, features: Mapping[str, tf.Tensor]
                        ) -> Mapping[str, tf.Tensor]:
+    """seqio's model features, with the packed per-token task ids."""
     d = dict(super()._convert_example(features))
     if self.pack:
       for model_feature, feature in PACKED_TASK_IDS.items():
@@ -214,8 +207,7 @@ class TaskIdsEncDecFeatureConverter(seqio.EncDecFeatureConverter):
 
   def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]
                                 ) -> Mapping[str, int]:
-    """seqio's model lengths; `task_ids` maps to 0 (a scalar has none), the
-    packed per-token ids to their stream's length."""
+    """seqio's model lengths, with the task ids' (a scalar's: 0)."""
     lengths = {k: v for k, v in task_feature_lengths.items() if k != TASK_IDS}
     if not self.pack:
       return super().get_model_feature_lengths({**lengths, TASK_IDS: 0})

@@ -24,39 +24,40 @@ def sentencepiece_model_file(path: str = T5_SENTENCEPIECE_MODEL) -> str:
 
 
 class GinSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-  """`seqio.SentencePieceVocabulary` whose model file is read from gin when
-  the model is first loaded.
+  """`seqio.SentencePieceVocabulary` reading its model file's path from gin.
 
-  Tasks are registered at import, before gin is parsed, so the path cannot be
-  a constructor argument; seqio loads the model lazily, and we resolve the
-  path at that moment.
+  Tasks are registered at import, before gin is parsed, so the path is
+  resolved when seqio first loads the model, lazily.
   """
 
   def __init__(self, extra_ids: int = T5_EXTRA_IDS):
     super().__init__(T5_SENTENCEPIECE_MODEL, extra_ids=extra_ids)
 
   def _model_context(self):
+    """seqio's model loader, the path resolved first."""
     if not self._model:
       self._sentencepiece_model_file = sentencepiece_model_file()
     return super()._model_context()
 
   @property
   def sentencepiece_model_file(self) -> str:
+    """The model file: the loaded one's, else gin's."""
     if self._model:
       return self._sentencepiece_model_file
     return sentencepiece_model_file()
 
   def __getstate__(self):
-    # seqio compares vocabularies by their state (t5x's
-    # `verify_matching_vocabs` too): the state names the file the model is,
-    # or will be, read from, so that a loaded and an unloaded copy, or a
-    # plain `seqio.SentencePieceVocabulary` of the same file, compare equal.
+    """seqio's state, naming the model file the vocabulary reads."""
+    # seqio and t5x compare vocabularies by their state: naming the file
+    # makes a loaded and an unloaded copy, or a plain
+    # `seqio.SentencePieceVocabulary` of the same file, compare equal.
     state = super().__getstate__()
     state['_sentencepiece_model_file'] = self.sentencepiece_model_file
     return state
 
 
 def _features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
+  """'inputs' (optional) and 'targets' of `vocabulary`, with EOS."""
   return {
       'inputs': seqio.Feature(vocabulary=vocabulary, add_eos=True,
                               required=False),

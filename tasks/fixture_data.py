@@ -1,10 +1,10 @@
 """Learnable offline fixtures: examples made by rules from a seeded generator.
 
-Each GLUE and SuperGLUE task (and DPR) gets a few hundred short examples in its TFDS feature schema,
-labelled by a rule a small model can learn (sentiment from word lists,
-entailment from templates, similarity from word overlap, ...), with balanced
-classes, so a tiny model trained for minutes beats the majority class clearly
-and a bug in the pipeline shows as a score drop. The files in
+Each GLUE and SuperGLUE task (and DPR) gets a few hundred short examples in
+its TFDS feature schema, labelled by a rule a small model can learn
+(sentiment from word lists, entailment from templates, similarity from word
+overlap, ...), with balanced classes, so a tiny model beats the majority
+class clearly and a pipeline bug shows as a score drop. The files in
 `tasks/fixtures/` are this module's output; regenerate them with
 
     python -m hyperprompt_jax.tasks.fixture_data
@@ -48,17 +48,18 @@ SUBJECTS = ('film', 'story', 'script', 'cast', 'ending', 'music', 'plot')
 
 
 def _clause(rng, nouns=NOUNS):
+  """A random noun, adjective, verb and place."""
   return {'noun': rng.choice(nouns), 'adj': rng.choice(ADJECTIVES),
           'verb': rng.choice(VERBS), 'place': rng.choice(PLACES)}
 
 
 def _say(c) -> str:
+  """The clause as a sentence."""
   return f"the {c['adj']} {c['noun']} {c['verb']} in the {c['place']} ."
 
 
 def cola(rng, label):
-  """acceptable (1): determiner-adjective-noun-verb order; unacceptable (0):
-  the same words scrambled."""
+  """acceptable (1): a well-ordered clause; unacceptable (0): scrambled."""
   words = _say(_clause(rng)).split()
   if label == 0:
     body = words[:-1]
@@ -79,8 +80,7 @@ def sst2(rng, label):
 
 
 def mrpc(rng, label):
-  """equivalent (1): the same clause reordered; not_equivalent (0): the
-  reordered clause negated."""
+  """equivalent (1): the clause reordered; not_equivalent (0): also negated."""
   c = _clause(rng)
   s1 = _say(c)
   subject = 'no' if label == 0 else 'the'
@@ -102,8 +102,7 @@ def stsb(rng, _):
 
 
 def qqp(rng, label):
-  """duplicate (1): the same verb and object asked another way; not (0): a
-  question about why, not how."""
+  """duplicate (1): the question asked another way; not (0): why, not how."""
   verb, obj = rng.choice(VERBS)[:-1], rng.choice(OBJECTS)
   q1 = f'how do i {verb} {obj} ?'
   if label == 0:
@@ -153,8 +152,7 @@ def boolq(rng, label):
 
 
 def cb(rng, label):
-  """MNLI's rule with CB's label order: entailment (0), contradiction (1),
-  neutral (2)."""
+  """MNLI's rule in CB's label order: entailment, contradiction, neutral."""
   return mnli(rng, {0: 0, 1: 2, 2: 1}[label])
 
 
@@ -205,8 +203,7 @@ def multirc(rng, num_paragraphs):
 
 
 def record(rng, n):
-  """The highlight says which entity the query's adjective describes
-  (ReCoRD's '@placeholder' cloze)."""
+  """The highlight says which entity the query's adjective describes."""
   out = []
   for i in range(n):
     n1, n2 = rng.sample(ANIMALS, 2)
@@ -252,6 +249,7 @@ SUBJECT_ADJECTIVES = ('grateful', 'relieved', 'thankful')
 
 
 def _pronoun_sentence(rng):
+  """`(sentence, (subject, object), referent of 'he')`."""
   n1, n2 = rng.sample(NOUNS, 2)
   to_object = rng.random() < 0.5
   adj = rng.choice(OBJECT_ADJECTIVES if to_object else SUBJECT_ADJECTIVES)
@@ -300,6 +298,7 @@ RULES: dict[str, tuple[Callable, int]] = {
 
 
 def _split(rng, rule, num_classes, n, **kwargs) -> list[dict]:
+  """`n` examples of `rule`, classes balanced, shuffled."""
   out = []
   for idx in range(n):
     label = idx % num_classes if num_classes else None
@@ -353,8 +352,7 @@ def _unlabelled(examples: list[dict]) -> list[dict]:
 
 
 def _add_test_splits(data: dict, rng: random.Random) -> None:
-  """A `test` split for every task that has a validation one (MNLI: matched
-  and mismatched), for the test-server files (`leaderboard`)."""
+  """Adds unlabelled test splits, for the test-server files (`leaderboard`)."""
   for name, (rule, k) in RULES.items():
     if name == 'glue_mnli':
       data[name]['test_matched'] = _unlabelled(_split(rng, rule, k, TEST))
@@ -367,10 +365,12 @@ def _add_test_splits(data: dict, rng: random.Random) -> None:
 
 
 def to_jsonl(examples: list[dict]) -> str:
+  """One JSON line per example."""
   return ''.join(json.dumps(ex, sort_keys=True) + '\n' for ex in examples)
 
 
 def main() -> None:
+  """Writes the fixture files."""
   root = os.path.join(os.path.dirname(__file__), 'fixtures')
   for name, splits in generate().items():
     os.makedirs(os.path.join(root, name), exist_ok=True)

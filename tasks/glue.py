@@ -96,6 +96,7 @@ GLUE = (
 
 
 def register_all() -> None:
+  """Registers the GLUE tasks and their mixtures."""
   for spec in GLUE:
     registration.register_spec(spec)
   registration.add_mixture('glue_proportional',

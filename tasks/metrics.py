@@ -15,6 +15,7 @@ import sklearn.metrics
 
 
 def accuracy(targets, predictions):
+  """Accuracy, x100."""
   return {'accuracy': 100 * sklearn.metrics.accuracy_score(targets,
                                                            predictions)}
 
@@ -26,8 +27,7 @@ def matthews_corrcoef(targets, predictions):
 
 
 def f1_score_with_invalid(targets, predictions):
-  """Binary F1 x100; a prediction outside {0, 1} (unparseable text) counts
-  as wrong: it is replaced by the opposite of its target."""
+  """Binary F1 x100; a prediction outside {0, 1} counts as wrong."""
   targets = np.asarray(targets)
   predictions = np.array(predictions)
   invalid = (predictions != 0) & (predictions != 1)
@@ -36,18 +36,19 @@ def f1_score_with_invalid(targets, predictions):
 
 
 def pearson_corrcoef(targets, predictions):
+  """STS-B's Pearson correlation, x100."""
   return {'pearson_corrcoef':
               100 * scipy.stats.pearsonr(targets, predictions)[0]}
 
 
 def spearman_corrcoef(targets, predictions):
+  """STS-B's Spearman correlation, x100."""
   return {'spearman_corrcoef':
               100 * scipy.stats.spearmanr(targets, predictions)[0]}
 
 
 def mean_multiclass_f1(num_classes: int):
-  """Unweighted mean of the per-class F1 over `num_classes` classes, x100
-  (CB's metric), named `mean_<n>class_f1`."""
+  """CB's `mean_<n>class_f1`: the unweighted mean of per-class F1, x100."""
 
   def fn(targets, predictions):
     f1 = sklearn.metrics.fbeta_score(
@@ -59,14 +60,14 @@ def mean_multiclass_f1(num_classes: int):
 
 
 def _normalize_squad(text: str) -> str:
-  """The official SQuAD normalisation: lower case, no punctuation, no
-  articles, single spaces."""
+  """SQuAD's normalisation: lower case, no punctuation or articles."""
   text = ''.join('' if ch in string.punctuation else ch for ch in text.lower())
   text = re.sub(r'\b(a|an|the)\b', ' ', text)
   return ' '.join(text.split())
 
 
 def _token_f1(target: str, prediction: str) -> float:
+  """F1 of the two texts' token bags."""
   pred, targ = prediction.split(), target.split()
   same = sum((collections.Counter(pred) & collections.Counter(targ)).values())
   if same == 0:
@@ -76,8 +77,15 @@ def _token_f1(target: str, prediction: str) -> float:
 
 
 def squad(targets, predictions):
-  """SQuAD exact match and token F1 x100, each the max over a question's
-  answers. targets: list of lists of answers; predictions: strings."""
+  """SQuAD exact match and token F1 x100, each the best over the answers.
+
+  Args:
+    targets: each question's list of answers.
+    predictions: strings.
+
+  Returns:
+    `{'em': ..., 'f1': ...}`.
+  """
   targets = [[_normalize_squad(t) for t in answers] for answers in targets]
   predictions = [_normalize_squad(p) for p in predictions]
   if len(targets) != len(predictions):
@@ -95,8 +103,7 @@ def all_match(targets, predictions):
 
 
 def deduplicate_metric(metric_fn, group_key='group', value_key='value'):
-  """`metric_fn` on the first example of each group only (ReCoRD repeats an
-  example once per answer in its data; it is scored once)."""
+  """`metric_fn` on each group's first example (ReCoRD's, once per answer)."""
 
   def fn(targets, predictions):
     seen, targs, preds = set(), [], []
@@ -112,8 +119,7 @@ def deduplicate_metric(metric_fn, group_key='group', value_key='value'):
 
 
 def mean_group_metric(metric_fn, group_key='group', value_key='value'):
-  """The mean over groups of `metric_fn` on each group (MultiRC's exact
-  match per question)."""
+  """The mean of `metric_fn` over groups (MultiRC's per-question match)."""
 
   def fn(targets, predictions):
     groups = collections.defaultdict(lambda: ([], []))

@@ -1,42 +1,29 @@
 """Best-fit packing of examples into training rows, as a tf.data transform.
 
 seqio's packer (`seqio.utils.trim_and_pack_dataset`) fills one row at a
-time in stream order and closes it at the first example that does not fit.
-At GLUE + SuperGLUE lengths (512 / 32) a ~400-piece MultiRC or ReCoRD
-example then ends a row that is often half full, and rows come out ~70 %
-filled. `best_fit_pack` keeps a buffer of the next `buffer_size` examples
-and fills the open row from it; the row closes only when no buffered
-example fits it in every feature. Each step moves the example that leaves
-the least room: for each buffered example that fits, the room the row has
-left after it, alone or followed by the buffered example that then leaves
-the least (one step of lookahead), is the largest over features of weight
-* free positions / row length, and the example with the least wins (ties:
-the oldest). A new row opens with the example the same rule picks for an
-empty row. The weights count the feature the stream fills first and barely
-the others: each feature's demand (its mean example length so far over its
-row length) over the largest one's, to the sixth power. At 512 / 32 GLUE +
-SuperGLUE inputs bind (MultiRC, ReCoRD) and the fixture's byte-length
-targets do. The packer's first rule, the largest example that fits (by the
-sum over features of length / row length), weighed both alike: it spent
-rows on the feature that does not bind, and small examples waited in its
-buffer for up to ~2,000 examples. Rows are ~93 % filled at GLUE +
-SuperGLUE lengths, against ~90 % (docs/performance.md, Packing).
+time in stream order and closes it at the first example that does not fit,
+so at GLUE + SuperGLUE lengths a long MultiRC or ReCoRD example often ends
+a half-full row. `best_fit_pack` fills the open row from a buffer of the
+next `buffer_size` examples and closes it only when no buffered example
+fits in every feature. Each step moves the example that leaves the least
+room, with one step of lookahead (`_scores`); ties go to the oldest, and a
+new row opens with the example the same rule picks for an empty row. Room
+is weighed per feature (`_feature_weights`) so that the feature the stream
+fills first counts and the others barely: weighing them alike spent rows
+on the feature that does not bind and kept small examples waiting in the
+buffer. Rows fill better than seqio's (docs/performance.md, "Packing").
 
-The output is seqio's: every feature `k` of `feature_lengths`, trimmed to
-its length and packed, with `k_segment_ids` (1, 2, ... per example, 0 on
-padding) and `k_positions` (0, 1, ... within each example), int32
-`[length]`, the examples in the order they were moved in. Examples wait
-in the buffer until they fit, so rows take them out of stream order (as a
-shuffle buffer does); every example is packed once.
+The output is seqio's: every feature `k` of `feature_lengths`, trimmed and
+packed, with `k_segment_ids` (1, 2, ... per example, 0 on padding) and
+`k_positions` (0, 1, ... within each example), int32 `[length]`. Rows take
+examples out of stream order, as a shuffle buffer does; every example is
+packed once.
 
-It is a `tf.data.Dataset.scan` over the examples, so the packer is
-deterministic (the same stream gives the same rows) and its buffer and open
-row are part of the iterator's state: `tf.train.Checkpoint` saves and
-restores them with the iterator (the built-in runner's and t5x's dataset
-checkpoints), so a resumed run gets exactly the rows it would have got.
-
-seqio offers no packer to plug in, and no tf.data transform packs
-best-fit; this module is the one piece of packing the project writes.
+It is a `tf.data.Dataset.scan`, so the packer is deterministic and its
+buffer and open row are part of the iterator's state, which
+`tf.train.Checkpoint` saves with the iterator: a resumed run gets exactly
+the rows it would have got. seqio offers no packer to plug in, and no
+tf.data transform packs best-fit.
 """
 
 import dataclasses
@@ -47,9 +34,9 @@ import tensorflow as tf
 
 # Examples buffered for the best fit (docs/performance.md, Packing).
 BUFFER_SIZE = 16
-# How much the scarce feature outweighs the others (`_feature_weights`): the
-# compromise of a simulation over both benchmark distributions (lower fills
-# GLUE + SuperGLUE inputs more, higher the fixture's targets).
+# How much the scarce feature outweighs the others (`_feature_weights`): a
+# compromise between both benchmark distributions, found by simulation
+# (lower fills GLUE + SuperGLUE inputs more, higher the fixture's targets).
 SCARCITY_POWER = 6
 # The packer as run records name it (a run resumes only with the packer
 # whose state its iterator checkpoint holds).
@@ -65,11 +52,12 @@ def name(max_examples: Optional[int] = None) -> str:
 
 def _feature_weights(seen_lengths: tf.Tensor, seen: tf.Tensor,
                      lengths: list[int]) -> tf.Tensor:
-  """`[features]` float64: each feature's demand (its mean example length
-  over its row length) over the largest feature's, to SCARCITY_POWER. The
-  feature whose rows the stream fills first counts (1), the others barely
-  (GLUE + SuperGLUE at 512 / 32: inputs 1, targets ~0.25; the fixture's
-  byte lengths: targets 1, inputs ~0.05). All 0 before any example."""
+  """`[features]` float64 weights of the features' room in a row.
+
+  Each feature's demand (mean example length over row length) over the
+  largest one's, to SCARCITY_POWER: the feature the stream fills first
+  counts 1, the others barely. All 0 before any example.
+  """
   demand = (tf.cast(seen_lengths, tf.float64) / tf.cast(lengths, tf.float64)
             / tf.cast(tf.maximum(seen, 1), tf.float64))
   x = tf.math.divide_no_nan(demand, tf.reduce_max(demand))
@@ -81,11 +69,13 @@ def _feature_weights(seen_lengths: tf.Tensor, seen: tf.Tensor,
 
 def _scores(buffer_lengths: tf.Tensor, buffered: tf.Tensor, free: tf.Tensor,
             weights: tf.Tensor, lengths: list[int]) -> tf.Tensor:
-  """`[slots]` float64: minus the room the open row would have left (the
-  largest over features of weight * free positions / row length) after the
-  slot's example, or after it and the buffered example that then leaves
-  the least, whichever leaves less. Higher is better; only the slots whose
-  example fits the row are compared (the caller's `fits`)."""
+  """`[slots]` float64: minus the room the open row would have left.
+
+  Room is the largest over features of weight * free positions / row
+  length, after the slot's example alone or followed by the buffered
+  example that then leaves the least. Higher is better; the caller
+  compares only the slots that fit.
+  """
   scale = weights / tf.cast(lengths, tf.float64)
 
   def room(left):  # [..., features] int -> [...] float64
@@ -128,9 +118,10 @@ def _check_arguments(spec: Mapping[str, tf.TensorSpec],
 
 @dataclasses.dataclass(frozen=True)
 class _Packer:
-  """The scan of `best_fit_pack`: its static layout and its step, in
-  pieces. Its methods are TF ops and static Python: AutoGraph has nothing
-  to convert (and re-reads their source from disk to try).
+  """The scan of `best_fit_pack`: its static layout and its step.
+
+  Its methods are TF ops and static Python, so AutoGraph has nothing to
+  convert (and would re-read their source from disk to try).
 
   Attributes:
     keys: the packed features, sorted.
@@ -146,12 +137,15 @@ class _Packer:
   max_examples: Optional[int]
 
   def initial_state(self) -> dict[str, Any]:
-    """The empty buffer and open row: `buffer` `{k: [b, n_k]}`,
-    `buffer_lengths` `[b, features]`, `buffered` `[b]` bool, `row`,
-    `segment_ids`, `positions` `{k: [n_k]}`, `used` `[features]`, the open
-    row's `examples`; each slot's `arrival` index `[b]` (ties go to the
-    oldest), and the stream's examples (`seen`) and summed lengths
-    (`seen_lengths` `[features]`) so far (its demand)."""
+    """The empty buffer and open row.
+
+    Returns:
+      `buffer` `{k: [b, n_k]}`, `buffer_lengths` `[b, features]`,
+      `buffered` `[b]` bool, `row`, `segment_ids`, `positions`
+      `{k: [n_k]}`, `used` `[features]`, the open row's `examples`, each
+      slot's `arrival` `[b]` (for ties), and the stream's `seen` examples
+      and `seen_lengths` `[features]` (its demand).
+    """
     b, features = self.buffer_size, list(zip(self.keys, self.lengths,
                                              self.dtypes))
     return {
@@ -170,8 +164,10 @@ class _Packer:
 
   def _insert(self, state: dict, example: Mapping[str, tf.Tensor],
               insert: tf.Tensor) -> dict:
-    """`state` with the example in the first free slot where `insert` (one
-    is free: the buffer never holds more than b - 1 between steps)."""
+    """`state` with the example in the first free slot, where `insert`.
+
+    One is free: the buffer never holds more than b - 1 between steps.
+    """
     b = self.buffer_size
     slot = tf.argmin(tf.cast(state['buffered'], tf.int32),
                      output_type=tf.int32)
@@ -217,8 +213,7 @@ class _Packer:
     }
 
   def _chosen(self, state: dict, fits: tf.Tensor) -> tf.Tensor:
-    """The slot whose example moves: the best-scored that fits (`_scores`),
-    the oldest of a tie."""
+    """The slot whose example moves: the best-scored that fits, oldest first."""
     capacity = tf.constant(self.lengths, tf.int32)
     score = _scores(state['buffer_lengths'], state['buffered'],
                     capacity - state['used'],
@@ -231,8 +226,7 @@ class _Packer:
                               np.iinfo(np.int64).max), output_type=tf.int32)
 
   def _moved(self, state: dict, chosen: tf.Tensor, move: tf.Tensor) -> dict:
-    """`state` with the `chosen` slot's example appended to the open row
-    (where `move`) as its next segment."""
+    """`state` with the `chosen` example as the open row's next segment."""
     chosen_lengths = state['buffer_lengths'][chosen] * tf.cast(move, tf.int32)
     row, segment_ids, positions = (dict(state[part]) for part in (
         'row', 'segment_ids', 'positions'))
@@ -259,10 +253,12 @@ class _Packer:
 
   def step(self, state: dict, element: tuple[Mapping[str, tf.Tensor],
                                              tf.Tensor]):
-    """One scan step: the example (or a flush) into the buffer; once the
-    buffer is full (or flushing), one example moves into the row: the
-    best-scored that fits, else the row closes and the best-scored starts
-    the next. Returns `(state, (closed, the closed row))`."""
+    """One scan step; returns `(state, (closed, the closed row))`.
+
+    The example (or a flush) goes into the buffer; once it is full (or
+    flushing), the best-scored example that fits moves into the row, else
+    the row closes and the best-scored starts the next.
+    """
     example, is_flush = element
     state = self._insert(state, example, tf.logical_not(is_flush))
     count = tf.reduce_sum(tf.cast(state['buffered'], tf.int32))
@@ -313,6 +309,7 @@ def best_fit_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int],
 
   @tf.autograph.experimental.do_not_convert
   def trimmed(ex):
+    """The example trimmed to the row lengths, not a flush."""
     return ({k: ex[k][:n] for k, n in zip(keys, packer.lengths)},
             tf.constant(False))
 

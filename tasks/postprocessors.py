@@ -24,8 +24,7 @@ def string_label_to_class_id(string_label, label_classes: Sequence[str],
 
 
 def multirc(string_label, example=None, is_target=False) -> dict:
-  """{'value': class id of 'False' / 'True'}, plus the question id as
-  'group' on targets (the per-question exact match groups by it)."""
+  """{'value': 'False' / 'True' as 0 / 1}; targets add 'group', the question."""
   out = {'value': string_label_to_class_id(string_label,
                                            label_classes=('False', 'True'))}
   if is_target:
@@ -34,9 +33,10 @@ def multirc(string_label, example=None, is_target=False) -> dict:
 
 
 def record(answer, example=None, is_target=False) -> dict:
-  """Prediction: {'value': text}; target: {'value': all answers, 'group':
-  (passage id, query id)} (ReCoRD evaluates each query once, against all of
-  its answers)."""
+  """{'value': text}; a target's holds all answers, and 'group' its query.
+
+  ReCoRD evaluates each query once, against all of its answers.
+  """
   if is_target:
     return {
         'value': [_text(a) for a in example['answers']],
@@ -52,14 +52,17 @@ _DETERMINERS = frozenset((
 
 
 def _text(s) -> str:
+  """`s` as text (bytes decoded)."""
   return s.decode('utf-8') if isinstance(s, bytes) else str(s)
 
 
 def wsc_simple(prediction, example=None, is_target=False) -> int:
-  """WSC eval: 1 if the predicted referent names the example's candidate
-  (capitalisation and determiners ignored, either word set containing the
-  other, a possessive only matching a possessive), else 0; -1 for an empty
-  prediction. Targets are the example's label."""
+  """WSC: 1 if the predicted referent names the candidate, else 0.
+
+  Capitalisation and determiners are ignored, either word set may contain
+  the other, and a possessive matches only a possessive; an empty
+  prediction is -1. Targets are the example's label.
+  """
   if is_target:
     return example['label']
 

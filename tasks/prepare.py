@@ -73,16 +73,18 @@ def tfds_name_of(source: seqio.DataSource) -> Optional[str]:
 
 
 class _QuietMissingVariants(logging.Filter):
-  """Drops TFDS's warning that a dataset's folder lacks its files: the
-  listing says the dataset is missing."""
+  """Drops TFDS's warning on a dataset's missing files (the listing says so)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
+    """Whether to log `record`."""
     return not str(record.msg).startswith('Variant folder')
 
 
 def is_prepared(tfds_name: str, data_dir: Optional[str]) -> bool:
-  """Whether TFDS finds `tfds_name` prepared in `data_dir` (None: TFDS's
-  default); reads the directory only, no download source."""
+  """Whether `tfds_name` is prepared in `data_dir` (None: TFDS's default).
+
+  Reads the directory only, no download source.
+  """
   quiet = _QuietMissingVariants()
   logger = logging.getLogger('absl')
   logger.addFilter(quiet)
@@ -93,12 +95,11 @@ def is_prepared(tfds_name: str, data_dir: Optional[str]) -> bool:
 
 
 def can_reach(hosts: Sequence[str], timeout_s: float = 10.) -> bool:
-  """Whether any of `hosts` answers on HTTPS's port (True when there are
-  none to try).
+  """Whether any of `hosts` answers on HTTPS's port (True if none to try).
 
   Without network TFDS's downloader retries for minutes before it fails;
-  this fails in seconds. One answer is enough: which hosts a dataset needs
-  is TFDS's to find out.
+  this fails fast. One answer is enough: which hosts a dataset needs is
+  TFDS's to find out.
   """
   for host in hosts:
     try:
@@ -110,6 +111,7 @@ def can_reach(hosts: Sequence[str], timeout_s: float = 10.) -> bool:
 
 
 def _no_network_fix(try_gcs: bool) -> str:
+  """How to prepare a dataset without network, in words."""
   gcs = '' if try_gcs else (
       ", or pass --try_gcs to copy TFDS's prepared copy from GCS")
   return ('prepare it on a machine with network access '
@@ -121,10 +123,16 @@ def prepare(tfds_name: str, data_dir: Optional[str],
             try_gcs: bool = False) -> None:
   """Prepares `tfds_name` in `data_dir` with TFDS's own builder.
 
-  The builder downloads the dataset's sources (network needed); with
-  `try_gcs`, TFDS first copies its public prepared copy from GCS. A failure
-  is raised as a `PrepareError` naming the dataset and the ways
-  round a machine without network.
+  The builder downloads the dataset's sources (network needed).
+
+  Args:
+    tfds_name: 'name/config:version'.
+    data_dir: the TFDS data directory; None: TFDS's default.
+    try_gcs: first copy TFDS's public prepared copy from GCS.
+
+  Raises:
+    PrepareError: naming the dataset and the ways round a machine without
+      network.
   """
   builder = tfds.builder(tfds_name, data_dir=data_dir)
   # The hosts of the dataset's checksum file (every config's URLs).
@@ -151,6 +159,7 @@ def prepare(tfds_name: str, data_dir: Optional[str],
 
 
 def _run_flags(data_dir: Optional[str]) -> str:
+  """The flags that point the runs at `data_dir`, in words."""
   if data_dir is None:
     return 'The runs read TFDS\'s default directory: no flag needed.'
   return (f'Give the runs --gin.TFDS_DATA_DIR="\'{data_dir}\'" (t5x: '
@@ -159,9 +168,17 @@ def _run_flags(data_dir: Optional[str]) -> str:
 
 def run(mixture: str, data_dir: Optional[str], prepare_missing: bool = False,
         try_gcs: bool = False) -> int:
-  """Lists the state of the datasets `mixture` reads in `data_dir` (None:
-  TFDS's default) and returns 1 while any is missing; with
-  `prepare_missing`, prepares them (`prepare`) and returns 0."""
+  """Lists the state of the datasets `mixture` reads, preparing if asked.
+
+  Args:
+    mixture: a registered mixture or task.
+    data_dir: the TFDS data directory; None: TFDS's default.
+    prepare_missing: prepare the missing ones (`prepare`).
+    try_gcs: as `prepare`'s.
+
+  Returns:
+    The exit status: 1 while any is missing, else 0.
+  """
   shown_dir = data_dir or (
       f'{tfds.core.constants.get_default_data_dir()} (TFDS\'s default)')
   datasets = datasets_of(mixture)

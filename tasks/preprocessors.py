@@ -18,6 +18,7 @@ UNLABELED_TARGET = '<unk>'
 
 
 def _label_text(label: tf.Tensor, label_names: Sequence[str]) -> tf.Tensor:
+  """The label's name; UNLABELED_TARGET for -1."""
   return tf.cond(
       tf.equal(label, -1),
       lambda: tf.constant(UNLABELED_TARGET),
@@ -29,13 +30,21 @@ def glue(x, benchmark_name: str, label_names: Sequence[str],
          feature_names: Optional[Sequence[str]] = None, id_key: str = 'idx'):
   """A GLUE-style classification example -> T5's text pair.
 
-  inputs: "<benchmark> <key1>: <text1> <key2>: <text2>" with the text features
-  in `feature_names` order, or sorted by name when it is None (so MNLI reads
-  "mnli hypothesis: ... premise: ..."); targets: the label's name.
-
   Example (QQP): {'question1': 'a?', 'question2': 'b?', 'label': 1, 'idx': 3}
   -> {'inputs': 'qqp question1: a? question2: b?', 'targets': 'duplicate',
   'idx': 3}.
+
+  Args:
+    x: the TFDS example.
+    benchmark_name: the inputs' first word.
+    label_names: the targets, by label.
+    feature_names: the text features in order; None: sorted by name (so
+      MNLI reads "mnli hypothesis: ... premise: ...").
+    id_key: the example's id feature, kept as 'idx'.
+
+  Returns:
+    {'inputs': "<benchmark> <key1>: <text1> ...", 'targets': the label's
+    name, and the id}.
   """
   keys = feature_names or sorted(set(x) - {'label', 'idx'})
   parts = [benchmark_name]
@@ -136,10 +145,17 @@ def wsc_simple(dataset: tf.data.Dataset, label: str = 'wsc:',
   Example: {'text': 'Mitchell asked Tom if he could lend some money.',
   'span1_text': 'Tom', 'span2_text': 'he', 'span2_index': 4, ...} ->
   {'inputs': 'wsc: Mitchell asked Tom if *he* could lend some money.',
-  'targets': 'Tom', 'label': ..., 'idx': ...}. The target is the candidate
-  whether or not it is the referent: training keeps only correct ones
-  (`correct_referent_only=True`); evaluation asks whether the model names the
-  candidate (`postprocessors.wsc_simple`).
+  'targets': 'Tom', 'label': ..., 'idx': ...}.
+
+  Args:
+    dataset: TFDS's WSC examples.
+    label: the inputs' first word.
+    correct_referent_only: keep only examples whose candidate is the
+      referent (training); evaluation asks whether the model names the
+      candidate (`postprocessors.wsc_simple`).
+
+  Returns:
+    The text examples.
   """
 
   def convert(x):
@@ -158,11 +174,11 @@ def wsc_simple(dataset: tf.data.Dataset, label: str = 'wsc:',
 
 
 def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
-  """ReCoRD -> one example per answer (each answer in turn is the target;
-  '<unk>' when there is none), with all answers kept for evaluation.
+  """ReCoRD -> one example per answer, all answers kept for evaluation.
 
   inputs: "record query: <query> entities: <e1>, <e2> passage: <passage>",
-  the passage's "@highlight" lines joined into sentences.
+  the passage's "@highlight" lines joined into sentences; each answer in
+  turn is the target ('<unk>' when there is none).
   """
 
   def per_answer(x):

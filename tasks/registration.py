@@ -16,11 +16,9 @@ and so are a user's:
         metric_fns=[tasks.metrics.accuracy],
         mixtures={'glue_proportional': 10_000})
 
-`my_nli` gets the next task id in every run's task list (after the
-benchmark's tasks and earlier user tasks, so no existing id moves), its
-examples carry it, and it joins
-`glue_proportional` (re-registered with the extra task) at rate 10 000. A
-task that should share another task's id and score (a second training set
+`my_nli` gets the next task id in every run's task list (so no existing id
+moves), its examples carry it, and it joins `glue_proportional` at rate
+10 000. A task that shares another's id and score (a second training set
 for it) passes `alias_of='glue_rte'`.
 
 A rate is a positive number (T5's: the task's number of training examples)
@@ -63,11 +61,13 @@ class _DropNoSplitWarnings(logging.Filter):
   """Drops seqio's no-split warning for the tasks `names`, keeping them."""
 
   def __init__(self, names: set[str]):
+    """Drops the warnings of the tasks `names`."""
     super().__init__()
     self.names = names
     self.dropped = []
 
   def filter(self, record: logging.LogRecord) -> bool:
+    """Whether to log `record`; a dropped one's task is kept in `dropped`."""
     if (record.msg == _SEQIO_NO_SPLIT and record.args
         and record.args[0] in self.names):
       self.dropped.append(record.args[0])
@@ -84,13 +84,13 @@ class TaskIdsMixture(seqio.Mixture):
 
   def get_task_dataset(self, task: seqio.Task, output_feature_keys,
                        *args, **kwargs) -> tf.data.Dataset:
+    """seqio's task dataset, keeping `task_ids`."""
     return super().get_task_dataset(
         task, set(output_feature_keys) | {TASK_IDS}, *args, **kwargs)
 
   def get_dataset(self, *args, **kwargs) -> tf.data.Dataset:
-    # An evaluation-only task has no training split by design: seqio's
-    # warning for each of them becomes one INFO line. A task that trains
-    # (rate > 0) and lacks the split still warns.
+    """seqio's dataset; eval-only tasks' missing splits are logged once."""
+    # A task that trains (rate > 0) and lacks the split still warns.
     quiet = _DropNoSplitWarnings({
         name for name, rate in self.rate_per_task_name.items()
         if isinstance(rate, _EvalOnlyRate)})
@@ -139,14 +139,17 @@ def _task_ids_mixture(name: str) -> TaskIdsMixture:
 
 
 def _restore_mixtures(old: Mapping[str, seqio.Mixture]) -> None:
+  """Registers the mixtures `old` again, as they were."""
   for name, mixture in old.items():
     seqio.MixtureRegistry.remove(name)
     seqio.MixtureRegistry.add_provider(name, mixture)
 
 
 def _with_task_ids(name: str, preprocessors: Sequence[Callable]) -> list:
-  """Inserts the id preprocessor right after the cache placeholder (or last),
-  so cached data never holds ids."""
+  """`preprocessors` with the id's after the cache placeholder (or last).
+
+  So cached data never holds ids.
+  """
   preprocessors = list(preprocessors)
   at = len(preprocessors)
   for i, p in enumerate(preprocessors):
@@ -217,8 +220,17 @@ def add_task(
 def add_mixture(name: str,
                 tasks: Sequence[Union[str, tuple[str, Rate]]],
                 default_rate: Optional[Rate] = None) -> seqio.Mixture:
-  """Registers a `TaskIdsMixture` (arguments as `seqio.MixtureRegistry.add`);
-  every rate must be positive (or `EVAL_ONLY`, or a function of the Task)."""
+  """Registers a `TaskIdsMixture`, which keeps `task_ids`.
+
+  Args:
+    name: the mixture's name.
+    tasks: task names, or `(name, rate)`: each rate a positive number,
+      `EVAL_ONLY` or a function of the Task.
+    default_rate: the rate of tasks given without one.
+
+  Returns:
+    The registered mixture.
+  """
   tasks = list(tasks)
   for entry in tasks:
     if isinstance(entry, tuple):
@@ -231,13 +243,19 @@ def add_mixture(name: str,
 
 def _register_mixture(name: str, tasks: Sequence[Any],
                       default_rate: Optional[Rate] = None) -> seqio.Mixture:
+  """`seqio.MixtureRegistry.add` of a `TaskIdsMixture`, unchecked."""
   return seqio.MixtureRegistry.add(name, list(tasks), default_rate=default_rate,
                                    mixture_cls=TaskIdsMixture)
 
 
 def add_to_mixture(mixture: str, task: str, rate: Rate) -> seqio.Mixture:
-  """Re-registers mixture `mixture` with `task` added at `rate`; on a
-  failure the mixture is left as it was."""
+  """Re-registers `mixture` with `task` added at `rate`.
+
+  On a failure the mixture is left as it was.
+
+  Returns:
+    The new mixture.
+  """
   old = _task_ids_mixture(mixture)
   _check_rate(task, mixture, rate)
   # The other entries were checked when they were added.
@@ -283,10 +301,12 @@ class TaskSpec:
 
   @property
   def fixture_name(self) -> str:
+    """The fixture task's name."""
     return task_ids_lib.FIXTURE_PREFIX + self.name
 
 
 def _fixture_train_size(task: seqio.Task) -> float:
+  """The fixture's training examples."""
   return float(task.source.num_input_examples('train'))
 
 
@@ -307,11 +327,11 @@ def register_spec(spec: TaskSpec) -> None:
 
 
 def proportional_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
+  """T5's proportional rates of the TFDS tasks; `EVAL_ONLY` for rate 0."""
   return [(s.name, float(s.rate) if s.rate else EVAL_ONLY) for s in specs]
 
 
 def fixture_rates(specs: Sequence[TaskSpec]) -> list[tuple[str, Rate]]:
-  """Each fixture's own training-set size (read when the mixture is first
-  used); `EVAL_ONLY` for evaluation-only tasks."""
+  """Each fixture's training-set size as its rate; `EVAL_ONLY` for rate 0."""
   return [(s.fixture_name, _fixture_train_size if s.rate else EVAL_ONLY)
           for s in specs]

@@ -24,8 +24,7 @@ def task_score(metrics: Mapping[str, float]) -> float:
 
 
 def task_scores(results: Results) -> dict[str, float]:
-  """seqio results -> {canonical task: score}, merging tasks that share an id
-  (their scores are averaged)."""
+  """seqio results -> {canonical task: score}, tasks sharing an id averaged."""
   grouped: dict[str, list[float]] = {}
   for name, metrics in results.items():
     if not metrics:
@@ -36,8 +35,15 @@ def task_scores(results: Results) -> dict[str, float]:
 
 
 def benchmark_average(results: Results, benchmark: str = 'glue') -> float:
-  """The average of the benchmark's task scores ('glue', 'super_glue' or
-  'glue_super_glue'); every task of the benchmark must be in `results`."""
+  """The average of a benchmark's task scores.
+
+  Args:
+    results: seqio results holding every task of the benchmark.
+    benchmark: 'glue', 'super_glue' or 'glue_super_glue'.
+
+  Returns:
+    The mean of its task scores.
+  """
   if benchmark not in task_ids.BENCHMARKS:
     raise ValueError(f'benchmark={benchmark!r}; expected one of '
                      f'{sorted(task_ids.BENCHMARKS)}')
@@ -45,6 +51,7 @@ def benchmark_average(results: Results, benchmark: str = 'glue') -> float:
 
 
 def average(scores: Mapping[str, float], tasks: Sequence[str]) -> float:
+  """The mean score of `tasks`, each of which must have one."""
   missing = [t for t in tasks if t not in scores]
   if missing:
     raise ValueError(f'no score for {missing}; the average needs every task '

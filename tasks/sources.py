@@ -1,9 +1,9 @@
 """Data sources: prepared TFDS datasets (read-only) and the offline fixtures.
 
-`PreparedTfdsDataSource` never downloads: a real `tfds.load` without data
-retries the network for minutes, so a missing dataset fails at once with a
-message saying how to prepare it. Its data directory is resolved when the data
-is first read, so gin (parsed after tasks are registered) can set it:
+`PreparedTfdsDataSource` never downloads (`tfds.load` without data retries
+the network for long), so a missing dataset fails at once, saying how to
+prepare it. Its data directory is resolved when the data is first read, so
+gin (parsed after tasks are registered) can set it:
 
   1. seqio's override (t5x's `--tfds_data_dir` flag sets it);
   2. gin: `TFDS_DATA_DIR` (`hyperprompt_jax.tasks.sources.tfds_data_dir`);
@@ -33,14 +33,14 @@ def tfds_data_dir(data_dir: Optional[str] = None) -> Optional[str]:
 
 
 def resolve_tfds_data_dir() -> Optional[str]:
+  """seqio's override, else gin's TFDS data directory (None: TFDS's default)."""
   return seqio.utils._get_data_dir_override(None) or tfds_data_dir()  # pylint: disable=protected-access
 
 
 def check_prepared(tfds_name: str, data_dir: Optional[str]) -> None:
   """Raises FileNotFoundError unless `tfds_name` is prepared in `data_dir`.
 
-  Builds the TFDS builder (local: well under a second) without touching the
-  network.
+  Builds the TFDS builder only, which does not touch the network.
   """
   builder = tfds.builder(tfds_name, data_dir=data_dir)
   if builder.is_prepared():
@@ -72,6 +72,7 @@ class PreparedTfdsDataSource(seqio.TfdsDataSource):
 
   @property
   def tfds_dataset(self) -> seqio.utils.LazyTfdsLoader:
+    """The loader of the resolved data directory, checked prepared."""
     data_dir = resolve_tfds_data_dir()
     if data_dir not in self._loaders:
       check_prepared(self._tfds_name, data_dir)
@@ -102,6 +103,7 @@ def _columns(examples: list, schema: Mapping[str, Any]) -> dict:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """The JSON lines of `path`."""
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
@@ -128,12 +130,15 @@ class FixtureDataSource(seqio.DataSource):
 
   @property
   def supports_arbitrary_sharding(self) -> bool:
-    return True  # Examples are read in memory; any shard count works.
+    """True: examples are read in memory, so any shard count works."""
+    return True
 
   def list_shards(self, split: str) -> list[str]:
+    """The split's one file."""
     return [self._files[split]]
 
   def _examples(self, split: str) -> list[dict[str, Any]]:
+    """The split's examples."""
     path = self._files[split]
     if not os.path.exists(path):
       raise FileNotFoundError(
@@ -142,6 +147,7 @@ class FixtureDataSource(seqio.DataSource):
     return read_jsonl(path)
 
   def num_input_examples(self, split: str) -> int:
+    """The split's number of examples."""
     return len(self._examples(split))
 
   def get_dataset(self, split: str = 'train', shuffle: bool = True,

@@ -1,5 +1,7 @@
-"""SuperGLUE: T5's tasks (strings, postprocessors, metrics), on TFDS and
-fixtures, and the SuperGLUE and joint GLUE + SuperGLUE mixtures.
+"""SuperGLUE: T5's tasks on TFDS and fixtures, and the SuperGLUE mixtures.
+
+T5's strings, postprocessors and metrics; the mixtures are SuperGLUE's and
+the joint GLUE + SuperGLUE one.
 
 Registered names (each carries its `task_ids`):
 
@@ -44,6 +46,7 @@ def _spec(name: str, text: Callable, postprocess: Optional[Callable],
           splits: Mapping[str, str] = _SPLITS,
           fixture_splits: Mapping[str, str] = _FIXTURE_SPLITS,
           fixture: str = '') -> registration.TaskSpec:
+  """A SuperGLUE task's spec (`config`: its TFDS config, default `name`)."""
   config = config or name
   return registration.TaskSpec(
       name=f'super_glue_{name}',
@@ -71,6 +74,7 @@ def _classification(name: str, label_names: Sequence[str],
 
 
 def _strings(*names: str) -> dict:
+  """A schema of string features."""
   return {n: 'string' for n in names}
 
 
@@ -134,6 +138,7 @@ ALL = SUPER_GLUE + (DPR,)
 
 
 def register_all() -> None:
+  """Registers the SuperGLUE tasks, DPR and their mixtures."""
   for spec in ALL:
     registration.register_spec(spec)
   joint = glue.GLUE + ALL

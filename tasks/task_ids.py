@@ -69,10 +69,18 @@ def known_tasks() -> tuple[str, ...]:
 
 
 def append_task(name: str, alias_of: Optional[str] = None) -> None:
-  """Gives a user task the next id of every run's list (or makes it an alias).
+  """Gives a user task the next id of every run's list.
 
   Appending never moves an existing id. Re-appending a known name is a no-op,
   so a module that registers tasks can be imported twice.
+
+  Args:
+    name: the task's name.
+    alias_of: make `name` share this task's id instead.
+
+  Raises:
+    ValueError: an unknown `alias_of`, a name that is another task's alias,
+      or a `fixture_` name.
   """
   if alias_of is not None:
     target = canonical_task(alias_of)
@@ -101,6 +109,9 @@ def run_task_list(benchmark: str = 'glue',
     benchmark: 'glue', 'super_glue' or 'glue_super_glue'; the appended user
       tasks follow its tasks.
     tasks: an explicit ordered list instead (canonical names).
+
+  Returns:
+    The task names in id order.
   """
   if tasks is not None:
     names = tuple(canonical_task(t) for t in tasks)
@@ -114,7 +125,18 @@ def run_task_list(benchmark: str = 'glue',
 
 
 def task_id(name: str, task_list: Optional[Sequence[str]] = None) -> int:
-  """The id of task `name` (or of the task it is an alias of) in the run."""
+  """The id of task `name` (or of the task it is an alias of) in the run.
+
+  Args:
+    name: a task, alias or fixture name.
+    task_list: the ordered task list; None: `run_task_list()`.
+
+  Returns:
+    The task's position in the list.
+
+  Raises:
+    ValueError: the task is not in the list, with a hint.
+  """
   task_list = tuple(run_task_list() if task_list is None else task_list)
   canonical = canonical_task(name)
   if canonical in task_list:

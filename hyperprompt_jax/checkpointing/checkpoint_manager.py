@@ -1,25 +1,19 @@
 """The built-in runner's checkpoints: orbax, in `checkpoint_<step>` folders.
 
-Each checkpoint holds three items, written atomically together by orbax
-(into a temporary folder renamed when complete):
+Each checkpoint holds three items, written atomically together by orbax:
 
-  checkpoint_<step>/state/    the train state (step, params, optimizer state),
-                              orbax's standard PyTree layout
+  checkpoint_<step>/state/    the train state (step, params, optimizer state)
   checkpoint_<step>/dataset/  the tf.data iterator's position, one file per
-                              process (`tf.train.Checkpoint`); a process
-                              restores the file of a process that read the
-                              same data shard, so the process count may
-                              change while the data layout stays
-  checkpoint_<step>/run/      the record of the run that wrote it (JSON,
-                              `run_record`): model and data settings, gin
-                              config (absent in older checkpoints)
+                              process; a process restores that of a process
+                              that read the same data shard, so the process
+                              count may change
+  checkpoint_<step>/run/      the record of the run that wrote it
+                              (`run_record`; absent in older checkpoints)
 
-so a killed run resumes from its last complete checkpoint and, with the
-data's position restored, continues exactly as an uninterrupted run would.
-A newest checkpoint that cannot be read (a disk that filled up, a copy cut
-short) is moved to `MODEL_DIR/unreadable/` and the run resumes from the
-newest one that restores (`restore_newest`). Folders are named like t5x's,
-so one evaluator reads both runners' output.
+so a killed run resumes exactly from its last complete checkpoint. A newest
+checkpoint that cannot be read is moved to `MODEL_DIR/unreadable/` and the
+run resumes from the newest that restores (`restore_newest`). Folders are
+named like t5x's, so one evaluator reads both runners' output.
 """
 
 import dataclasses
@@ -56,18 +50,19 @@ class UnreadableCheckpointsError(ValueError):
 class DatasetIteratorHandler(ocp.CheckpointHandler):
   """Saves / restores a tf.data iterator with `tf.train.Checkpoint`.
 
-  orbax has no tf.data handler of its own (t5x writes the iterator beside its
-  checkpoint the same way); one file per process, since each reads a shard
-  of the data. A restore reads the file of `source_process`: a process of
+  orbax has none (t5x writes the iterator the same way). One file per
+  process, as each reads a shard; a restore reads the file of a process of
   the saving run that read the same shard (`run_record.data_source`).
   """
 
   def save(self, directory: epath.Path, args: 'DatasetIteratorSave'):
+    """Writes this process's iterator position."""
     tf.train.Checkpoint(iterator=args.iterator).write(
         iterator_prefix(directory, jax.process_index()))
 
   def restore(self, directory: epath.Path,
               args: 'DatasetIteratorRestore') -> Any:
+    """Moves the iterator to `args.source_process`'s saved position."""
     source = (jax.process_index() if args.source_process is None
               else args.source_process)
     tf.train.Checkpoint(iterator=args.iterator).read(
@@ -76,29 +71,38 @@ class DatasetIteratorHandler(ocp.CheckpointHandler):
 
 
 def iterator_prefix(directory: epath.Path, process: int) -> str:
-  """Where process `process` saves its data position in a checkpoint's
-  `dataset` item."""
+  """Where process `process` saves its data position in `dataset`."""
   return os.fspath(directory / f'process_{process}' / 'iterator')
 
 
 @ocp.args.register_with_handler(DatasetIteratorHandler, for_save=True)
 @dataclasses.dataclass
 class DatasetIteratorSave(ocp.args.CheckpointArgs):
+  """Saves `iterator`."""
   iterator: Any
 
 
 @ocp.args.register_with_handler(DatasetIteratorHandler, for_restore=True)
 @dataclasses.dataclass
 class DatasetIteratorRestore(ocp.args.CheckpointArgs):
+  """Restores `iterator` from `source_process`'s file (None: its own)."""
   iterator: Any
-  source_process: Optional[int] = None  # None: this process's own file
+  source_process: Optional[int] = None
 
 
 def make_manager(model_dir: str, save_period: int, keep: Optional[int],
                  keep_also: Optional[Any] = None) -> ocp.CheckpointManager:
-  """An orbax manager saving every `save_period` steps, keeping the newest
-  `keep` (None: all), asynchronously; `keep_also`, an orbax preservation
-  policy, keeps more beside them (KEEP_BEST_BY's best checkpoint)."""
+  """An orbax manager of the run's checkpoints, saving asynchronously.
+
+  Args:
+    model_dir: MODEL_DIR.
+    save_period: steps between checkpoints.
+    keep: the newest checkpoints kept; None: all.
+    keep_also: an orbax preservation policy keeping more (KEEP_BEST_BY's).
+
+  Returns:
+    The manager.
+  """
   options = ocp.CheckpointManagerOptions(
       save_interval_steps=save_period,
       step_prefix=PREFIX,
@@ -117,8 +121,11 @@ def make_manager(model_dir: str, save_period: int, keep: Optional[int],
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator,
          record: dict[str, Any], force: bool = False) -> bool:
-  """Saves if `step` is due (or `force`), with the run's `record`; returns
-  whether it saved."""
+  """Saves if `step` is due or `force`, with the run's `record`.
+
+  Returns:
+    Whether it saved.
+  """
   return manager.save(
       step,
       args=ocp.args.Composite(**{
@@ -131,8 +138,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, iterator,
 
 def read_record(manager: ocp.CheckpointManager, step: int
                 ) -> Optional[dict[str, Any]]:
-  """The run record saved with `step` (None for checkpoints older than
-  records)."""
+  """The run record saved with `step`; None in older checkpoints."""
   directory = manager.directory / f'{PREFIX}_{step}' / RUN
   if not directory.exists():
     return None
@@ -142,16 +148,14 @@ def read_record(manager: ocp.CheckpointManager, step: int
 
 def state_shapes(manager: ocp.CheckpointManager, step: int
                  ) -> dict[str, tuple[int, ...]]:
-  """`{'params/encoder/...': shape}` of the saved state, from its metadata
-  (no array is read)."""
+  """`{'params/encoder/...': shape}` of the saved state, from its metadata."""
   tree = manager.item_metadata(step)[STATE]
   return state_shapes_of(getattr(tree, 'tree', tree))
 
 
 def check_shapes(saved: dict[str, tuple[int, ...]], abstract_state: Any,
                  checkpoint: str) -> None:
-  """Raises ResumeMismatchError naming every array the model lacks, adds or
-  shapes differently from the checkpoint."""
+  """Raises ResumeMismatchError naming every array that does not match."""
   wanted = state_shapes_of(abstract_state)
   # Parameters first: the optimizer state only mirrors them.
   order = lambda k: (not k.startswith('params/'), k)  # pylint: disable=unnecessary-lambda-assignment
@@ -181,8 +185,7 @@ def check_shapes(saved: dict[str, tuple[int, ...]], abstract_state: Any,
 
 
 def state_shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
-  """`{'params/encoder/...': shape}` of a state of arrays or
-  `jax.ShapeDtypeStruct`s, keyed like `state_shapes`."""
+  """`{'params/encoder/...': shape}` of a state of arrays or shape structs."""
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {jax.tree_util.keystr(path, simple=True, separator='/'):
           tuple(v.shape) for path, v in flat}
@@ -190,9 +193,18 @@ def state_shapes_of(tree: Any) -> dict[str, tuple[int, ...]]:
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
             iterator, source_process: Optional[int] = None) -> Any:
-  """Restores `step`'s state (into `abstract_state`'s shapes and shardings)
-  and moves `iterator` to the position process `source_process` saved
-  (None: this process's; no iterator: the state only)."""
+  """Restores `step`'s state and, if given, `iterator`'s position.
+
+  Args:
+    manager: the run's manager.
+    step: the checkpoint's step.
+    abstract_state: the state's shapes and shardings.
+    iterator: the data iterator; None: the state only.
+    source_process: whose saved position to take; None: this process's.
+
+  Returns:
+    The state.
+  """
   items = {STATE: ocp.args.StandardRestore(abstract_state)}
   if iterator is not None:
     items[DATASET] = DatasetIteratorRestore(iterator, source_process)
@@ -201,6 +213,7 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any,
 
 def _has_iterator(manager: ocp.CheckpointManager, step: int,
                   process: int) -> bool:
+  """Whether `step` holds process `process`'s data position."""
   prefix = iterator_prefix(manager.directory / f'{PREFIX}_{step}' / DATASET,
                            process)
   return tf.io.gfile.exists(prefix + '.index')
@@ -211,8 +224,10 @@ class _FailedElsewhere(Exception):
 
 
 def _set_aside(manager: ocp.CheckpointManager, step: int) -> str:
-  """Moves `checkpoint_<step>` into `MODEL_DIR/unreadable/` (never deletes:
-  the user may want to inspect or repair it); returns where it went."""
+  """Moves `checkpoint_<step>` into `MODEL_DIR/unreadable/`; returns where.
+
+  Never deletes: the user may want to inspect or repair it.
+  """
   source = manager.directory / f'{PREFIX}_{step}'
   target_dir = manager.directory / UNREADABLE
   target_dir.mkdir(parents=True, exist_ok=True)
@@ -231,14 +246,10 @@ def restore_newest(
   """Restores the newest checkpoint that can be read, on every process.
 
   Newer checkpoints that fail to restore are moved to `MODEL_DIR/unreadable/`
-  (with a warning naming the error), so the run goes on from the one before
-  and later saves do not collide with them. A checkpoint of another
-  configuration is an error, not a fallback.
-
-  With several processes, each step is decided together: the list of
-  checkpoints is process 0's, and a checkpoint one process cannot read is
-  skipped by all, before any restores it or waits in orbax's restore for a
-  process that gave up.
+  with a warning, so later saves do not collide with them; a checkpoint of
+  another configuration is an error, not a fallback. Processes decide each
+  step together (process 0's list; one that a process cannot read is
+  skipped by all), so none waits in orbax's restore for one that gave up.
 
   Args:
     manager: the run's manager (`make_manager`).

@@ -21,9 +21,10 @@ _TASK_ID_SEGMENTS = {'encoder_task_ids': 'encoder_segment_ids',
 
 @dataclasses.dataclass(frozen=True)
 class RowFormat:
-  """How a run's rows hold its examples: decided once, from PACK and the
-  model (`of`), and handed to the data pipeline, the feature converter and
-  the batch checks, so none of them works it out again.
+  """How a run's rows hold its examples.
+
+  Decided once from PACK and the model (`of`) and handed to the data
+  pipeline, the feature converter and the batch checks.
 
   Attributes:
     packed: several examples per row, with segment ids, positions and
@@ -55,9 +56,8 @@ class RowFormat:
     return inputs.required_features(self.packed)
 
   def converter(self) -> Any:
-    """The seqio feature converter that makes these rows
-    (`TaskIdsEncDecFeatureConverter`; imported here, so that checking
-    batches needs no seqio or TensorFlow)."""
+    """The seqio feature converter that makes these rows."""
+    # Imported here: checking batches needs no seqio or TensorFlow.
     from hyperprompt_jax.tasks import feature_converter  # pylint: disable=g-import-not-at-top
     return feature_converter.TaskIdsEncDecFeatureConverter(
         pack=self.packed, input_prompt_length=self.input_prompt_length,

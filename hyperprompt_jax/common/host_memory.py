@@ -1,28 +1,19 @@
 """Host memory that a JAX program on the CPU allocates anew at every step.
 
-XLA's CPU runtime allocates each execution's buffers with `malloc` and
-frees them when the execution ends, gigabytes of temporaries a training
-step. glibc's `malloc`
-hands any block over 32 MB straight to the kernel (`mmap`) and returns it
-(`munmap`) on `free`, and gives back the top of its heap once more than
-128 kB of it is free, so every step touches its temporaries as fresh
-pages: millions of page faults a step, a third of the step's CPU time in
-the kernel (docs/operations.md has the measurement). The cost is the
-allocator's, not the model's: it grows with a step's temporaries and with
-what else the process holds, so it skews side-by-side timings, and a TPU or
-GPU runtime keeps its device memory.
+XLA's CPU runtime `malloc`s each execution's buffers and frees them when it
+ends. glibc's `malloc` hands large blocks to the kernel (`mmap`) and returns
+them on `free`, and trims the top of its heap, so every step faults its
+temporaries in as fresh pages, a cost of the allocator, not the model, that
+skews timings (docs/operations.md, "This machine").
 
-`reuse_freed_memory` sets two of glibc's `mallopt` parameters so that freed
-blocks stay with the process and the next step reuses them: no `mmap` for
-large blocks (they come from the heap) and no trimming of the heap. The
-process then keeps its peak allocation for its lifetime, as a TPU or GPU
-runtime keeps its device memory. `reuse_freed_memory_on_cpu` does this
-only where JAX computes on the CPU: a TPU or GPU host's own memory goes on
-the input pipeline and checkpoints, where returning it is worth more.
-
-Not an allocator of its own (jemalloc and tcmalloc keep freed memory too,
-but are not on every machine and must be preloaded before the process
-starts): `mallopt` is glibc's own switch, callable once the process runs.
+`reuse_freed_memory` sets two of glibc's `mallopt` parameters (no `mmap`
+for large blocks, no heap trimming) so the next step reuses freed blocks;
+the process keeps its peak allocation, as a TPU or GPU runtime keeps its
+device memory. `reuse_freed_memory_on_cpu` does this only where JAX
+computes on the CPU: an accelerator host's memory goes on the input
+pipeline and checkpoints, where returning it is worth more. `mallopt` is
+glibc's own switch, callable once the process runs, unlike jemalloc or
+tcmalloc, which must be preloaded.
 """
 
 import ctypes
@@ -56,10 +47,12 @@ def _chosen_by_environment() -> str:
 
 
 def reuse_freed_memory() -> bool:
-  """Lets glibc's `malloc` keep freed blocks for reuse (module docstring).
-  Returns whether it was set: False without glibc, or where the environment
-  sets the allocator (glibc's MALLOC_*_ variables or GLIBC_TUNABLES malloc
-  parameters, or LD_PRELOAD)."""
+  """Lets glibc's `malloc` keep freed blocks for reuse.
+
+  Returns:
+    Whether it was set: False without glibc, or where the environment sets
+    the allocator (glibc's MALLOC_*_ variables, GLIBC_TUNABLES, LD_PRELOAD).
+  """
   reason = _chosen_by_environment()
   if reason:
     log.info('Host memory: left to the environment (%s).', reason)
@@ -77,8 +70,10 @@ def reuse_freed_memory() -> bool:
 
 
 def reuse_freed_memory_on_cpu() -> bool:
-  """`reuse_freed_memory` if JAX computes on the CPU. Initialises JAX's
-  backends: call it after `jax.distributed.initialize`."""
+  """`reuse_freed_memory` if JAX computes on the CPU.
+
+  It initialises JAX's backends: call it after `jax.distributed.initialize`.
+  """
   if jax.default_backend() != 'cpu':
     return False
   return reuse_freed_memory()

@@ -1,12 +1,10 @@
 """The training input pipeline: seqio batches carrying `task_ids`, per host.
 
-Each host reads its shard of the mixture (`seqio.ShardInfo`; the shard comes
-from the mesh, `multihost.data_layout`: hosts holding the same rows of the
-batch read the same shard) and batches `batch_size / num_shards` examples;
-the runner assembles the global batch with
-`jax.make_array_from_process_local_data`. The tf.data iterator is
-checkpointable (`tf.train.Checkpoint`), so a resumed run continues where the
-data left off instead of replaying it (t5x's `save_dataset`).
+Each host reads its shard of the mixture (`multihost.data_layout`) and
+batches `batch_size / num_shards` examples; the runner assembles the global
+batch with `jax.make_array_from_process_local_data`. The tf.data iterator is
+checkpointable, so a resumed run continues where the data left off (t5x's
+`save_dataset`).
 """
 
 from typing import Mapping, Optional
@@ -34,8 +32,7 @@ def get_mixture_or_task(name: str) -> seqio.DatasetProviderBase:
 
 
 def _has_examples(task: seqio.Task, split: str) -> bool:
-  """Whether `task`'s source has any example in `split`: its recorded size
-  where the source knows it (TFDS), else the first example read."""
+  """Whether `task`'s source has any example in `split`."""
   try:
     size = task.source.num_input_examples(split)
   except Exception:  # pylint: disable=broad-except
@@ -47,6 +44,7 @@ def _has_examples(task: seqio.Task, split: str) -> bool:
 
 
 def _task_rates(mixture_or_task_name: str) -> list[tuple[seqio.Task, float]]:
+  """`(task, rate)` of each task of the mixture."""
   provider = get_mixture_or_task(mixture_or_task_name)
   if isinstance(provider, seqio.Mixture):
     return [(t, provider.get_rate(t)) for t in provider.tasks]
@@ -60,10 +58,11 @@ def sampled_tasks(mixture_or_task_name: str) -> list[str]:
 
 
 def check_samplable(mixture_or_task_name: str, split: str = 'train') -> None:
-  """Raises ValueError, naming the tasks, when the mixture has nothing to
-  sample: every task at rate 0 (`tasks.EVAL_ONLY`), or a task sampled at a
-  positive rate whose `split` is missing or empty (seqio would raise a bare
-  StopIteration at the first batch, after compiling)."""
+  """Raises ValueError, naming the tasks, if the mixture cannot be sampled.
+
+  That is, every task at rate 0, or a sampled task whose `split` is missing
+  or empty (seqio would raise a bare StopIteration after compiling).
+  """
   rates = _task_rates(mixture_or_task_name)
   sampled = [t for t, rate in rates if rate > 0]
   if not sampled:
@@ -92,10 +91,16 @@ def train_dataset(mixture_or_task_name: str,
   """This host's infinite, shuffled, batched training data.
 
   Args:
-    shard_index, num_shards: this host's shard of the data and how many
-      there are (`multihost.DataLayout`; default: one per process).
-    rows: the run's rows (`batches.RowFormat.of`): packed or not, and the
-      encoder positions reserved per packed example for Prompt-Tuning.
+    mixture_or_task_name: the registered seqio mixture or task.
+    task_feature_lengths: `{'inputs': length, 'targets': length}`.
+    batch_size: the global batch size.
+    seed: the shuffle seed.
+    split: the split.
+    rows: the run's rows (`batches.RowFormat.of`).
+    use_cached: read seqio's offline cache.
+    shard_index: this host's shard (`multihost.DataLayout`; default: one
+      per process).
+    num_shards: the number of shards.
 
   Returns:
     A tf.data.Dataset of dicts with `encoder_input_tokens`,
@@ -129,6 +134,7 @@ def train_dataset(mixture_or_task_name: str,
 
 
 def as_numpy(batch) -> dict[str, np.ndarray]:
+  """A batch of tensors as numpy arrays."""
   return {k: v.numpy() for k, v in batch.items()}
 
 

@@ -1,24 +1,17 @@
-"""Several JAX processes (a TPU pod, GPU hosts): starting, data layout, and
-agreeing before acting.
+"""Several JAX processes (a TPU pod, GPU hosts): start, data layout, agreeing.
 
-Every host runs the same command. This module holds what that needs and a
-single process does not:
+Every host runs the same command; this module holds what that needs:
 
-  - `initialize`: `jax.distributed.initialize` from the command line
-    (`--coordinator_address`, `--num_processes`, `--process_id`, or the
-    environment variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
-    JAX_PROCESS_ID), or from the cluster's own detection (`--multiprocess`:
-    TPU metadata, SLURM, Open MPI, k8s), with a heartbeat timeout that ends
-    every process soon after a peer is lost.
-  - `data_layout`: which shard of the data each process reads, from the
-    mesh (t5x's `get_data_layout` meaning): processes whose devices hold the
-    same rows of the batch read the same shard, so the model axis may span
-    processes and the global batch is always BATCH_SIZE rows.
-  - `all_true`, `broadcast_json`, `raise_everywhere`: decisions one process
-    makes (a lock, which checkpoint restores) taken by all at once, so no
-    process acts alone or waits forever for one that gave up.
-  - `host_value`: arrays as host numpy on every process, gathered across
-    processes where one process cannot address them all.
+  - `initialize`: `jax.distributed.initialize` from flags or environment
+    variables, or from the cluster's detection (`--multiprocess`), with a
+    heartbeat timeout that ends every process soon after a peer is lost.
+  - `data_layout`: which data shard each process reads (t5x's
+    `get_data_layout` meaning), so the model axis may span processes.
+  - `all_true`, `broadcast_json`, `raise_everywhere`: one process's
+    decisions taken by all at once, so none acts alone or waits forever.
+  - `host_value`: arrays as host numpy on every process.
+
+See docs/operations.md, "Multi-host".
 """
 
 import dataclasses
@@ -36,10 +29,9 @@ from hyperprompt_jax.common import host_memory
 log = logging.getLogger('hyperprompt_jax')
 
 # A process that sends no heartbeat for this long is lost, and JAX's
-# distributed service then ends every process (JAX's default is 100 s). A
-# killed process or a vanished host is noticed this way (on localhost, a
-# SIGKILLed peer was reported 29 s after the kill), so this is how long the
-# other hosts of a broken run wait before they exit.
+# distributed service then ends every process: how long the other hosts of
+# a broken run wait before they exit (below JAX's default; docs/operations.md,
+# "Faults and recovery").
 HEARTBEAT_TIMEOUT_S = 30
 
 ENV_COORDINATOR = 'JAX_COORDINATOR_ADDRESS'  # read by JAX itself too
@@ -48,6 +40,7 @@ ENV_PROCESS_ID = 'JAX_PROCESS_ID'
 
 
 def _env_int(name: str) -> Optional[int]:
+  """The integer environment variable `name`, or None if unset."""
   value = os.environ.get(name)
   if value in (None, ''):
     return None
@@ -64,10 +57,15 @@ def initialize(coordinator_address: Optional[str] = None,
                heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S) -> bool:
   """Joins the processes of a multi-host run, if this is one.
 
-  Explicit settings (arguments, else JAX_COORDINATOR_ADDRESS /
-  JAX_NUM_PROCESSES / JAX_PROCESS_ID) start `jax.distributed` with them;
-  `multiprocess` alone leaves them to JAX's cluster detection. Neither: a
-  single process, nothing to do.
+  Given neither settings nor `multiprocess`, a single process: nothing to do.
+
+  Args:
+    coordinator_address: else JAX_COORDINATOR_ADDRESS.
+    num_processes: else JAX_NUM_PROCESSES.
+    process_id: else JAX_PROCESS_ID.
+    multiprocess: leave what is not given to JAX's cluster detection (TPU
+      metadata, SLURM, Open MPI, k8s).
+    heartbeat_timeout_s: how long a silent process is waited for.
 
   Returns:
     Whether `jax.distributed` was initialised.
@@ -108,10 +106,12 @@ def initialize(coordinator_address: Optional[str] = None,
 
 
 def initialize_from_flags(args) -> bool:
-  """`initialize` from the flags of `gin_utils.add_distributed_flags`, then,
-  on the CPU, `host_memory.reuse_freed_memory`: every command that computes
-  starts here, and only once the processes have joined may JAX be asked
-  for its backend."""
+  """`initialize` from `gin_utils.add_distributed_flags`'s flags.
+
+  Then, on the CPU, `host_memory.reuse_freed_memory_on_cpu`. Every command
+  that computes starts here: JAX may be asked for its backend only once the
+  processes have joined.
+  """
   joined = initialize(args.coordinator_address, args.num_processes,
                       args.process_id, args.multiprocess,
                       args.heartbeat_timeout_seconds)
@@ -139,6 +139,7 @@ class DataLayout:
 
   @property
   def process_count(self) -> int:
+    """The number of processes."""
     return len(self.shard_of_process)
 
   def record(self) -> dict[str, Any]:
@@ -152,10 +153,16 @@ def data_layout(mesh: jax.sharding.Mesh, data_axis: str = 'data'
                 ) -> DataLayout:
   """The data layout of `mesh` (t5x's `get_data_layout` meaning).
 
-  The rows of a batch sharded along `data_axis` that a process's devices
-  hold are its rows; processes holding the same rows (the model axis spans
-  them) read the same shard, and each distinct set of rows is one shard,
-  numbered in row order.
+  The batch rows a process's devices hold along `data_axis` are its rows;
+  processes holding the same rows read the same shard, each distinct set of
+  rows being one shard, numbered in row order.
+
+  Args:
+    mesh: the device mesh.
+    data_axis: its data-parallel axis.
+
+  Returns:
+    This process's `DataLayout`.
 
   Raises:
     ValueError: processes hold overlapping but different rows, or unequal
@@ -214,9 +221,16 @@ E = TypeVar('E', bound=Exception)
 
 def raise_everywhere(fn: Callable[[], Any], error_type: type[E],
                      on_process_0_only: bool = True) -> None:
-  """Runs `fn` (on process 0 only, or on every process) and, if it raised
-  `error_type` anywhere, raises it on every process with the same message,
-  at once: no process goes on, or waits, alone."""
+  """Runs `fn`; if it raised `error_type` anywhere, raises it everywhere.
+
+  The same message, at once on every process, so none goes on or waits
+  alone.
+
+  Args:
+    fn: the check.
+    error_type: the exception to pass on.
+    on_process_0_only: run `fn` on process 0 only, else on every process.
+  """
   message = None
   if not on_process_0_only or jax.process_index() == 0:
     try:
@@ -264,9 +278,7 @@ def is_writer() -> bool:
 
 
 def host_value(tree: Any) -> Any:
-  """`tree`'s arrays as host numpy on every process: fetched where this
-  process addresses them all (or they are replicated), else gathered across
-  processes (`process_allgather`)."""
+  """`tree`'s arrays as host numpy on every process, gathered if need be."""
   def fetch(x):
     if not isinstance(x, jax.Array):
       return np.asarray(x)

@@ -1,11 +1,10 @@
 """Logical axis rules: how parameters and activations map onto a device mesh.
 
-Partitioning is data, as in t5x: every parameter and activation carries
-logical axis names (`embed`, `mlp`, `heads`, ...) and these rules map them to
-the mesh axes `('data', 'model')`. The rules are t5x's standard ones
-(`t5x.partitioning.standard_logical_axis_rules()` with default settings)
-plus the project's new names, replicated by default, so t5x's partitioner and
-the built-in runner shard the network identically.
+As in t5x, every parameter and activation carries logical axis names
+(`embed`, `mlp`, `heads`, ...) that these rules map to the mesh axes
+`('data', 'model')`: t5x's `standard_logical_axis_rules()` plus the
+methods' names, replicated, so t5x's partitioner and the built-in runner
+shard the network identically.
 """
 
 from typing import Optional, Sequence
@@ -47,14 +46,29 @@ TASK_CONDITIONING_RULES: AxisRules = tuple(
 
 
 def logical_axis_rules(additional_rules: AxisRules = ()) -> AxisRules:
-  """t5x's standard rules, the project's names, then `additional_rules`
-  (which take precedence, as in t5x)."""
+  """The project's logical axis rules.
+
+  Args:
+    additional_rules: rules that take precedence, as in t5x.
+
+  Returns:
+    `additional_rules`, t5x's standard rules, then the methods' names.
+  """
   return tuple(additional_rules) + T5X_STANDARD_RULES + TASK_CONDITIONING_RULES
 
 
 def parameter_shardings(params_axes, mesh: jax.sharding.Mesh,
                         rules: AxisRules | None = None):
-  """`NamedSharding` of every parameter from the init's `params_axes`."""
+  """The `NamedSharding` of every parameter.
+
+  Args:
+    params_axes: the init's `params_axes` collection.
+    mesh: the device mesh.
+    rules: logical axis rules; None: `logical_axis_rules()`.
+
+  Returns:
+    A tree of `NamedSharding`s shaped as the parameters.
+  """
   logical = flax.core.unfreeze(nn_partitioning.get_axis_names(params_axes))
   return nn.logical_to_mesh_sharding(logical, mesh,
                                      rules or logical_axis_rules())
@@ -63,13 +77,23 @@ def parameter_shardings(params_axes, mesh: jax.sharding.Mesh,
 def create_mesh(data: int = -1, model: int = 1,
                 devices: Optional[Sequence[jax.Device]] = None
                 ) -> jax.sharding.Mesh:
-  """A `('data', 'model')` mesh over `devices` (default: all; `data=-1`:
-  the rest).
+  """A `('data', 'model')` device mesh.
 
-  Axes are `Auto` (GSPMD propagation, as t5x's partitioner), not JAX's
-  explicit-sharding mode, which would demand an output sharding for every
-  product whose contracted dimension is sharded. `devices` may be a TPU
-  slice's from `jax.experimental.topologies`, to compile for it.
+  Axes are `Auto` (GSPMD propagation, as t5x's partitioner): JAX's explicit
+  mode would demand an output sharding for every product whose contracted
+  dimension is sharded. Each host's devices hold whole, contiguous rows.
+
+  Args:
+    data: data-parallel size; -1: the devices `model` leaves.
+    model: model-parallel size.
+    devices: the devices, default all; may be a TPU slice's from
+      `jax.experimental.topologies`, to compile for it.
+
+  Returns:
+    The mesh.
+
+  Raises:
+    ValueError: sizes that do not divide the devices.
   """
   n = jax.device_count() if devices is None else len(devices)
   if data == -1:
@@ -103,10 +127,11 @@ def create_mesh(data: int = -1, model: int = 1,
 
 def _torus_order(data: int, model: int,
                  devices: Optional[Sequence[jax.Device]]) -> np.ndarray:
-  """The devices as a `[data, model]` array in the slice's torus order
-  (`jax.make_mesh`'s), each 'model' group on neighbouring chips; where no
-  product of whole physical axes is `model` (8 on a v5p:4x4x4's 4 x 4 x
-  4), `make_mesh` refuses, and a physical axis is split between the two."""
+  """The devices as `[data, model]` in the torus order of `jax.make_mesh`.
+
+  Each 'model' group lies on neighbouring chips; where no product of whole
+  physical axes is `model`, a physical axis is split between the two.
+  """
   try:
     return jax.make_mesh((data, model), ('data', 'model'),
                          devices=devices).devices
@@ -116,8 +141,7 @@ def _torus_order(data: int, model: int,
 
 
 def _rows_by_host(mesh: jax.sharding.Mesh) -> bool:
-  """Whether every process's devices hold whole, contiguous rows of the
-  batch (`multihost.data_layout` takes the mesh)."""
+  """Whether every process's devices hold whole, contiguous batch rows."""
   try:
     multihost.data_layout(mesh)
   except ValueError:

@@ -1,6 +1,9 @@
-"""The attention probe (HyperPrompt, Sec. 4.6, Fig. 3): the attention mass
-and entropy over the hyper-prompts per layer, per checkpoint. Its command:
-`python -m hyperprompt_jax.probe`."""
+"""The attention probe (HyperPrompt, Sec. 4.6, Fig. 3).
+
+The attention mass and entropy over the hyper-prompts per layer, per
+checkpoint. The command is `python -m hyperprompt_jax.probe`
+(docs/evaluation.md, "The attention probe (HyperPrompt Fig. 3)").
+"""
 
 import argparse
 import json
@@ -65,9 +68,11 @@ def attention_statistics(weights: jax.Array, prompt_columns: int
 
 def prompt_columns(config: network.T5Config, stack: str, num_keys: int,
                    num_token_keys: int) -> int:
-  """How many leading key columns of `stack`'s attention are prompts: the
-  hyper-prompt prefix (keys beyond the tokens), and Prompt-Tuning's soft
-  positions where the encoder's states are the keys."""
+  """How many leading key columns of `stack`'s attention are prompts.
+
+  The hyper-prompt prefix (keys beyond the tokens), and Prompt-Tuning's soft
+  positions where the encoder's states are the keys.
+  """
   prefix = num_keys - num_token_keys
   if stack in ('encoder', 'cross'):
     prefix += prompt_tuning.prompt_length(config.prompt_tuning)
@@ -85,13 +90,17 @@ def has_prompts(config: network.T5Config, stack: str) -> bool:
 
 def make_probe_step(model: network.Transformer,
                     mesh: Optional[jax.sharding.Mesh] = None):
-  """`(params, batch) -> {stack: {statistic: [layers, tasks, heads] sums},
-  'counts': {stack: [tasks] real queries}}`, jitted.
+  """The jitted probe of one batch.
 
-  With a `mesh`, the numpy batch (the same on every process) is placed
-  along its 'data' axis, the parameters must be placed by their logical
-  axes (`partitioning.parameter_shardings`), and the sums come back
-  replicated, as host numpy on every process.
+  Args:
+    model: the network.
+    mesh: places the batch (the same on every process) along 'data'; the
+      parameters must be placed by `partitioning.parameter_shardings`, and
+      the sums come back as host numpy on every process.
+
+  Returns:
+    `(params, batch) -> {stack: {statistic: [layers, tasks, heads] sums},
+    'counts': {stack: [tasks] real queries}}`.
   """
   cfg = model.config
   n_prompt = prompt_tuning.prompt_length(cfg.prompt_tuning)
@@ -150,8 +159,7 @@ def make_probe_step(model: network.Transformer,
 
 def task_batches(task: seqio.Task, task_feature_lengths: Mapping[str, int],
                  split: str, num_examples: Optional[int], batch_size: int):
-  """The first `num_examples` of `split` as model feature batches; the last
-  one padded with empty rows (no real token: they count nowhere)."""
+  """`split`'s first examples as feature batches, the last padded empty."""
   _, features = inference.task_examples(task, task_feature_lengths, split,
                                    num_examples)
   for batch in features.padded_batch(batch_size).as_numpy_iterator():
@@ -165,8 +173,10 @@ def probe_checkpoint(model: network.Transformer, params: Any,
                      task_feature_lengths: Mapping[str, int], split: str,
                      num_examples: Optional[int], batch_size: int,
                      step_fn=None) -> dict:
-  """`{stack: {task: {statistic: [[per head] per layer]}}}` (means over
-  real queries; prompt_mass None where the stack has no prompts)."""
+  """`{stack: {task: {statistic: [[per head] per layer]}}}`, query means.
+
+  prompt_mass is None where the stack has no prompts.
+  """
   step_fn = step_fn or make_probe_step(model)
   totals = None
   for task in tasks:
@@ -198,10 +208,17 @@ def probe(
     job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     num_examples: Optional[int] = 100,
 ) -> dict[str, Any]:
-  """Probes every checkpoint of `job` on the first `num_examples` of each
-  task's split (None: all); writes and returns the summary (module
-  docstring). As several processes (one per host), each runs its rows of
-  every batch and gets every sum back; process 0 writes the files."""
+  """Probes every checkpoint of `job`; process 0 writes the files.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    job: the checkpoints, data, output directory and mesh.
+    num_examples: the first examples of each task's split; None: all.
+
+  Returns:
+    The summary written to probe.json (docs/evaluation.md, "The attention
+    probe (HyperPrompt Fig. 3)").
+  """
   found = checkpoints.find_checkpoints(job.checkpoint_path)
   model = checkpoint_job.checked_model(model, job, 'PROBE_OUTPUT_DIR')
   tasks = input_pipeline.eval_tasks(job.mixture_or_task_name, job.split)
@@ -242,8 +259,11 @@ def probe(
 
 
 def plot(summary: Mapping[str, Any], stack: str, output_dir: str) -> str:
-  """`probe_<stack>.png`: prompt mass (if any) and token entropy by layer
-  (the mean over heads), one line per task, a column per checkpoint."""
+  """Plots `probe_<stack>.png`; returns its path.
+
+  Prompt mass (if any) and entropies by layer (mean over heads), a line per
+  task, a column per checkpoint.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top

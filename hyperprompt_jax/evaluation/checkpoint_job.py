@@ -1,8 +1,6 @@
-"""What every command that reads checkpoints is given (eval, infer, probe,
-leaderboard): `CheckpointJob`, the checkpoint(s), the data, where the files
-go and the device mesh, one gin-configurable dataclass in the manner of
-t5x's `utils.DatasetConfig`; and the steps each of those commands takes
-before its own work."""
+"""What the commands that read checkpoints share (eval, infer, probe,
+leaderboard): `CheckpointJob`, a gin dataclass in the manner of t5x's
+`utils.DatasetConfig`, and their first steps."""
 
 import argparse
 import dataclasses
@@ -23,9 +21,10 @@ from hyperprompt_jax.tasks import task_ids
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointJob:
-  """One command's checkpoints, data, output and mesh (gin:
-  `checkpoint_job.CheckpointJob`, bound in gin/runs/{eval,infer,probe,
-  leaderboard}.gin with t5x's macro names).
+  """One command's checkpoints, data, output and mesh.
+
+  gin: `checkpoint_job.CheckpointJob`, bound in
+  gin/runs/{eval,infer,probe,leaderboard}.gin with t5x's macro names.
 
   Attributes:
     checkpoint_path: a `checkpoint_<step>` folder, a folder of them, or (eval
@@ -50,6 +49,7 @@ class CheckpointJob:
   mesh_model: Optional[int] = None
 
   def mesh(self) -> jax.sharding.Mesh:
+    """The job's ('data', 'model') device mesh."""
     return partitioning.create_mesh(self.mesh_data, self.model_parallelism())
 
   def model_parallelism(self) -> int:
@@ -68,10 +68,20 @@ class CheckpointJob:
 
 def checked_model(model: Optional[network.Transformer], job: CheckpointJob,
                   output_macro: str) -> network.Transformer:
-  """The network to run (`model`, or `network.Transformer` from gin), once
-  the job can start: its output directory is writable (process 0 writes;
-  every process raises alike, naming `output_macro`) and the network's
-  task-id space is the run's task list's."""
+  """The network to run, once the job is checked to be able to start.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    job: the job.
+    output_macro: the output directory's macro, for the message.
+
+  Returns:
+    The network.
+
+  Raises:
+    ValueError: on every process alike, for an output directory that is
+      not writable or a task-id space other than the run's task list's.
+  """
   model = model or gin.get_configurable(network.Transformer)()
   multihost.raise_everywhere(
       lambda: paths.check_writable_dir(job.output_dir, output_macro),
@@ -81,8 +91,7 @@ def checked_model(model: Optional[network.Transformer], job: CheckpointJob,
 
 
 def configure(args: argparse.Namespace, log: logging.Logger) -> None:
-  """A command's set-up from its parsed flags: `log` on stdout, the gin
-  files and bindings parsed, the processes joined."""
+  """Logs to stdout, parses the gin flags and joins the processes."""
   gin_utils.log_to_stdout(log)
   gin_utils.parse_gin_flags(args)
   multihost.initialize_from_flags(args)

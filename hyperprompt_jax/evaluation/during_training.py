@@ -1,27 +1,14 @@
-"""Evaluation during training (t5x's `eval_period`): the built-in runner
-decodes the validation sets of the run's tasks every EVAL_PERIOD steps and
-at the last step, with `eval`'s own predictor, seqio evaluator and scores,
-so a step's scores are the ones `python -m hyperprompt_jax.eval` writes for
-its checkpoint (with EVAL_EXAMPLES_PER_TASK = None: every example).
+"""Evaluation during training (t5x's `eval_period`).
 
-Written by process 0, in MODEL_DIR:
-
-  inference_eval/<task>-metrics.jsonl  seqio's metric lines, as t5x's train
-                                       writes them: `python -m
-                                       hyperprompt_jax.eval --metrics_dir=
-                                       MODEL_DIR` selects checkpoints (best
-                                       per task, best average) from them
-  eval_during_training.jsonl           one line per evaluation: {"step",
-                                       "examples_per_task", "task_scores",
-                                       "averages", "mean_score", "metrics",
-                                       "seconds", "best"}
-
-and the TensorBoard scalars `eval/<task>`, `eval/<benchmark>_average`,
-`eval/<task>/<metric>`. KEEP_BEST_BY names a task (`eval/<task>`) or an
-average (`glue_average`, `super_glue_average`, `glue_super_glue_average`,
-or `average`: the mean of every evaluated task, `eval`'s 'all'); the
-checkpoint with its highest score is kept beside the last KEEP_CHECKPOINTS
-(`KeepBest`).
+The built-in runner decodes the validation sets of the run's tasks every
+EVAL_PERIOD steps and at the last step with `eval`'s predictor, seqio
+evaluator and scores, so with every example a step's scores are those
+`python -m hyperprompt_jax.eval` writes for its checkpoint. Process 0
+writes seqio's `MODEL_DIR/inference_eval/<task>-metrics.jsonl` (as t5x's
+train does), `MODEL_DIR/eval_during_training.jsonl` (a line per evaluation)
+and TensorBoard scalars. The checkpoint that scores best by KEEP_BEST_BY is
+kept beside the last KEEP_CHECKPOINTS (`KeepBest`). Files and macros:
+docs/operations.md, "Evaluation during training".
 """
 
 import json
@@ -55,8 +42,7 @@ AVERAGE = 'average'  # every evaluated task's mean (eval's 'all')
 
 
 def average_names() -> dict[str, str]:
-  """KEEP_BEST_BY's averages: `{'glue_average': 'glue', ...,
-  'average': 'all'}`."""
+  """KEEP_BEST_BY's averages: `{'glue_average': 'glue', ...}`."""
   names = {f'{b}_average': b for b in task_ids.BENCHMARKS}
   names[AVERAGE] = 'all'
   return names
@@ -64,9 +50,10 @@ def average_names() -> dict[str, str]:
 
 def check_settings(eval_period, examples_per_task, keep_best_by,
                    batch_size) -> None:
-  """Raises ValueError, naming the macro and a fix, on a setting that
-  evaluation during training cannot use (KEEP_BEST_BY's name is checked
-  against the run's tasks by `check_tasks`)."""
+  """Raises ValueError, naming the macro and a fix, on an unusable setting.
+
+  KEEP_BEST_BY's name is checked against the run's tasks by `check_tasks`.
+  """
   # Correlation metrics (STS-B's Pearson, Spearman) need two examples.
   for macro, value, minimum in (('EVAL_PERIOD', eval_period, 1),
                                 ('EVAL_EXAMPLES_PER_TASK', examples_per_task,
@@ -108,8 +95,7 @@ def _best_score(summary: Mapping[str, Any], keep_best_by: str
 
 def check_tasks(mixture_or_task_name: str,
                 keep_best_by: Optional[str]) -> None:
-  """Raises ValueError if the mixture has nothing to evaluate, or if
-  KEEP_BEST_BY names neither one of its tasks nor an average it has."""
+  """Raises ValueError on nothing to evaluate, or KEEP_BEST_BY unscored."""
   tasks = input_pipeline.eval_tasks(mixture_or_task_name, SPLIT)
   if keep_best_by is None:
     return
@@ -125,20 +111,20 @@ def check_tasks(mixture_or_task_name: str,
 
 
 class KeepBest(checkpoint_managers.PreservationPolicy):
-  """orbax preservation: keeps the checkpoint of `best_step()` (None: none
-  yet), whatever the other policies delete."""
+  """orbax preservation policy keeping the checkpoint of `best_step()`."""
 
   def __init__(self, best_step):
     self._best_step = best_step
 
   def should_preserve(self, checkpoints, *, context):
+    """Marks the best step's checkpoint."""
     del context
     best = self._best_step()
     return [info.step == best for info in checkpoints]
 
 
 class TrainingEvaluator:
-  """Scores the run's validation sets for `train` (module docstring).
+  """Scores the run's validation sets for `train`.
 
   Args:
     model: the network.
@@ -189,9 +175,11 @@ class TrainingEvaluator:
   # -- the record of earlier evaluations -------------------------------------
 
   def resume(self, start: int) -> None:
-    """Reads the scores of evaluations up to `start` (a resumed run); lines
-    of later steps (written by a run whose later checkpoints are gone) are
-    dropped, from the file and from seqio's metric files."""
+    """Reads the scores of evaluations up to `start`, for a resumed run.
+
+    Later steps' lines (their checkpoints are gone) are dropped from the
+    file and from seqio's metric files.
+    """
     lines = []
     if tf.io.gfile.exists(self.path):
       with tf.io.gfile.GFile(self.path) as f:
@@ -209,11 +197,11 @@ class TrainingEvaluator:
               os.path.join(metrics_dir, f'{task.name}-metrics.jsonl'), step)
 
   def evaluated(self, step: int) -> bool:
+    """Whether `step` was evaluated."""
     return step in self.scores
 
   def best(self) -> Optional[dict[str, Any]]:
-    """{'by', 'step', 'score'} of the best evaluation so far (the earliest
-    of equal scores), or None."""
+    """{'by', 'step', 'score'} of the best evaluation so far, or None."""
     if self.keep_best_by is None:
       return None
     best, scores = None, self.scores
@@ -224,15 +212,23 @@ class TrainingEvaluator:
     return best
 
   def best_step(self) -> Optional[int]:
+    """The best evaluation's step, or None."""
     best = self.best()
     return best and best['step']
 
   # -- evaluating --------------------------------------------------------------
 
   def evaluate(self, step: int, params: Any) -> dict[str, Any]:
-    """Scores `params` (the train state's, on the mesh) at `step`: the line
-    written to the scores file (`eval_summary.step_summary`, with the step,
-    the cap, the seconds it took and the best so far)."""
+    """Scores `params` at `step`.
+
+    Args:
+      step: the train step.
+      params: the train state's parameters, on the mesh.
+
+    Returns:
+      The line written to the scores file: `eval_summary.step_summary` with
+      the step, the examples per task, the seconds and the best so far.
+    """
     tick = time.time()
     self.predictor.set_params(params)
     try:
@@ -255,19 +251,17 @@ class TrainingEvaluator:
     return line
 
   def _write_all(self) -> None:
-    # Rewritten whole (GCS cannot append): a few lines a run, and none at
-    # all after a resume before the first evaluation.
+    """Rewrites the scores file whole (GCS cannot append)."""
     files.write_atomically(self.path, ''.join(
         json.dumps(self.scores[step]) + '\n' for step in sorted(self.scores)))
 
   def close(self) -> None:
+    """Closes the seqio evaluator."""
     self.evaluator.close()
 
 
 def scalars(line: Mapping[str, Any]) -> dict[str, float]:
-  """TensorBoard scalars of one evaluation: `eval/<task>` (its score),
-  `eval/<benchmark>_average`, `eval/average`, `eval/<task>/<metric>` and
-  `eval/seconds`."""
+  """TensorBoard scalars of one evaluation (`eval/<task>`, ...)."""
   out = {f'eval/{task}': score for task, score in line['task_scores'].items()}
   out.update({f'eval/{b}_average': v for b, v in line['averages'].items()})
   if math.isfinite(line['mean_score']):

@@ -1,66 +1,25 @@
 """Evaluation summaries: per step, the checkpoint selection, runs over seeds.
 
 One summary for both runners: `python -m hyperprompt_jax.eval` builds it
-from its own evaluation, and from t5x's evaluation output (seqio's
-`JSONLogger` files `<task>-metrics.jsonl`, one line
-`{"step": N, "<metric>": value, ...}` per evaluation) with `--metrics_dir`.
+from its own evaluation, or with `--metrics_dir` from t5x's (seqio's
+`<task>-metrics.jsonl`, one line `{"step": N, "<metric>": value}` each).
 
-Scores follow the papers (T5's convention, `tasks.scores`): a task's score is
-the mean of its metrics, tasks sharing an id are one task (MNLI matched /
-mismatched averaged, fixture tasks scored as their benchmark task), and a
-benchmark's average is the mean of its task scores.
+Scores follow T5 (`tasks.scores`): a task's score is the mean of its
+metrics, tasks sharing an id are one task, and a benchmark's average is the
+mean of its task scores. Which checkpoint a task is read at (`select`,
+`SELECTION`) is where the papers differ:
 
-Which checkpoint a task is read at (`select`, the `SELECTION` setting) is
-where the papers differ:
-
-  'best_per_task'  each task at its own best checkpoint (HyperPrompt,
-                   Sec. 4.1, following T5; HyperGrid's multi-model PTFT
-                   baseline, HyperGrid Transformers, Sec. 3.1.1).
-  'best_average'   one checkpoint for every task: the one with the best
-                   average of a benchmark (`SELECTION_BENCHMARK`, 'glue' in
-                   HyperGrid: "a single checkpoint based on the best GLUE
-                   score", HyperGrid Transformers, Sec. 6.3, and Sec. 4.2.3
-                   of its earlier version, "HyperGrid: Efficient Multi-Task
-                   Transformers with Grid-wise Decomposable Hyper
-                   Projections", arXiv 2007.05891; 'all' is the mean of
-                   every evaluated task).
+  'best_per_task'  each task at its own best checkpoint (HyperPrompt).
+  'best_average'   every task at the checkpoint with the best
+                   `SELECTION_BENCHMARK` average (HyperGrid).
   'last'           every task at the newest checkpoint (HyperGrid's Base
-                   baselines, "scores at the last checkpoint", HyperGrid
-                   Transformers, Sec. 6.3; the paragraph before it says the
-                   MTL baseline's checkpoint is the best GLUE one: the paper
-                   contradicts itself).
+                   baselines).
 
-Ties go to the earliest step. Several runs of one setup (seeds) are
-aggregated after each run's selection (`aggregate`): per task and per
-average the mean, the sample standard deviation (ddof = 1; HyperPrompt
-reports "mean (std)" over 3 runs, its Table 3, without saying which, we
-chose the sample one), min and max (HyperGrid compares against the best of
-4 baseline runs, HyperGrid Transformers, Sec. 3.1.3).
-
-Files written to the output directory (one run):
-
-  summary.json       {"steps": {"<step>": {"metrics": {seqio task: {metric:
-                     value}}, "task_scores": {task: score}, "averages":
-                     {benchmark: average}, "mean_score": m}}, "selection":
-                     {the chosen protocol, see `select`}, "selections":
-                     {protocol: `select` result, for every protocol that
-                     applies}, "majority": {task: score} (if computed)}
-  best_per_task.json {"tasks": {task: {"step": s, "score": x}},
-                     "averages": {benchmark: average of the best scores},
-                     "best_checkpoint": {"step": s, "mean_score": m,
-                     "averages": {...}, "task_scores": {...}}}
-  task_scores.png    task scores against steps, the selected step(s) marked
-
-and for several runs (`write_runs`), each run's files in its own folder
-`<output>/<run>/` plus, in the output directory:
-
-  summary.json       {"runs": {run: {"path": p, "selection": ...}},
-                     "aggregate": {"tasks": {task: stats}, "averages":
-                     {benchmark: stats}}, "selection": protocol,
-                     "selection_benchmark": b} with stats {"mean", "std",
-                     "min", "max", "n", "runs": {run: score}}
-  task_scores.png    each task's mean and standard deviation over the runs,
-                     every run's score as a dot
+Ties go to the earliest step. Runs of one setup (seeds) are aggregated
+after each run's selection (`aggregate`): mean, sample standard deviation,
+min and max. The papers' sections, the files written and their layout:
+docs/evaluation.md, "Which checkpoint: the selection protocols" and
+"Several runs of one setup".
 """
 
 import json
@@ -85,8 +44,7 @@ _METRICS_FILE = re.compile(r'^(?P<task>.+)-metrics\.jsonl$')
 
 
 def _finite(value: float) -> float:
-  # A metric of a constant prediction can be NaN (Pearson, Spearman); it
-  # carries no information and scores 0, as the majority baseline does.
+  """`value`, or 0 for NaN (a constant prediction's correlation)."""
   value = float(value)
   return value if math.isfinite(value) else 0.0
 
@@ -131,8 +89,19 @@ def summarize(results: StepResults,
               majority: Optional[Mapping[str, float]] = None,
               selection: str = 'best_per_task',
               benchmark: str = 'glue') -> dict:
-  """The summary over steps (see the module docstring for its layout);
-  `selection` / `benchmark` pick the checkpoint(s) it reports (`select`)."""
+  """The summary of a run's evaluations.
+
+  Args:
+    results: `{step: {seqio task: {metric: value}}}`.
+    majority: `{task: majority-class score}`, if computed.
+    selection: the protocol reported (`select`).
+    benchmark: the average 'best_average' picks by.
+
+  Returns:
+    `{"steps": {"<step>": step_summary}, "majority", "selection": the
+    protocol's `select`, "selections": every protocol's that applies}`, as
+    summary.json (docs/evaluation.md, "Evaluation").
+  """
   check_selection(selection, benchmark)
   if not results:
     raise ValueError('No evaluation results to summarise.')
@@ -153,6 +122,7 @@ def summarize(results: StepResults,
 
 def _selection_score(step_summary_: Mapping[str, Any],
                      benchmark: str) -> Optional[float]:
+  """The step's `benchmark` average ('all': mean score), or None."""
   if benchmark == 'all':
     score = step_summary_['mean_score']
     return score if math.isfinite(score) else None
@@ -161,7 +131,7 @@ def _selection_score(step_summary_: Mapping[str, Any],
 
 def select(summary: Mapping[str, Any], selection: str = 'best_per_task',
            benchmark: str = 'glue') -> dict:
-  """The scores a protocol reports (module docstring; ties: earliest step).
+  """The scores a protocol reports (ties: the earliest step).
 
   Args:
     summary: `summarize`'s output (its "steps" are used).
@@ -220,9 +190,7 @@ def select(summary: Mapping[str, Any], selection: str = 'best_per_task',
 
 
 def best_per_task(summary: Mapping[str, Any]) -> dict:
-  """The best step of each task (earliest on ties), the averages of those
-  best scores, and the best single checkpoint (highest mean task score):
-  best_per_task.json."""
+  """best_per_task.json: each task's best step, and the best checkpoint."""
   per_task = select(summary, 'best_per_task')
   top = select(summary, 'best_average', 'all')['step']
   top_summary = summary['steps'][str(top)]
@@ -240,6 +208,7 @@ def best_per_task(summary: Mapping[str, Any]) -> dict:
 
 
 def _stats(per_run: Mapping[str, float]) -> dict:
+  """Mean, sample std (None for one run), min, max, n and the scores."""
   values = np.array(list(per_run.values()), dtype=np.float64)
   return {'mean': float(values.mean()),
           # ddof=1: the sample standard deviation (undefined for one run).
@@ -288,13 +257,17 @@ def aggregate(runs: Mapping[str, Mapping[str, Any]]) -> dict:
 
 
 def read_metrics_dir(metrics_dir: str) -> dict[int, dict[str, dict]]:
-  """Reads seqio `JSONLogger` files (`<task>-metrics.jsonl`) into
-  `{step: {task: {metric: value}}}`.
+  """Reads seqio `JSONLogger` files (`<task>-metrics.jsonl`).
 
-  `metrics_dir` is the folder holding them, or the EVAL_OUTPUT_DIR / MODEL_DIR
-  above its `inference_eval/`. A later line for the same step replaces an
-  earlier one (a re-evaluation). Non-numeric values (text metrics) are
-  skipped.
+  A later line for a step replaces an earlier one (a re-evaluation);
+  non-numeric values (text metrics) are skipped.
+
+  Args:
+    metrics_dir: the folder holding them, or the EVAL_OUTPUT_DIR /
+      MODEL_DIR above its `inference_eval/`.
+
+  Returns:
+    `{step: {task: {metric: value}}}`.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -338,12 +311,12 @@ def read_metrics_dir(metrics_dir: str) -> dict[int, dict[str, dict]]:
 
 
 def _write_json(content: Any, path: str) -> None:
+  """Writes `content` as indented JSON."""
   files.write_atomically(path, json.dumps(content, indent=1, sort_keys=True))
 
 
 def write(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
-  """Writes summary.json, best_per_task.json and the plot; returns their
-  paths."""
+  """Writes summary.json, best_per_task.json and the plot; returns paths."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   tf.io.gfile.makedirs(output_dir)
@@ -358,8 +331,7 @@ def write(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
 
 def runs_summary(runs: Mapping[str, Mapping[str, Any]],
                  run_paths: Mapping[str, str]) -> dict:
-  """The summary of several runs: each one's selection and the aggregate
-  (module docstring)."""
+  """The summary of several runs: each one's selection and the aggregate."""
   agg = aggregate(runs)
   first = next(iter(runs.values()))['selection']
   return {'runs': {name: {'path': run_paths[name],
@@ -383,6 +355,7 @@ def write_runs(summary: Mapping[str, Any], output_dir: str) -> dict[str, str]:
 
 
 def _pyplot():
+  """matplotlib's pyplot, on the Agg backend."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -391,6 +364,7 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> None:
+  """Writes `fig` as PNG and closes it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   with tf.io.gfile.GFile(path, 'wb') as f:
@@ -405,8 +379,7 @@ def _task_order(tasks) -> list[str]:
 
 
 def plot(summary: Mapping[str, Any], path: str) -> None:
-  """Task scores (and benchmark averages, dashed) against steps, as PNG; the
-  selected checkpoint is a vertical line, or each task's best a star."""
+  """Plots task scores and averages against steps, the selection marked."""
   plt = _pyplot()
   steps = sorted(summary['steps'], key=int)
   x = [int(s) for s in steps]
@@ -443,8 +416,7 @@ def plot(summary: Mapping[str, Any], path: str) -> None:
 
 
 def plot_runs(summary: Mapping[str, Any], path: str) -> None:
-  """Each task's (and average's) mean with its standard deviation over the
-  runs, and every run's score as a dot, as PNG."""
+  """Plots each task's mean and std over the runs, each run's score a dot."""
   plt = _pyplot()
   agg = summary['aggregate']
   rows = [(t, agg['tasks'][t]) for t in _task_order(agg['tasks'])] + [
@@ -479,6 +451,7 @@ _PROTOCOL_NAMES = {'best_per_task': 'each task at its best checkpoint',
 
 
 def _selection_title(selection: Mapping[str, Any], step: bool = True) -> str:
+  """The protocol in words, with the step if `step`."""
   text = f"{selection['protocol']}: " + _PROTOCOL_NAMES[
       selection['protocol']].format(selection['benchmark'])
   if step and selection['step'] is not None:
@@ -498,9 +471,11 @@ def _format(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def table(summary: Mapping[str, Any]) -> str:
-  """A plain-text table of the selected scores: each task's score and step,
-  the majority-class score when known, the benchmark averages, then the
-  averages every other protocol would report."""
+  """A plain-text table of the selected scores and steps.
+
+  With the majority-class scores when known, the benchmark averages, then
+  the averages every other protocol would report.
+  """
   selection = summary['selection']
   majority = summary.get('majority') or {}
   header = ['task', 'score', 'step']
@@ -532,8 +507,7 @@ def table(summary: Mapping[str, Any]) -> str:
 
 
 def runs_table(summary: Mapping[str, Any]) -> str:
-  """A plain-text table over runs: each run's selected score per task and
-  average, their mean ± std and max."""
+  """A plain-text table of each run's scores, their mean ± std and max."""
   runs = list(summary['runs'])
   agg = summary['aggregate']
   header = ['task', *runs, 'mean ± std', 'max']

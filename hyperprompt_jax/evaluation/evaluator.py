@@ -1,7 +1,10 @@
-"""Evaluation of checkpoints by each paper's protocol: `evaluate` scores
-every checkpoint of one or more runs with seqio's evaluator and writes the
-summaries (`eval_summary`); `summarize_metrics_dir` does the same from
-t5x's metrics files. Its command: `python -m hyperprompt_jax.eval`."""
+"""Evaluation of checkpoints by each paper's protocol.
+
+`evaluate` scores every checkpoint of one or more runs with seqio's
+evaluator and writes the summaries (`eval_summary`); `summarize_metrics_dir`
+does the same from t5x's metrics files. The command is
+`python -m hyperprompt_jax.eval` (docs/evaluation.md).
+"""
 
 import argparse
 import collections
@@ -51,8 +54,7 @@ def _targets(task: seqio.Task, dataset: tf.data.Dataset) -> list[Any]:
 
 
 def _unlabelled(targets: Sequence[Any]) -> bool:
-  """Whether no target has a label: GLUE / SuperGLUE test examples hold -1,
-  which the postprocessors keep (MultiRC's `value`), or no answer (ReCoRD)."""
+  """Whether no target has a label (-1, or ReCoRD's no answer)."""
   def missing(t):
     t = t['value'] if isinstance(t, Mapping) else t
     return (isinstance(t, (list, tuple)) and not t) or (
@@ -62,9 +64,19 @@ def _unlabelled(targets: Sequence[Any]) -> bool:
 
 def check_labelled(evaluator: seqio.Evaluator, split: str
                    ) -> dict[str, list[Any]]:
-  """`{task: its postprocessed targets}`, or a ValueError naming the tasks
-  whose `split` has no labels (scoring them would fail in the metrics, or
-  score noise)."""
+  """Each task's postprocessed targets of `split`.
+
+  Args:
+    evaluator: seqio's evaluator of the mixture.
+    split: its split, for the message.
+
+  Returns:
+    `{task: targets}`.
+
+  Raises:
+    ValueError: naming the tasks whose split has no labels (GLUE and
+      SuperGLUE test splits), which would fail in the metrics or score noise.
+  """
   targets = {task.name: _targets(task,
                                  evaluator.cached_task_datasets[task.name])
              for task in evaluator.eval_tasks}
@@ -79,8 +91,7 @@ def check_labelled(evaluator: seqio.Evaluator, split: str
 
 
 def _majority_values(targets: Sequence[Any]) -> list[Any]:
-  """The most frequent target value(s) (all of them on ties); for structured
-  targets (MultiRC / ReCoRD dicts) the most frequent `value` / answer."""
+  """The most frequent target value(s), all on ties (dicts: their `value`)."""
   def values(t):
     if isinstance(t, Mapping):
       t = t['value']
@@ -95,9 +106,7 @@ def _majority_values(targets: Sequence[Any]) -> list[Any]:
 
 
 def majority_score(task: seqio.Task, targets: Sequence[Any]) -> float:
-  """The task score of predicting the evaluation split's most frequent
-  target for every example (the majority-class baseline; on a tie, the
-  class that scores higher)."""
+  """The majority-class baseline's task score (on a tie, the higher)."""
   best = -math.inf
   for prediction in _majority_values(targets):
     metrics = {}
@@ -112,8 +121,7 @@ def majority_score(task: seqio.Task, targets: Sequence[Any]) -> float:
 
 
 def run_names(paths: Sequence[str]) -> list[str]:
-  """A short name per run directory: its folder name (t5x's
-  `inference_eval/` dropped), or `run<i>` where those collide."""
+  """A short name per run directory: its folder's, or `run<i>` on a clash."""
   names = []
   for path in paths:
     parts = [p for p in path.rstrip('/').split('/') if p]
@@ -126,6 +134,7 @@ def run_names(paths: Sequence[str]) -> list[str]:
 
 
 def _as_paths(checkpoint_path: Union[str, Sequence[str]]) -> list[str]:
+  """One path or a list of them, as a list."""
   paths_ = ([checkpoint_path] if isinstance(checkpoint_path, str)
             else list(checkpoint_path))
   if not paths_ or not all(isinstance(p, str) and p for p in paths_):
@@ -137,8 +146,7 @@ def _as_paths(checkpoint_path: Union[str, Sequence[str]]) -> list[str]:
 
 def _check_selection_covered(selection: str, benchmark: str,
                              tasks: Sequence[seqio.Task]) -> None:
-  """'best_average' needs every task of its benchmark in the mixture: say so
-  before evaluating rather than after."""
+  """Refuses 'best_average' over a benchmark the mixture does not cover."""
   eval_summary.check_selection(selection, benchmark)
   if selection != 'best_average' or benchmark == 'all':
     return
@@ -255,8 +263,7 @@ def evaluate(
 def _finish(summaries: Mapping[str, Mapping[str, Any]],
             run_paths: Mapping[str, str], output_dir: str,
             compare_to: Optional[str]) -> dict:
-  """One run's summary, or several runs' aggregate (written and printed);
-  then the comparison with the paper, if asked for."""
+  """One run's summary or several runs' aggregate, and the paper's beside."""
   if len(summaries) == 1:
     summary = next(iter(summaries.values()))
   elif multihost.is_writer():
@@ -270,8 +277,16 @@ def _finish(summaries: Mapping[str, Mapping[str, Any]],
 
 def compare_with_paper(summary: Mapping[str, Any], setup: str,
                        output_dir: str) -> dict:
-  """The selected scores (several runs: their means) beside the paper's:
-  printed, and written to compare_to_paper.json / .png in `output_dir`."""
+  """Prints and writes the selected scores beside a paper setup's.
+
+  Args:
+    summary: `evaluate`'s summary; several runs: their means.
+    setup: a `paper_results` setup.
+    output_dir: gets compare_to_paper.json and its plot.
+
+  Returns:
+    The comparison (`paper_results.compare`).
+  """
   if 'aggregate' in summary:
     agg = summary['aggregate']
     scores_ = {t: v['mean'] for t, v in agg['tasks'].items()}
@@ -306,8 +321,7 @@ def _write_runs(summaries: Mapping[str, Mapping[str, Any]],
 def _majority_scores(tasks: Sequence[seqio.Task],
                      targets: Mapping[str, Sequence[Any]]
                      ) -> dict[str, float]:
-  """The majority-class score of each task (`targets`: its postprocessed
-  targets), scored like the model (tasks sharing an id averaged)."""
+  """Each task's majority-class score, averaged as the model's are."""
   majority = {task.name: majority_score(task, targets[task.name])
               for task in tasks}
   return scores.task_scores({t: {'score': s} for t, s in majority.items()})
@@ -316,8 +330,7 @@ def _majority_scores(tasks: Sequence[seqio.Task],
 def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
                           predictor: predictor_lib.Predictor, abstract_params,
                           evaluator: seqio.Evaluator):
-  """`({step: seqio results}, {step: error})` of one run's checkpoints; a
-  checkpoint that cannot be read is skipped and reported."""
+  """`({step: results}, {step: error})`; unreadable checkpoints are skipped."""
   results, unreadable = {}, {}
   for step, path in found:
     tick = time.time()
@@ -360,9 +373,11 @@ def _evaluate_checkpoints(found: Sequence[tuple[int, str]], run_path: str,
 
 
 def json_logger_cls(write_n_results: Optional[int]):
-  """seqio's JSONLogger (the files t5x writes), keeping `write_n_results`
-  predictions per task. Evaluating a step again (a re-run into the same
-  directory) replaces its line of `<task>-metrics.jsonl`; seqio appends."""
+  """seqio's JSONLogger keeping `write_n_results` predictions per task.
+
+  A step evaluated again replaces its line of `<task>-metrics.jsonl`, where
+  seqio would append a second.
+  """
 
   class JSONLogger(seqio.JSONLogger):
 
@@ -380,8 +395,7 @@ def json_logger_cls(write_n_results: Optional[int]):
 
 
 def drop_step(metrics_file: str, step: int) -> None:
-  """Removes the lines of `step` from a metrics file (JSON lines with a
-  "step"), keeping every other line as it is."""
+  """Removes the lines of `step` from a JSON-lines metrics file."""
   if not tf.io.gfile.exists(metrics_file):
     return
   with tf.io.gfile.GFile(metrics_file) as f:
@@ -394,6 +408,7 @@ def drop_step(metrics_file: str, step: int) -> None:
 
 
 def _line_step(line: str) -> Optional[int]:
+  """The "step" of a metrics line; None for other lines."""
   try:
     record = json.loads(line)
   except ValueError:
@@ -405,10 +420,20 @@ def summarize_metrics_dir(metrics_dirs: Union[str, Sequence[str]],
                           output_dir: str, selection: Optional[str] = None,
                           selection_benchmark: Optional[str] = None,
                           compare_to: Optional[str] = None) -> dict:
-  """The summary of t5x's evaluation output (`--metrics_dir`); of several
-  runs, each run's summary in `output_dir/<run>/` and their aggregate.
-  The protocol (None: the run's) as `evaluate`'s; the run is the one t5x's
-  eval config in each metrics directory names."""
+  """Summarises t5x's evaluation output (`--metrics_dir`).
+
+  Args:
+    metrics_dirs: t5x's `inference_eval` directory, or one per run; the run
+      is the one t5x's eval config there names.
+    output_dir: gets the summaries; several runs: each in
+      `output_dir/<run>/`, and their aggregate.
+    selection: as `evaluate`'s.
+    selection_benchmark: as `evaluate`'s.
+    compare_to: as `evaluate`'s.
+
+  Returns:
+    The summary, or several runs' aggregate.
+  """
   metrics_dirs = _as_paths(metrics_dirs)
   selection, selection_benchmark = dataclasses.astuple(run_config.resolve(
       selection, selection_benchmark,

@@ -1,6 +1,7 @@
-"""Predictions per task of one checkpoint (greedy decoding, `predictor`),
-written as JSON lines per task. Its command: `python -m
-hyperprompt_jax.infer`."""
+"""Predictions of one checkpoint, one JSON-lines file per task.
+
+The command is `python -m hyperprompt_jax.infer` (docs/evaluation.md).
+"""
 
 import argparse
 import json
@@ -28,10 +29,12 @@ log = logging.getLogger('hyperprompt_jax.infer')
 
 
 def _text(value) -> str:
+  """`value` as text (bytes decoded)."""
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
 def _step_of(checkpoint_path: str) -> int:
+  """The step of an existing `checkpoint_<step>` folder."""
   match = re.match(r'^checkpoint_(\d+)$',
                    os.path.basename(checkpoint_path.rstrip('/')))
   if not match:
@@ -45,8 +48,10 @@ def _step_of(checkpoint_path: str) -> int:
 
 def task_examples(task: seqio.Task, task_feature_lengths: Mapping[str, int],
                   split: str, num_examples: Optional[int] = None):
-  """`(examples, features)`: the first `num_examples` of `split` in order,
-  and the same examples as unpacked model features (unbatched)."""
+  """`(examples, features)`: `split`'s first examples, and as model features.
+
+  The features are unpacked and unbatched; None `num_examples`: all.
+  """
   lengths = dict(task_feature_lengths)
   examples = task.get_dataset(lengths, split=split, shuffle=False,
                               num_epochs=1)
@@ -59,7 +64,19 @@ def task_examples(task: seqio.Task, task_feature_lengths: Mapping[str, int],
 def task_predictions(task: seqio.Task, predictor: predictor_lib.Predictor,
                      task_feature_lengths: Mapping[str, int], split: str,
                      num_examples: Optional[int] = None) -> list[dict]:
-  """Decodes `task`'s `split`; one record per example (module docstring)."""
+  """Decodes `task`'s `split`.
+
+  Args:
+    task: the seqio task.
+    predictor: holds the checkpoint's parameters.
+    task_feature_lengths: `{'inputs': length, 'targets': length}`.
+    split: the split.
+    num_examples: the first examples to decode; None: all.
+
+  Returns:
+    One record per example: its inputs, targets, prediction, their
+    postprocessed values, task id and TFDS `idx`.
+  """
   examples, features = task_examples(task, task_feature_lengths, split,
                                      num_examples)
   # The model features and the raw examples come from the same deterministic
@@ -89,9 +106,7 @@ def task_predictions(task: seqio.Task, predictor: predictor_lib.Predictor,
 
 
 def example_idx(example: Mapping[str, Any]) -> Any:
-  """The example's id in its TFDS split: `idx` (an int), or MultiRC's
-  {paragraph, question, answer} / ReCoRD's {passage, query} (seqio's
-  `idx/<part>` features); None without one."""
+  """The example's TFDS id: `idx`, a dict of `idx/<part>`s, or None."""
   if 'idx' in example:
     return int(example['idx'])
   parts = {k[len('idx/'):]: int(v) for k, v in example.items()
@@ -102,9 +117,7 @@ def example_idx(example: Mapping[str, Any]) -> Any:
 def checkpoint_predictor(model: network.Transformer,
                          job: checkpoint_job.CheckpointJob
                          ) -> predictor_lib.Predictor:
-  """`predictor_lib.make_predictor` on the job's mesh, holding the parameters
-  of its one checkpoint, after the checkpoint's run record is checked
-  against the model and the run's task list."""
+  """A predictor holding the job's checkpoint, its run record checked."""
   predictor, abstract_params = predictor_lib.make_predictor(
       model, job.task_feature_lengths, job.mesh(), job.batch_size)
   run_record.check_checkpoint(job.checkpoint_path, model.config,
@@ -121,11 +134,17 @@ def infer(
     job: checkpoint_job.CheckpointJob = gin.REQUIRED,
     num_examples: Optional[int] = None,
 ) -> dict[str, str]:
-  """Writes each task's predictions of `job`'s one checkpoint (the first
-  `num_examples` of each task's split; None: all); returns {task: file}.
+  """Writes each task's predictions of `job`'s checkpoint.
 
-  As several processes (one per host), each decodes its rows of every batch
-  and gets all predictions back; process 0 writes the files.
+  Every process decodes its rows of each batch; process 0 writes the files.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    job: the checkpoint, data, output directory and mesh.
+    num_examples: the first examples of each task's split; None: all.
+
+  Returns:
+    `{task: its file}`.
   """
   step = _step_of(job.checkpoint_path)
   model = checkpoint_job.checked_model(model, job, 'INFER_OUTPUT_DIR')

@@ -1,6 +1,8 @@
-"""Batched, sharded greedy prediction for seqio's `Evaluator` and inference:
-`model.decoding.greedy_decode` on the device mesh, one compiled program per
-input length, every batch checked on the host first."""
+"""Batched, sharded greedy prediction for seqio's `Evaluator` and inference.
+
+`decoding.greedy_decode` on the device mesh: one compiled program per input
+length, every batch checked on the host first.
+"""
 
 from typing import Any, Mapping
 
@@ -20,14 +22,11 @@ PyTree = Any
 class Predictor:
   """Batched, sharded greedy prediction for seqio's `Evaluator`.
 
-  Batches have a fixed size (the last one is padded), so every task of a
-  mixture reuses one compiled program per input length.
-
-  Several processes (one per host) run the same evaluation: each reads the
-  whole evaluation set in the same order (seqio's evaluation datasets are
-  deterministic), places the batch on the global mesh (each device takes
-  its rows), and gets every prediction back (the output is replicated), so
-  each process scores what a single process would.
+  Batches have a fixed size (the last one padded), so every task of a
+  mixture reuses one compiled program per input length. Every process reads
+  the whole (deterministic) evaluation set in order, each device takes its
+  rows, and the output is replicated, so each process scores what a single
+  process would.
 
   Args:
     model: the network.
@@ -69,14 +68,18 @@ class Predictor:
             mesh, jax.sharding.PartitionSpec()))
 
   def _decode_fn(self, params, tokens, task_ids):
+    """Greedy decoding under the predictor's axis rules."""
     with nn_partitioning.axis_rules(self.rules):
       return decoding.greedy_decode(self._decode_model, params, tokens,
                                     task_ids, self.max_decode_length)
 
   def decode_function(self):
-    """The jitted decode `(params, tokens [batch, length], task_ids [batch])
-    -> [batch, max_decode_length]` with the predictor's shardings (`predict`
-    calls it on batches it checked)."""
+    """The jitted decode with the predictor's shardings.
+
+    Returns:
+      `(params, tokens [batch, length], task_ids [batch])` ->
+      `[batch, max_decode_length]`, for batches checked on the host.
+    """
     return self._decode
 
   def set_params(self, params: PyTree) -> None:
@@ -84,8 +87,14 @@ class Predictor:
     self.params = jax.device_put(params, self.param_shardings)
 
   def predict(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """`[n, max_decode_length]` tokens for a batch of n <= batch_size
-    examples (`encoder_input_tokens`, `task_ids`)."""
+    """Decodes a batch of n <= batch_size examples.
+
+    Args:
+      batch: `encoder_input_tokens [n, length]` and `task_ids [n]`.
+
+    Returns:
+      `[n, max_decode_length]` tokens.
+    """
     if self.params is None:
       raise ValueError('Predictor.set_params() was not called.')
     tokens = np.asarray(batch['encoder_input_tokens'], np.int32)
@@ -109,8 +118,7 @@ class Predictor:
     return multihost.host_value(out)[:n]
 
   def predict_fn(self, dataset) -> list[tuple[int, list[int]]]:
-    """seqio's `PredictFnCallable`: an enumerated dataset of model features
-    -> `[(index, output token ids)]`."""
+    """seqio's `PredictFnCallable`: enumerated features -> `[(i, tokens)]`."""
     results = []
     for index, features in dataset.batch(self.batch_size).as_numpy_iterator():
       tokens = self.predict(features)
@@ -122,8 +130,17 @@ def make_predictor(model: network.Transformer,
                    task_feature_lengths: Mapping[str, int],
                    mesh: jax.sharding.Mesh, batch_size: int
                    ) -> tuple[Predictor, PyTree]:
-  """A `Predictor` decoding up to the targets' length, and the model's
-  abstract parameters (the shapes a checkpoint must match)."""
+  """A `Predictor` of the targets' length, and the abstract parameters.
+
+  Args:
+    model: the network.
+    task_feature_lengths: `{'inputs': length, 'targets': length}`.
+    mesh: the ('data', 'model') device mesh.
+    batch_size: examples per decode call.
+
+  Returns:
+    `(predictor, abstract params)`, the shapes a checkpoint must match.
+  """
   abstract = network.abstract_variables(model, task_feature_lengths['inputs'],
                                         task_feature_lengths['targets'])
   predictor = Predictor(model, abstract['params_axes'], mesh, batch_size,

@@ -1,6 +1,8 @@
-"""Test-server files: each task's test-split predictions in the GLUE /
-SuperGLUE leaderboards' formats. Its command: `python -m
-hyperprompt_jax.leaderboard`."""
+"""Test-server files: test-split predictions in the leaderboards' formats.
+
+The command is `python -m hyperprompt_jax.leaderboard` (docs/evaluation.md,
+"Test-server files").
+"""
 
 import argparse
 import collections
@@ -63,8 +65,7 @@ REQUIRED = {
 
 
 def file_task(name: str) -> Optional[str]:
-  """The FILES key of a seqio task (fixture tasks write their task's file),
-  None for a task no server takes (e.g. training-only variants)."""
+  """The FILES key of a seqio task; None for a task no server takes."""
   if name.startswith(task_ids.FIXTURE_PREFIX):
     name = name[len(task_ids.FIXTURE_PREFIX):]
   return name if name in FILES else None
@@ -80,12 +81,16 @@ def _label(value: Any, labels: tuple) -> tuple[Any, bool]:
 
 def format_file(task: str, records: Sequence[Mapping[str, Any]]
                 ) -> tuple[str, str, int]:
-  """`(file name, content, invalid predictions)` of one task.
+  """The test-server file of one task.
 
   Args:
     task: a FILES key.
     records: `inference.task_predictions` records (each with 'idx' and the
       postprocessed 'prediction_value').
+
+  Returns:
+    `(file name, content, number of invalid predictions)`; an invalid one
+    is written as the first label.
   """
   name, kind, labels = FILES[task]
   invalid = 0
@@ -137,11 +142,18 @@ def write_files(
     *,
     job: checkpoint_job.CheckpointJob = gin.REQUIRED,
 ) -> dict[str, Any]:
-  """Decodes the split of `job` (the servers': 'test') of every server task
-  of its mixture with its one checkpoint and writes their files; returns
-  the summary (also `leaderboard_summary.json`). As several processes (one
-  per host), each decodes its rows of every batch and gets all predictions
-  back; process 0 writes the files."""
+  """Writes the server files of every server task of `job`'s mixture.
+
+  Every process decodes its rows of each batch; process 0 writes the files.
+
+  Args:
+    model: the network; None builds `network.Transformer` from gin.
+    job: one checkpoint, the data (split: the servers', 'test'), the output
+      directory and mesh.
+
+  Returns:
+    The summary, also written as `leaderboard_summary.json`.
+  """
   if not tf.io.gfile.isdir(job.checkpoint_path):
     raise FileNotFoundError(f'CHECKPOINT_PATH {job.checkpoint_path!r} does '
                             'not exist: give one checkpoint_<step> folder.')

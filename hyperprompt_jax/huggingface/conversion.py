@@ -1,24 +1,19 @@
-"""Hugging Face T5 directories <-> t5x-layout checkpoints. Its command:
-`python -m hyperprompt_jax.convert`.
+"""Hugging Face T5 directories <-> t5x-layout checkpoints.
 
-From transformers: `config.json` + `model.safetensors` (or shards listed by
-`model.safetensors.index.json`) -> `<output_dir>/checkpoint_<step>/` in t5x's
-orbax layout (`checkpoints.save_t5x_params`: parameters only, float32) and
-`<output_dir>/model.gin`, the model's gin bindings. Every method starts from
-it as INITIAL_CHECKPOINT_PATH: its backbone loads, the method's parameters
-are initialised as in a fresh run.
+The command is `python -m hyperprompt_jax.convert` (docs/huggingface.md).
 
-To transformers: a checkpoint's T5 backbone -> `config.json` +
-`model.safetensors` that `T5ForConditionalGeneration.from_pretrained` loads.
-An MTL model is complete there. Prompt-Tuning's per-task soft prompts go
-beside it as PEFT prompt-tuning adapters, one per task:
-`prompt_tuning/<task>/adapter_model.safetensors` (`prompt_embeddings [n,
-d_model]`) and `adapter_config.json` (PROMPT_TUNING, SEQ_2_SEQ_LM, one
-transformer submodule: the encoder's input), with `prompt_tuning/
-prompts.json` naming each task's id. A task-conditioned method's parameters
-(HyperPrompt, HyperGrid, Output Gating, adapters, HyperFormer++) have no
-transformers form: they go to the project's artifact (`export_task_params`,
-`task_params.npz` here) and transformers alone runs the bare backbone.
+From transformers: `config.json` + `model.safetensors` (or its sharded
+index) -> `<output_dir>/checkpoint_<step>/` in t5x's orbax layout
+(parameters only, float32) and `<output_dir>/model.gin`. Any method starts
+from it as INITIAL_CHECKPOINT_PATH: the backbone loads, the method's
+parameters are initialised as in a fresh run.
+
+To transformers: a checkpoint's T5 backbone -> a directory that
+`T5ForConditionalGeneration.from_pretrained` loads; an MTL model is complete
+there. Prompt-Tuning's soft prompts go beside it as one PEFT prompt-tuning
+adapter per task (`prompt_tuning/<task>/`, indexed by
+`prompt_tuning/prompts.json`). The other methods' parameters have no
+transformers form: they go to `task_params.npz` (`export_task_params`).
 
 safetensors files are read and written with `safetensors.numpy`: neither
 PyTorch nor transformers is needed.
@@ -62,7 +57,14 @@ _METHOD_NAMES = {'hyperprompt': 'HyperPrompt', 'hypergrid': 'HyperGrid',
 
 @dataclasses.dataclass(frozen=True)
 class FromHF:
-  """What `from_hf` wrote: the checkpoint, the config, the gin file."""
+  """What `from_hf` wrote.
+
+  Attributes:
+    checkpoint: the `checkpoint_<step>` directory.
+    config: the model's `T5Config`.
+    gin_file: the path of `model.gin`.
+    gin_text: its text.
+  """
 
   checkpoint: str
   config: network.T5Config
@@ -71,8 +73,13 @@ class FromHF:
 
 
 def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """`(config.json, {tensor name: array})` of a transformers directory, the
-  tensors of a single `model.safetensors` or of the shards its index lists.
+  """Reads a transformers directory.
+
+  Args:
+    path: holds `config.json` and `model.safetensors` or its sharded index.
+
+  Returns:
+    `(config.json's dict, {tensor name: array})`.
 
   Raises:
     FileNotFoundError: no config.json, or no safetensors weights.
@@ -108,8 +115,7 @@ def read_hf_dir(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 def write_hf_dir(path: str, config: Mapping[str, Any],
                  tensors: Mapping[str, np.ndarray]) -> None:
-  """Writes `config.json` and one `model.safetensors` (pt metadata, as
-  transformers' own files)."""
+  """Writes `config.json` and one `model.safetensors` (pt metadata)."""
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, CONFIG), 'w', encoding='utf-8') as f:
     json.dump(dict(config), f, indent=2, sort_keys=True)
@@ -119,8 +125,7 @@ def write_hf_dir(path: str, config: Mapping[str, Any],
 
 
 def extra_ids_of(hf_dir: str) -> int:
-  """The sentinel ids the tokenizer adds (tokenizer_config.json's
-  extra_ids, else T5's 100)."""
+  """The tokenizer's sentinel ids: tokenizer_config.json's, else T5's 100."""
   path = os.path.join(hf_dir, TOKENIZER_CONFIG)
   if os.path.isfile(path):
     with open(path, encoding='utf-8') as f:
@@ -132,9 +137,11 @@ def extra_ids_of(hf_dir: str) -> int:
 
 def check_vocabulary(vocab_size: int, sentencepiece_model: str,
                      extra_ids: int = T5_EXTRA_IDS) -> int:
-  """Refuses a model vocabulary smaller than the tokenizer's ids (the
-  SentencePiece pieces, then the sentinels, as seqio's
-  SentencePieceVocabulary numbers them); returns the tokenizer's size."""
+  """Refuses a vocabulary smaller than the tokenizer's; returns the latter.
+
+  The tokenizer's ids are the SentencePiece pieces, then the sentinels, as
+  seqio's SentencePieceVocabulary numbers them.
+  """
   import sentencepiece  # pylint: disable=g-import-not-at-top
   pieces = sentencepiece.SentencePieceProcessor(
       model_file=sentencepiece_model).get_piece_size()
@@ -151,9 +158,7 @@ def check_vocabulary(vocab_size: int, sentencepiece_model: str,
 
 def write_tokenizer(output_dir: str, sentencepiece_model: str,
                     extra_ids: int = T5_EXTRA_IDS) -> None:
-  """The SentencePiece model as transformers' T5 tokenizer files
-  (`spiece.model`, `tokenizer_config.json`): `T5Tokenizer.from_pretrained`
-  then numbers text as seqio's `SentencePieceVocabulary(extra_ids)`."""
+  """Writes transformers' T5 tokenizer files, numbering as seqio's would."""
   shutil.copyfile(sentencepiece_model,
                   os.path.join(output_dir, SENTENCEPIECE))
   with open(os.path.join(output_dir, TOKENIZER_CONFIG), 'w',
@@ -223,6 +228,7 @@ def method_names(cfg: network.T5Config) -> list[str]:
 
 
 def _prompts_path(params: Mapping[str, np.ndarray]) -> str:
+  """The path of Prompt-Tuning's prompt table in `params`."""
   found = [k for k in params if k.endswith('prompt_tuning/prompts')]
   if len(found) != 1:
     raise ValueError(f'Expected one Prompt-Tuning prompt table, found '
@@ -233,14 +239,20 @@ def _prompts_path(params: Mapping[str, np.ndarray]) -> str:
 def write_prompts(output_dir: str, prompts: np.ndarray,
                   task_list: Sequence[str], cfg: network.T5Config,
                   base_model: str) -> str:
-  """Prompt-Tuning's `prompts [tasks, n, d_model]` as one PEFT
-  prompt-tuning adapter per task; returns their folder.
+  """Writes Prompt-Tuning's prompts as one PEFT adapter per task.
 
-  PEFT (`PeftModel.from_pretrained(model, dir)`) reads
-  `adapter_model.safetensors` (`prompt_embeddings [n, d_model]`) and
-  `adapter_config.json`; with one transformer submodule the prompt is
-  prepended to the encoder's input embeddings, as the project's
-  Prompt-Tuning does (before the embedding dropout, always attended).
+  With one transformer submodule PEFT prepends the prompt to the encoder's
+  input embeddings, as the project's Prompt-Tuning does.
+
+  Args:
+    output_dir: gets `prompt_tuning/<task>/` and `prompt_tuning/prompts.json`.
+    prompts: `[tasks, n, d_model]`.
+    task_list: the tasks in id order.
+    cfg: the model's config.
+    base_model: the transformers model the adapters name.
+
+  Returns:
+    The `prompt_tuning` folder.
   """
   root = os.path.join(output_dir, PROMPTS_DIR)
   num_tasks, length, dim = prompts.shape
@@ -280,8 +292,9 @@ def write_prompts(output_dir: str, prompts: np.ndarray,
 def to_hf(cfg: network.T5Config, params: Mapping[str, np.ndarray],
           output_dir: str, task_list: Sequence[str] = (),
           source: str = 'the checkpoint') -> dict[str, Any]:
-  """Writes a model's T5 backbone as a transformers directory (and
-  Prompt-Tuning's prompts as PEFT adapters beside it).
+  """Writes a model's T5 backbone as a transformers directory.
+
+  Prompt-Tuning's prompts go beside it as PEFT adapters.
 
   Args:
     cfg: the model's config.
@@ -312,9 +325,19 @@ def to_hf(cfg: network.T5Config, params: Mapping[str, np.ndarray],
 def checkpoint_to_hf(model: network.Transformer, checkpoint_path: str,
                      output_dir: str, task_list: Sequence[str]
                      ) -> dict[str, Any]:
-  """`to_hf` of a `checkpoint_<step>` (either runner, either layout) read
-  as `model`; a task-conditioned method's parameters also go to
+  """`to_hf` of a checkpoint of either runner.
+
+  A task-conditioned method's parameters also go to
   `output_dir/task_params.npz` (`export_task_params`).
+
+  Args:
+    model: the network the checkpoint holds.
+    checkpoint_path: a `checkpoint_<step>` directory, either layout.
+    output_dir: a new directory.
+    task_list: the run's tasks in id order.
+
+  Returns:
+    `to_hf`'s result, with 'task_params': the artifact's path or None.
 
   Raises:
     ValueError: an output that exists, a checkpoint of another model.

@@ -1,10 +1,9 @@
 """transformers' T5 `config.json` <-> the project's `network.T5Config`.
 
-`from_hf` maps a T5 / T5.1.1 / LM-adapted / Flan-T5 / mT5 config and refuses,
-naming the field, what the network cannot represent; `to_hf` writes the
-config transformers' `T5ForConditionalGeneration` builds the same network
-from; `gin_text` prints the mapped config as a model gin file (the
-bindings of `gin/models/*.gin`).
+`from_hf` maps a T5 / T5.1.1 / LM-adapted / Flan-T5 / mT5 config, naming
+any field the network cannot represent; `to_hf` writes the config of the
+same network for `T5ForConditionalGeneration`; `gin_text` writes a model
+gin file like `gin/models/*.gin`.
 
 The mapping: d_model -> emb_dim, num_heads, d_kv -> head_dim, d_ff ->
 mlp_dim, num_layers -> num_encoder_layers, num_decoder_layers (default
@@ -46,6 +45,12 @@ _ENCODER_ONLY = ('T5EncoderModel', 'MT5EncoderModel')
 
 def activations(feed_forward_proj: str) -> tuple[str, ...]:
   """transformers' `feed_forward_proj` -> `T5Config.mlp_activations`.
+
+  Args:
+    feed_forward_proj: such as 'relu' or 'gated-gelu'.
+
+  Returns:
+    Such as `('relu',)` or `('gelu', 'linear')`.
 
   Raises:
     ValueError: an activation the network has no identical function for.
@@ -134,7 +139,13 @@ def from_hf(config: Mapping[str, Any], num_tasks: int = 8
 
 
 def to_hf(cfg: network.T5Config) -> dict[str, Any]:
-  """`network.T5Config` -> transformers' T5 `config.json` (a dict).
+  """`network.T5Config` -> transformers' T5 `config.json`.
+
+  Args:
+    cfg: the network's config.
+
+  Returns:
+    The config.json's dict.
 
   Raises:
     ValueError: activations transformers' T5 has no name for.
@@ -176,8 +187,15 @@ def to_hf(cfg: network.T5Config) -> dict[str, Any]:
 
 
 def gin_text(cfg: network.T5Config, source: str) -> str:
-  """The model gin file of `cfg` (as `gin/models/*.gin`), for a run file to
-  include before a variant."""
+  """The model gin file of `cfg`, like `gin/models/*.gin`.
+
+  Args:
+    cfg: the network's config.
+    source: what the model was converted from, for the file's header.
+
+  Returns:
+    The gin text, for a run file to include before a variant.
+  """
   acts = ', '.join(repr(a) for a in cfg.mlp_activations)
   acts = f'({acts},)' if len(cfg.mlp_activations) == 1 else f'({acts})'
   return f"""# The T5 of {source}, converted by python -m hyperprompt_jax.convert.

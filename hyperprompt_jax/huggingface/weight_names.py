@@ -3,29 +3,24 @@
 Both directions (`to_t5x`, `to_hf`) are read from `table`, so a name or a
 layout is written once. What the table encodes:
 
-- Linear layers: t5x stores a kernel `[in, out]` (`query/kernel` is
-  `[embed, heads * head_dim]`), PyTorch's `nn.Linear` a weight `[out, in]`:
-  the one is the transpose of the other. Neither applies 1 / sqrt(head_dim)
-  to the attention logits: t5x folds it into the query's initialisation and
-  transformers' `T5Attention` (scaling 1.0) into its `q` initialisation, so
-  the trained query kernels carry it and map unchanged.
-- The relative-position bias: one table per stack, t5x's
-  `relpos_bias/rel_embedding [heads, buckets]`; transformers keeps it in the
-  first block's self-attention only (`block.0.layer.0.SelfAttention.
-  relative_attention_bias`, an `nn.Embedding [buckets, heads]`) and every
-  block reuses it: the transpose.
-- Layer norms (RMS, scale only): `pre_*_layer_norm/scale [embed]` is the
+- Linear layers: t5x's kernel `[in, out]` is the transpose of PyTorch's
+  `nn.Linear` weight `[out, in]`. Neither scales the attention logits by
+  1 / sqrt(head_dim): both fold it into the query's initialisation, so
+  trained query kernels map unchanged.
+- The relative-position bias: t5x's `relpos_bias/rel_embedding
+  [heads, buckets]` per stack is the transpose of transformers'
+  `block.0.layer.0.SelfAttention.relative_attention_bias`, which every
+  block reuses.
+- Layer norms (RMS, scale only): `pre_*_layer_norm/scale` is the
   `layer.<k>.layer_norm.weight` of the sublayer it precedes; the stacks'
   final norms are `final_layer_norm`.
-- The FFN: T5.1.1's gated GELU has `wi_0`, `wi_1` (`DenseReluDense.wi_0`,
-  `wi_1`), T5 v1.0's ReLU one `wi`; `wo` in both.
-- The token embedding `token_embedder/embedding [vocab, embed]` is
-  `shared.weight` in the same layout (`encoder.embed_tokens` and
-  `decoder.embed_tokens` are tied to it). Untied output logits (T5.1.1,
-  mT5, Flan-T5) are `decoder/logits_dense/kernel [embed, vocab]`, the
+- The FFN: T5.1.1's gated GELU has `wi_0`, `wi_1`, T5 v1.0's ReLU `wi`;
+  both have `wo`.
+- `token_embedder/embedding [vocab, embed]` is `shared.weight` as is (the
+  stacks' `embed_tokens` are tied to it). Untied output logits (T5.1.1,
+  mT5, Flan-T5), `decoder/logits_dense/kernel [embed, vocab]`, are the
   transpose of `lm_head.weight`; T5 v1.0 ties them to the embedding
-  (`logits_via_embedding`; transformers: `tie_word_embeddings`, no
-  `lm_head.weight` of its own).
+  (`logits_via_embedding`, transformers' `tie_word_embeddings`).
 """
 
 import dataclasses
@@ -46,7 +41,20 @@ LM_HEAD = 'lm_head.weight'
 
 @dataclasses.dataclass(frozen=True)
 class Backbone:
-  """The dimensions that decide the T5 parameters' names and shapes."""
+  """The dimensions that decide the T5 parameters' names and shapes.
+
+  Attributes:
+    vocab_size: number of token ids.
+    emb_dim: d_model.
+    num_heads: attention heads.
+    head_dim: width of each head.
+    mlp_dim: FFN hidden width.
+    num_encoder_layers: encoder layers.
+    num_decoder_layers: decoder layers.
+    gated: `wi_0` / `wi_1` (two activations) instead of `wi`.
+    tied: logits through the embedding: no `logits_dense` / `lm_head`.
+    num_buckets: relative-position buckets.
+  """
 
   vocab_size: int
   emb_dim: int
@@ -55,8 +63,8 @@ class Backbone:
   mlp_dim: int
   num_encoder_layers: int
   num_decoder_layers: int
-  gated: bool  # wi_0 / wi_1 (two activations) instead of wi
-  tied: bool  # logits through the embedding: no logits_dense / lm_head
+  gated: bool
+  tied: bool
   num_buckets: int = 32
 
   @classmethod
@@ -67,6 +75,7 @@ class Backbone:
                len(cfg.mlp_activations) > 1, bool(cfg.logits_via_embedding))
 
   def size(self, dim: str) -> int:
+    """The size of a dimension named in `Entry.dims`."""
     return {'vocab': self.vocab_size, 'embed': self.emb_dim,
             'heads': self.num_heads, 'joined': self.num_heads * self.head_dim,
             'mlp': self.mlp_dim, 'buckets': self.num_buckets}[dim]
@@ -74,8 +83,14 @@ class Backbone:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One parameter: its t5x path, its transformers name, whether
-  transformers stores the transpose, and t5x's shape in dimension names."""
+  """One backbone parameter in both namings.
+
+  Attributes:
+    t5x: its t5x path, '/'-joined.
+    hf: its transformers name.
+    transposed: whether transformers stores the transpose.
+    dims: t5x's shape in dimension names (`Backbone.size`).
+  """
 
   t5x: str
   hf: str
@@ -83,9 +98,11 @@ class Entry:
   dims: tuple[str, ...]
 
   def t5x_shape(self, backbone: Backbone) -> tuple[int, ...]:
+    """The shape t5x stores."""
     return tuple(backbone.size(d) for d in self.dims)
 
   def hf_shape(self, backbone: Backbone) -> tuple[int, ...]:
+    """The shape transformers stores."""
     shape = self.t5x_shape(backbone)
     return shape[::-1] if self.transposed else shape
 
@@ -134,8 +151,7 @@ _DECODER_LAYER = (
 
 
 def table(backbone: Backbone) -> list[Entry]:
-  """Every backbone parameter of a model of this shape, t5x's and
-  transformers' names side by side."""
+  """Every backbone parameter of a model of this shape, in both namings."""
   entries = [Entry(*row) for row in _MODEL]
   if not backbone.tied:
     entries += [Entry(*row) for row in _UNTIED]
@@ -166,14 +182,15 @@ _T5X_FIELDS = {'vocab': 'vocab_size', 'embed': 'emb_dim',
 
 
 def _listed(names, limit: int = 6) -> str:
+  """The first `limit` sorted names, for a message."""
   names = sorted(names)
   more = f' ... ({len(names)} in all)' if len(names) > limit else ''
   return ', '.join(names[:limit]) + more
 
 
 def _convert(array: np.ndarray, transposed: bool) -> np.ndarray:
-  # Parameters are float32 on both sides (bfloat16 / float16 files widen
-  # exactly); the transpose is made contiguous for the writers.
+  """`array` as contiguous float32, transposed if asked."""
+  # bfloat16 / float16 files widen exactly; contiguous for the writers.
   array = np.asarray(array)
   if array.dtype != np.float32:
     array = array.astype(np.float32)
@@ -232,13 +249,16 @@ def to_t5x(tensors: Mapping[str, np.ndarray], backbone: Backbone,
 
 def to_hf(params: Mapping[str, np.ndarray], backbone: Backbone,
           source: str = 'the checkpoint') -> dict[str, np.ndarray]:
-  """t5x's flat '/'-keyed backbone parameters -> transformers' T5 tensors
-  (float32), one `shared.weight` for the tied embedding copies.
+  """t5x's flat '/'-keyed backbone parameters -> transformers' T5 tensors.
 
   Args:
     params: the backbone's parameters (no task-conditioned ones).
     backbone: the model's shape (`Backbone.of(T5Config)`).
     source: names the parameters' origin in errors.
+
+  Returns:
+    `{transformers name: float32 array}`, one `shared.weight` for the tied
+    embedding copies.
 
   Raises:
     ValueError: missing or unexpected parameters, a shape other than the
@@ -260,6 +280,7 @@ def to_hf(params: Mapping[str, np.ndarray], backbone: Backbone,
 
 
 def _check_shapes(entries, backbone, arrays, name, shape_of, fields, source):
+  """Raises ValueError naming every array of another shape than its entry's."""
   wrong = []
   for e in entries:
     got, want = tuple(np.shape(arrays[name(e)])), shape_of(e, backbone)
@@ -275,6 +296,7 @@ def _check_shapes(entries, backbone, arrays, name, shape_of, fields, source):
 
 
 def _describe(b: Backbone, t5x: bool = False) -> str:
+  """The backbone's shape in words, in t5x's or transformers' fields."""
   if t5x:
     return (f'vocab_size {b.vocab_size}, emb_dim {b.emb_dim}, num_heads '
             f'{b.num_heads}, head_dim {b.head_dim}, mlp_dim {b.mlp_dim}, '

@@ -1,9 +1,8 @@
-"""HyperFormer++ (Karimi Mahabadi et al., ACL 2021): one hypernetwork per stack
-generates every layer's per-task adapters.
+"""HyperFormer++ (Karimi Mahabadi et al., ACL 2021), a baseline.
 
-The adapters sit where the Vanilla Adapter's do (`adapters.py`: after the
-self-attention and the FFN sublayers of every block), with a generated post
-layer norm:
+One hypernetwork per stack generates every layer's per-task adapters. They
+sit where the Vanilla Adapter's do (`adapters.py`: after the self-attention
+and the FFN sublayers of every block), with a generated post layer norm:
 
     h -> h + LN_{gamma, beta}(W_up act(W_down h + b_down) + b_up).
 
@@ -18,11 +17,10 @@ embeddings y [2, t'], and each generator a Dense(t -> size) with bias. One
 set of generators serves all tasks, layers and both kinds of a stack; the
 encoder and the decoder have one each.
 
-Defaults: the authors' t' = 512, e = 128, t = 64, and bottleneck b = d / 16
-(their default reduction factor), which is the HyperPrompt paper's budget at
-T5.1.1-base, T = 8: 1.04x parameters with adapters in both stacks, 1.02x in
-the decoder only. Initialisation as the authors' code: embeddings N(0, 1),
-every Dense N(0, 0.01^2) with zero bias, the projector's LN scale 1, bias 0.
+Defaults: the authors' t' = 512, e = 128, t = 64, and b = d / 16, which meet
+the HyperPrompt paper's parameter budget (docs/methods.md, "Baselines").
+Initialisation as the authors' code: embeddings N(0, 1), every Dense
+N(0, 0.01^2) with zero bias, the projector's LN scale 1, bias 0.
 
 Adapters for all T tasks are generated once per forward (`[M, T, ...]`) and
 gathered by task id, so generation costs per task, not per example.
@@ -48,9 +46,8 @@ from hyperprompt_jax.t5 import layers
 Array = jax.Array
 INIT_STDDEV = 1e-2  # the authors' linear_layer init
 
-# The method's face (read by `methods.REGISTRY`): the T5Config field that
-# holds its config, its parameter scopes and logical axis names, the gin
-# variant files that select it, `check` and `is_active`.
+# Read by `methods.REGISTRY`: the T5Config field of the config, parameter
+# scopes, logical axis names, gin variant files, `check` and `is_active`.
 CONFIG_FIELD = 'hyperformer'
 SCOPES = ('hyperformer',)
 AXIS_NAMES = ('tasks', 'hyper_layers', 'adapter_kinds', 'task_embed',
@@ -61,15 +58,27 @@ is_active = adapters.is_active
 
 @struct.dataclass
 class HyperFormerConfig:
-  """gin: `hyperformer.HyperFormerConfig` (see gin/variants/hyperformer_pp.gin)."""
+  """HyperFormer++'s settings (gin: `hyperformer.HyperFormerConfig`).
 
-  placement: str = 'both'   # 'both' | 'encoder' | 'decoder'
-  reduction: int = 16       # adapter bottleneck b = d / reduction
-  task_embed_dim: int = 512  # t': task, layer and kind embeddings
-  task_hidden_dim: int = 128  # e: hidden width of the task projector h_t
-  projected_dim: int = 64   # t: the layer-aware task embedding I
-  activation: str = 'relu'  # of the adapters (flax.linen name)
-  packed_form: str = 'auto'  # 'auto' | 'task_blocks' | 'pallas' (adapters.py)
+  See gin/variants/hyperformer_pp.gin.
+
+  Attributes:
+    placement: the stacks with adapters: 'both', 'encoder' or 'decoder'.
+    reduction: the adapters' bottleneck is b = d / reduction.
+    task_embed_dim: t', width of the task, layer and kind embeddings.
+    task_hidden_dim: e, hidden width of the task projector h_t.
+    projected_dim: t, width of the layer-aware task embedding I.
+    activation: the adapters' activation, a flax.linen name.
+    packed_form: 'auto', 'task_blocks' or 'pallas' (`adapters.py`).
+  """
+
+  placement: str = 'both'
+  reduction: int = 16
+  task_embed_dim: int = 512
+  task_hidden_dim: int = 128
+  projected_dim: int = 64
+  activation: str = 'relu'
+  packed_form: str = 'auto'
 
 
 def check_hyperformer_config(cfg: HyperFormerConfig, emb_dim: int) -> None:
@@ -85,24 +94,33 @@ def check_hyperformer_config(cfg: HyperFormerConfig, emb_dim: int) -> None:
 
 
 def check(cfg: HyperFormerConfig, model_config: Any) -> None:
+  """Raises ValueError on settings that cannot build HyperFormer++."""
   check_hyperformer_config(cfg, model_config.emb_dim)
 
 
 class HyperFormerGenerator(nn.Module):
-  """The adapters of one stack, generated for all tasks and layers."""
+  """The adapters of one stack, generated for all tasks and layers.
+
+  Attributes:
+    config: the `HyperFormerConfig`.
+    num_tasks: T.
+    num_layers: M.
+    emb_dim: d.
+    dtype: the activations' dtype (`T5Config.dtype`).
+  """
 
   config: HyperFormerConfig
   num_tasks: int
   num_layers: int
   emb_dim: int
-  dtype: Any = jnp.float32  # the activations' (T5Config.dtype)
+  dtype: Any = jnp.float32
 
   def _param(self, name, init, shape, axes):
+    """A float32 parameter with logical `axes`."""
     return layers.param_with_axes(name, init, shape, jnp.float32, axes=axes)
 
   def _dense(self, x, name, out_dim, axes, dtype=jnp.float32):
-    """Dense with bias over the last axis of `x`, the authors' init,
-    computed in `dtype` (operands cast to it, as t5x's DenseGeneral)."""
+    """Dense with bias and the authors' init, computed in `dtype`."""
     kernel = self._param(name, nn.initializers.normal(INIT_STDDEV),
                          (x.shape[-1], out_dim), axes)
     bias = self._param(f'{name}_bias', nn.initializers.zeros, (out_dim,),
@@ -144,11 +162,9 @@ class HyperFormerGenerator(nn.Module):
         self._param('task_projector_norm_bias', nn.initializers.zeros,
                     (cfg.projected_dim,), ('task_embed',)))
 
-    # The generators make the adapters' weights, activations of the network
-    # that the adapters take in its dtype: they compute in it, as every
-    # Dense of the network does. In float32 a bfloat16 step of HyperFormer++
-    # wrote, split and differentiated [2, M, T, d * b] float32 twice a
-    # stack.
+    # The generated weights are activations the adapters take in the
+    # network's dtype, so the generators compute in it, as every Dense does;
+    # in float32 a bfloat16 step would carry `[2, M, T, d * b]` float32.
     def generate(name, size, out_axis, out_shape):
       y = self._dense(projected, f'{name}_generator', size,
                       ('task_embed', out_axis), self.dtype)

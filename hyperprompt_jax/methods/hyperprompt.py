@@ -17,23 +17,21 @@ D [d, b] and U [b, heads * head_dim], where
   embeddings k [T, t'], layer embeddings z [M, t'] and the task projector h_t
   = Dense(2t' -> e), ReLU, Dense(e -> t).
 
-Decisions where the paper is silent or loose: one P_tau feeds both the key
-and the value hypernetworks, as Eqs. 3-6 write it (Sec. 3.3's prose says
-"P_{tau,k/v}", but no equation has two); encoder and decoder have separate
-everything, since their prompt lengths differ (16 and 6 on GLUE, Sec. 4.7)
-and App. A.1 counts the parameters of one stack (the decoder's); no biases
-and no layer norms by default, as the paper's parameter formula (Sec. 3.4,
-App. A.1) counts none and is then exact; the flattened W^D I is read as
-[d, b] and W^U I as [b, heads * head_dim] (row-major: the paper gives no
-order, and a fixed one keeps checkpoints compatible). Prompts for all T
-tasks are computed once per forward (`[layers, T, l, heads, head_dim]`) and
-gathered by task id, so their cost does not grow with the batch.
+Where the paper is silent or loose: one P_tau feeds both the key and the
+value hypernetworks, as Eqs. 3-6 write it (Sec. 3.3's prose says
+"P_{tau,k/v}"); encoder and decoder have separate everything, as their
+prompt lengths differ (Sec. 4.7) and App. A.1 counts one stack's parameters;
+no biases or layer norms by default, so the parameter formula (Sec. 3.4,
+App. A.1) is exact; the flattened W^D I is read row-major as [d, b] and
+W^U I as [b, heads * head_dim] (a fixed order keeps checkpoints
+compatible). All T tasks' prompts are computed once per forward
+(`[layers, T, l, heads, head_dim]`) and gathered by task id, so their cost
+does not grow with the batch.
 
 Initialisation (the paper gives none): P_tau, k_tau, z_m ~ N(0, 1) like T5's
 token embeddings; D, U and h_t fan-in scaled like T5's dense layers; the
-global hypernetworks scaled so that the *generated* D and U have fan-in
-variance (1/d and 1/b), which makes the generated prompt keys about as large
-as token keys at step 0.
+global hypernetworks scaled so the generated D and U have fan-in variance
+(1/d, 1/b), which makes prompt keys about as large as token keys at step 0.
 """
 
 import functools
@@ -54,9 +52,8 @@ VARIANTS = ('share', 'sep', 'global', 'none')
 PLACEMENTS = ('both', 'encoder', 'decoder')
 PACKED_FORMS = ('auto', 'task_blocks', 'all_tasks')
 
-# The method's face (read by `methods.REGISTRY`): the T5Config field that
-# holds its config, its parameter scopes and logical axis names, the gin
-# variant files that select it, `check` and `is_active`.
+# Read by `methods.REGISTRY`: the T5Config field of the config, parameter
+# scopes, logical axis names, gin variant files, `check` and `is_active`.
 CONFIG_FIELD = 'hyperprompt'
 SCOPES = ('hyperprompt',)
 AXIS_NAMES = ('tasks', 'prompt_length', 'hyper_layers', 'hyper_bottleneck',
@@ -68,28 +65,43 @@ VARIANT_FILES = ('variants/hyperprompt_share.gin',
 
 @struct.dataclass
 class HyperPromptConfig:
-  """gin: `hyperprompt.HyperPromptConfig` (see gin/variants/hyperprompt_*)."""
+  """HyperPrompt's settings (gin: `hyperprompt.HyperPromptConfig`).
 
-  variant: str = 'global'  # 'share' | 'sep' | 'global' | 'none'
-  placement: str = 'both'  # 'both' | 'encoder' | 'decoder'
-  encoder_prompt_length: int = 16   # l_enc
-  decoder_prompt_length: int = 6    # l_dec
-  hypernet_reduction: int = 32      # r: bottleneck b = d / r
-  task_embed_dim: int = 64          # t': task and layer embeddings
-  task_hidden_dim: int = 128        # e: hidden width of h_t
-  layer_task_embed_dim: int = 64    # t: I^m_tau
-  # Options, off by default (not in the paper's parameter formula):
-  use_bias: bool = False            # biases in D / U, h_t and W^{D,U}
-  use_layer_norm: bool = False      # layer norm on the hypernetwork input
-  learned_prompt_bias: bool = False  # per-layer, per-head logit bias on prompts
-  # EXPERIMENTAL (not in the paper): also prepend each decoder layer's
-  # hyper-prompts to its encoder-decoder attention keys / values.
+  See gin/variants/hyperprompt_*.gin.
+
+  Attributes:
+    variant: 'share', 'sep', 'global' or 'none'.
+    placement: the stacks with prompts: 'both', 'encoder' or 'decoder'.
+    encoder_prompt_length: l in the encoder.
+    decoder_prompt_length: l in the decoder.
+    hypernet_reduction: r; the bottleneck is b = d / r.
+    task_embed_dim: t', width of the task and layer embeddings.
+    task_hidden_dim: e, hidden width of the task projector h_t.
+    layer_task_embed_dim: t, width of I^m_tau.
+    use_bias: biases in D / U, h_t and W^{D,U} (off: not in the paper's
+      parameter formula).
+    use_layer_norm: layer norm on the hypernetwork input (off, as above).
+    learned_prompt_bias: per-layer, per-head logit bias on the prompt
+      columns (off, as above).
+    cross_attention_prompts: experimental, not in the paper: also prepend
+      each decoder layer's prompts to its encoder-decoder attention.
+    packed_form: how packed rows' queries reach their own task's prompts,
+      with the same results (`resolve_packed_form`): 'task_blocks',
+      'all_tasks' or 'auto'.
+  """
+
+  variant: str = 'global'
+  placement: str = 'both'
+  encoder_prompt_length: int = 16
+  decoder_prompt_length: int = 6
+  hypernet_reduction: int = 32
+  task_embed_dim: int = 64
+  task_hidden_dim: int = 128
+  layer_task_embed_dim: int = 64
+  use_bias: bool = False
+  use_layer_norm: bool = False
+  learned_prompt_bias: bool = False
   cross_attention_prompts: bool = False
-  # How packed rows' queries reach their own task's prompts (same values
-  # and gradients; `resolve_packed_form`): 'task_blocks' lays the queries
-  # out in blocks of one task, 'all_tasks' scores every query against all
-  # T tasks' prompts and masks the others (T * l columns), 'auto' picks by
-  # the platform compiled for.
   packed_form: str = 'auto'
 
 
@@ -118,6 +130,7 @@ def check_hyperprompt_config(cfg: HyperPromptConfig, emb_dim: int) -> None:
 
 
 def check(cfg: HyperPromptConfig, model_config: Any) -> None:
+  """Raises ValueError on settings that cannot build HyperPrompt."""
   check_hyperprompt_config(cfg, model_config.emb_dim)
 
 
@@ -137,10 +150,12 @@ def prompt_length_for(cfg: Optional[HyperPromptConfig], stack: str) -> int:
 
 
 def _normal(stddev: float):
+  """A normal initialiser."""
   return nn.initializers.normal(stddev=stddev)
 
 
 def _fan_in(fan_in: int):
+  """A normal initialiser of variance 1 / `fan_in`."""
   return _normal(fan_in ** -0.5)
 
 
@@ -156,6 +171,16 @@ class HyperPromptGenerator(nn.Module):
             task_projector/{hidden [2t', e], output [e, t]},
             {key,value}_down_generator [t, d*b], {key,value}_up_generator
             [t, b*j]
+
+  Attributes:
+    config: the `HyperPromptConfig`.
+    num_tasks: T.
+    num_layers: M.
+    prompt_length: l.
+    emb_dim: d.
+    num_heads: attention heads.
+    head_dim: width of each head.
+    dtype: dtype of the prompts.
   """
 
   config: HyperPromptConfig
@@ -168,6 +193,7 @@ class HyperPromptGenerator(nn.Module):
   dtype: Any = jnp.float32
 
   def _param(self, name, init, shape, axes):
+    """A float32 parameter with logical `axes`, cast to `dtype`."""
     return jnp.asarray(
         layers.param_with_axes(name, init, shape, jnp.float32, axes=axes),
         self.dtype,
@@ -328,6 +354,9 @@ def gather_prompts(keys: Array, values: Array, layer: int,
     values: same shape as keys.
     layer: the layer index m.
     task_ids: int32 `[batch]`.
+
+  Returns:
+    `(keys, values)` of the examples' tasks.
   """
   if task_ids is None:
     raise ValueError(
@@ -340,18 +369,19 @@ def gather_prompts(keys: Array, values: Array, layer: int,
 
 
 def check_packed_form(form: str) -> None:
+  """Raises ValueError on an unknown `HyperPromptConfig.packed_form`."""
   if form not in PACKED_FORMS:
     raise ValueError(f'HyperPromptConfig.packed_form={form!r}; expected one '
                      f'of {list(PACKED_FORMS)}.')
 
 
 def resolve_packed_form(form: str) -> str:
-  """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`:
-  'auto' is 'all_tasks' where the model is compiled for an accelerator
-  (`traced_mesh.target_platform`), 'task_blocks' on a CPU: on a TPU
-  'all_tasks' moves fewer bytes and holds fewer temporaries, at a few more
-  FLOPs (docs/performance.md, On a TPU slice, has the figures); the CPU
-  figures there are 'task_blocks''s."""
+  """'task_blocks' or 'all_tasks' for a `HyperPromptConfig.packed_form`.
+
+  'auto' is 'task_blocks' on a CPU, else 'all_tasks', which on a TPU moves
+  fewer bytes and holds fewer temporaries at a few more FLOPs
+  (docs/performance.md, "On a TPU slice, from this host").
+  """
   check_packed_form(form)
   if form == 'auto':
     return ('task_blocks' if traced_mesh.target_platform() == 'cpu'
@@ -362,20 +392,15 @@ def resolve_packed_form(form: str) -> str:
 def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
                             prompt_length: int, packed_form: str = 'auto',
                             gradient_form: str = 'auto') -> 'OwnTaskPrompts':
-  """Packed rows' prompt attention, shared by a stack's layers, in
-  `packed_form` (`HyperPromptConfig.packed_form`).
+  """Packed rows' prompt attention, shared by a stack's layers.
 
-  A packed row holds examples of several tasks and each token must see
-  exactly its own task's `l` prompt columns. 'task_blocks' lays its
-  queries out by task in blocks of one task (`task_blocks`) and scores
-  each block against its task's prompts only, l columns a query as
-  unpacked: a block of c queries costs a copy of its task's `2 l` prompt
-  rows, and each task pads up to c - 1 positions: blocks of c = sqrt(2 l N
-  / T) (`task_blocks.block_size`; 128 at N = 4,096, l = 16, T = 8), N a
-  data shard's tokens (blocks per data shard, `traced_mesh.batch_shards`).
-  'all_tasks' scores each query against all T tasks' `T * l` columns and
-  masks all but its own: T times the prompts' work, but no permutation of
-  the queries.
+  Each token must see exactly its own task's `l` prompt columns.
+  'task_blocks' lays the queries out in blocks of one task and scores each
+  block against its task's prompts only; a block of c queries costs a copy
+  of `2 l` prompt rows and each task pads up to c - 1 positions, so
+  c = sqrt(2 l N / T), N a data shard's tokens (`task_blocks.block_size`).
+  'all_tasks' scores each query against all `T * l` columns and masks all
+  but its own: T times the prompts' work, no permutation of the queries.
 
   Args:
     token_task_ids: int32 `[batch, length]`, each token's task.
@@ -383,6 +408,9 @@ def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
     prompt_length: l.
     packed_form: `HyperPromptConfig.packed_form`.
     gradient_form: `T5Config.gradient_form` of the blocks' gathers.
+
+  Returns:
+    The layers' `prefix_attention`.
   """
   if resolve_packed_form(packed_form) == 'all_tasks':
     return OwnTaskPrompts(query_tasks=token_task_ids)
@@ -392,14 +420,11 @@ def packed_prompt_attention(token_task_ids: Array, num_tasks: int,
 
 @struct.dataclass
 class OwnTaskPrompts:
-  """Packed rows' prompt attention, handed to the T5 attention as its
-  `prefix_attention` (`layers.PrefixAttention`): each query attends over
-  `[its own task's l prompt columns; tokens]`.
+  """Packed rows' `prefix_attention`: over `[own task's prompts; tokens]`.
 
-  Each block of columns gets its own softmax (the prompts' by
-  `_own_task_prefix` or `_all_tasks_prefix`), scaled by its share of the
-  joint normaliser, exp(lse_block - lse), a per-query factor applied to the
-  block's output. Made by `packed_prompt_attention`.
+  Prompts and tokens each get their own softmax, scaled by its share of the
+  joint normaliser, exp(lse_block - lse), per query. Made by
+  `packed_prompt_attention`.
 
   Attributes:
     blocks: the queries' task blocks ('task_blocks' form), or None.
@@ -456,8 +481,7 @@ class OwnTaskPrompts:
 
 @jax.custom_jvp
 def softmax_and_logsumexp(x: Array) -> tuple[Array, Array]:
-  """`jax.nn.softmax(x)` over the last axis and its log normaliser
-  `[..., 1]`, with the derivative written out as `jax.nn.softmax`'s is."""
+  """Softmax over the last axis and its log normaliser `[..., 1]`."""
   top = lax.stop_gradient(x.max(-1, keepdims=True))
   unnormalized = jnp.exp(x - top)
   total = unnormalized.sum(-1, keepdims=True)
@@ -466,6 +490,7 @@ def softmax_and_logsumexp(x: Array) -> tuple[Array, Array]:
 
 @softmax_and_logsumexp.defjvp
 def _softmax_and_logsumexp_jvp(primals, tangents):
+  """The derivative, written out as `jax.nn.softmax`'s is."""
   (x_dot,) = tangents
   y, lse = softmax_and_logsumexp(*primals)
   lse_dot = (y * x_dot).sum(-1, keepdims=True)
@@ -479,25 +504,21 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
                      ) -> tuple[Array, Array]:
   """Each query's attention over its own task's prefix columns only.
 
-  The queries are laid out by task (`blocks`), and a block of one task's
-  queries is scored against that task's `l` columns: a query's
-  `[heads, l]` scores, not all T tasks' `T * l` columns masked to its own
-  (T times the prefix's work).
+  A block of one task's queries (`blocks`) is scored against that task's
+  `l` columns only, not all `T * l` masked.
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.
     keys: every task's prefix keys `[T, l, heads, head_dim]`.
     values: `[T, l, heads, head_dim]`.
     logit_bias: optional bias broadcastable to `[1, heads, 1, 1]`.
-    blocks: the queries' task blocks (`task_blocks.task_blocks` of each
-      query's task).
-    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]` (a row's
-      mask over every task's columns, broadcast along its queries), or None.
+    blocks: the queries' task blocks.
+    keep: dropout's scaled keep mask `[batch, heads, 1, T * l]`, or None.
     dtype: dtype of the attention weights and output.
 
   Returns:
-    The prefix block's output `[batch, q_length, heads, head_dim]` (its
-    softmax over the `l` columns alone) and that softmax's log normaliser
+    The prefix's output `[batch, q_length, heads, head_dim]` (its softmax
+    over the `l` columns alone) and its log normaliser
     `[batch, heads, q_length, 1]`.
   """
   batch, length, heads, head_dim = query.shape
@@ -535,18 +556,14 @@ def _own_task_prefix(query: Array, keys: Array, values: Array,
           lse.reshape(batch, length, heads).transpose(0, 2, 1)[..., None])
 
 
-# Rematerialised: its `[batch, heads, q_length, T * l]` logits and weights
-# are recomputed in the backward pass from the query and the prompts (which
-# it keeps anyway), not held from the forward.
+# Rematerialised: the `[batch, heads, q_length, T * l]` logits and weights
+# are recomputed from the kept query and prompts rather than held.
 @functools.partial(jax.checkpoint, static_argnums=(6,))
 def _all_tasks_prefix(query: Array, keys: Array, values: Array,
                       logit_bias: Optional[Array], query_tasks: Array,
                       keep: Optional[Array], dtype: Any
                       ) -> tuple[Array, Array]:
-  """Each query's attention over its own task's prefix columns, scored
-  against all T tasks' `T * l` columns with the other tasks' masked out:
-  the same softmax as `_own_task_prefix`'s, without laying the queries out
-  by task.
+  """`_own_task_prefix` by masking all `T * l` columns to the query's task.
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.

@@ -2,17 +2,15 @@
 
 Lester et al. (2021) prepend a trainable soft prompt to the encoder's input
 embeddings and train only the prompt. The HyperPrompt paper's baseline (§4)
-(1) trains the prompts and the backbone, and (2) gives each task its own
-prompt, all tasks co-trained. Here each task has `n` prompt vectors
-(`prompts [T, n, d]`, under `encoder/prompt_tuning/`), gathered by task id and
-prepended to the token embeddings before the embedding dropout; the encoder
-then runs over `n + input_length` positions (relative positions cover the
-prompt too), the prompt positions are always valid in the encoder's
-self-attention and the decoder's cross-attention, and `encoded` is
-`[batch, n + input_length, d]`. At T5.1.1-base with T = 8 and n = 12
-(default; the paper does not give its length) the prompts are 1.0003x the
-parameters, the paper's figure. Initialisation: N(0, 1), as the token
-embeddings of a freshly initialised T5.
+trains the backbone too and gives each task its own prompt. Here each task
+has `n` prompt vectors (`prompts [T, n, d]`, under
+`encoder/prompt_tuning/`), gathered by task id and prepended to the token
+embeddings before the embedding dropout. The encoder runs over
+`n + input_length` positions (relative positions and masks cover the
+prompt, always valid), so `encoded` is `[batch, n + input_length, d]`.
+n = 12 by default (the paper gives none) meets the paper's parameter count
+(docs/methods.md, "Baselines"). Initialisation: N(0, 1), as a fresh T5's
+token embeddings.
 """
 
 from typing import Any, Optional
@@ -30,9 +28,8 @@ PROMPT_SLOT_TOKEN = inputs.PROMPT_SLOT_TOKEN
 
 Array = jax.Array
 
-# The method's face (read by `methods.REGISTRY`): the T5Config field that
-# holds its config, its parameter scopes and logical axis names, the gin
-# variant files that select it, `check` and `is_active`.
+# Read by `methods.REGISTRY`: the T5Config field of the config, parameter
+# scopes, logical axis names, gin variant files, `check` and `is_active`.
 CONFIG_FIELD = 'prompt_tuning'
 SCOPES = ('prompt_tuning',)
 AXIS_NAMES = ('tasks', 'prompt_length')
@@ -41,18 +38,24 @@ VARIANT_FILES = ('variants/prompt_tuning.gin',)
 
 @struct.dataclass
 class PromptTuningConfig:
-  """gin: `prompt_tuning.PromptTuningConfig` (gin/variants/prompt_tuning.gin)."""
+  """Prompt-Tuning's settings (gin: `prompt_tuning.PromptTuningConfig`).
 
-  prompt_length: int = 12  # n soft tokens per task
+  Attributes:
+    prompt_length: n, soft tokens per task.
+  """
+
+  prompt_length: int = 12
 
 
 def check_prompt_tuning_config(cfg: PromptTuningConfig) -> None:
+  """Raises ValueError on settings that cannot build Prompt-Tuning."""
   if cfg.prompt_length <= 0:
     raise ValueError('PromptTuningConfig.prompt_length (PROMPT_TUNING_LENGTH)'
                      f' must be positive, got {cfg.prompt_length}.')
 
 
 def check(cfg: PromptTuningConfig, model_config: Any) -> None:
+  """Raises ValueError on settings that cannot build Prompt-Tuning."""
   del model_config  # the prompts fit any model
   check_prompt_tuning_config(cfg)
 
@@ -68,9 +71,7 @@ def prompt_length(cfg: Optional[PromptTuningConfig]) -> int:
 
 
 def extend_valid(cfg: Optional[PromptTuningConfig], valid: Array) -> Array:
-  """`[batch, input_length]` token validity -> `[batch, n + input_length]`,
-  the prompt positions valid: the encoder's key / query mask and the
-  decoder's cross-attention mask."""
+  """`[batch, input_length]` validity -> `[batch, n + input_length]`."""
   n = prompt_length(cfg)
   if n == 0:
     return valid
@@ -79,7 +80,13 @@ def extend_valid(cfg: Optional[PromptTuningConfig], valid: Array) -> Array:
 
 
 class TaskPrompts(nn.Module):
-  """Per-task soft prompts prepended to the encoder's input embeddings."""
+  """Per-task soft prompts prepended to the encoder's input embeddings.
+
+  Attributes:
+    config: the `PromptTuningConfig`.
+    num_tasks: T.
+    emb_dim: d.
+  """
 
   config: PromptTuningConfig
   num_tasks: int
@@ -89,16 +96,22 @@ class TaskPrompts(nn.Module):
   def __call__(self, embedded: Array, task_ids: Optional[Array],
                positions: Optional[Array] = None,
                valid: Optional[Array] = None) -> Array:
-    """Unpacked: `[batch, length, d]` embeddings and `task_ids [batch]` ->
-    `[batch, n + length, d]`, each example's prompt in front.
+    """Adds each example's soft prompt to its embeddings.
 
-    Packed (`task_ids`, `positions` and `valid` `[batch, length]`: each
-    token's task, its position in its example, non-padding): each example's
-    soft prompt in its reserved slots, shape unchanged. The feature
-    converter (`input_prompt_length = n`) put `n` placeholder tokens in front
-    of every packed example, so positions `0..n-1` of each segment are its
-    prompt slots; relative positions and masks then match the unpacked
-    `[prompt; tokens]` row exactly.
+    On packed rows the feature converter (`input_prompt_length = n`) put `n`
+    placeholder tokens in front of every example; its positions `0..n-1`
+    are the prompt's slots, so positions and masks match the unpacked row.
+
+    Args:
+      embedded: `[batch, length, d]` embedded tokens.
+      task_ids: int32 `[batch]`; packed rows: `[batch, length]`.
+      positions: packed rows: `[batch, length]`, each token's position in
+        its example.
+      valid: packed rows: `[batch, length]`, the non-padding tokens.
+
+    Returns:
+      `[batch, n + length, d]`, the prompt in front; packed rows: the same
+      shape, the prompt in its slots.
     """
     if task_ids is None:
       raise ValueError(

@@ -1,27 +1,22 @@
 """Task conditioning of a stack, handed to its layers one object per layer.
 
-The backbone (`network.py`) knows one interface: each stack builds a
-`StackConditioning` once per forward, from the configuration, the stack,
-the task ids and the token validity, and gives layer m its
-`LayerConditioning`: the self-attention's key/value prefix (HyperPrompt),
-the cross-attention's (experimental), the adapters of its sublayers
-(Vanilla Adapter, HyperFormer++) and the gating of its FFN (HyperGrid,
-Output Gating). Prompt-Tuning's soft prompts enter at the stack's input.
-Each method's equations live in its own module; this file only wires them:
-a new method touches its module, the registry (`methods.py`) and this file.
+Each stack of `network.py` builds a `StackConditioning` once per forward and
+gives layer m its `LayerConditioning`: the self-attention's key/value prefix
+(HyperPrompt), the cross-attention's (experimental), its sublayers' adapters
+(Vanilla Adapter, HyperFormer++) and its FFN's gating (HyperGrid, Output
+Gating). Prompt-Tuning's soft prompts enter at the stack's input. The
+methods' equations live in their modules; this file only wires them, so a
+new method touches its module, the registry (`methods.py`) and this file.
 
-Per-task work is done here once per forward for all T tasks (hyper-prompts
+Per-task work is done once per forward for all T tasks (hyper-prompts
 `[layers, T, l, heads, head_dim]`, generated adapters) and gathered by task
 id, so its cost does not grow with the batch.
 
-Task ids come in two shapes. Unpacked rows (one example per row): `[batch]`.
-Packed rows (several examples per row, `segment_ids` given): per token,
-`[batch, length]` like the tokens, one id per segment; each token is then
-conditioned by its own example's task: its task's prompt columns only
-(`hyperprompt.packed_prompt_attention`), its task's adapter, its task's
-soft prompt in the slots the packer reserved, its example's HyperGrid /
-Output Gating gates (one conditioning vector per segment, from that
-segment's tokens only; at most
+Task ids are `[batch]` on unpacked rows. On packed rows (`segment_ids`
+given) they are per token, `[batch, length]`, one id per segment, and each
+token is conditioned by its own example's task: its prompt columns
+(`hyperprompt.packed_prompt_attention`), adapter, soft-prompt slots and
+HyperGrid gates (one vector per segment, at most
 `HyperGridConfig.max_segments` segments a row).
 """
 
@@ -46,11 +41,16 @@ Array = jax.Array
 
 
 class Prompts(NamedTuple):
-  """One layer's attention prefix: keys and values `[batch, l, heads,
-  head_dim]` (None at decode steps, where they live in the cache), the
-  optional `[heads]` logit bias and, for packed rows, HyperPrompt's
-  attention over each query's own task's prompts (keys and values then hold
-  every task's prompts, `[T, l, heads, head_dim]`)."""
+  """One layer's attention prefix.
+
+  Attributes:
+    keys: `[batch, l, heads, head_dim]`; packed rows: every task's,
+      `[T, l, heads, head_dim]`. None at decode steps (they are cached).
+    values: as `keys`.
+    logit_bias: optional `[heads]` bias of the prefix's logits.
+    attention: packed rows: each query's attention over its own task's
+      prompts.
+  """
 
   keys: Optional[Array]
   values: Optional[Array]
@@ -58,6 +58,7 @@ class Prompts(NamedTuple):
   attention: Optional[hyperprompt_lib.OwnTaskPrompts] = None
 
   def as_kwargs(self) -> dict[str, Any]:
+    """The attention's `prefix_*` keyword arguments."""
     kwargs = dict(prefix_key=self.keys, prefix_value=self.values,
                   prefix_logit_bias=self.logit_bias)
     if self.attention is not None:
@@ -91,9 +92,10 @@ class LayerConditioning:
     return {} if self.prompts is None else self.prompts.as_kwargs()
 
   def cross_attention_prefix(self, layer: nn.Module) -> dict[str, Any]:
-    """The same prompts for the encoder-decoder attention when
-    `cross_attention_prompts` is on (at decode steps read back from `layer`'s
-    self-attention cache)."""
+    """The prefix of the encoder-decoder attention, if it takes `prompts`.
+
+    At decode steps the prompts are read from `layer`'s self-attention cache.
+    """
     if self.prompts is None or not self.cross_attention_prompts:
       return {}
     prompts = self.prompts
@@ -105,8 +107,7 @@ class LayerConditioning:
 
   @property
   def attention_class(self) -> type[layers.MultiHeadDotProductAttention]:
-    """The class of the attention the layer's FFN gates come from (encoder:
-    the self-attention, decoder: the encoder-decoder attention)."""
+    """Class of the attention the FFN gates come from (decoder: the cross)."""
     if self.gating is None:
       return layers.MultiHeadDotProductAttention
     return self.gating.attention_class
@@ -115,8 +116,7 @@ class LayerConditioning:
              inputs_kv: Array, mask, bias, *,
              first_token: Callable[[], Array], deterministic: bool,
              **prefix) -> tuple[Array, 'LayerConditioning']:
-    """Runs that attention; with gating, its FFN gates come back inside the
-    returned conditioning (the layer's FFN is then `ffn`'s gated block).
+    """Runs the attention; with gating, also makes the layer's FFN gates.
 
     Args:
       attention: the layer's attention, of class `attention_class`.
@@ -137,8 +137,7 @@ class LayerConditioning:
     return out, dataclasses.replace(self, gates=gates)
 
   def ffn(self, **kwargs) -> nn.Module:
-    """The layer's FFN block (`layers.MlpBlock`'s arguments): gated by the
-    layer's gates once `attend` made them."""
+    """The FFN block (`layers.MlpBlock`'s kwargs), gated once `attend` ran."""
     if self.gates is None:
       return layers.MlpBlock(**kwargs)
     return hypergrid_lib.GatedMlpBlock(gates=self.gates, **kwargs)
@@ -159,24 +158,20 @@ NONE = LayerConditioning()
 
 def check_task_ids(cfg, task_ids, tokens: Array,
                    segment_ids: Optional[Array] = None) -> Optional[Array]:
-  """Checks the task ids against the tokens and their values against
-  `[0, num_tasks)`; returns them as an array.
+  """Checks task ids against the tokens and `[0, num_tasks)`.
 
-  Unpacked: int32 `[batch]`. Packed (`segment_ids` given): int32 `[batch,
-  length]` like `tokens`, one id per segment, and every configured method
-  must support packed rows. A list or numpy array of ids is converted with
-  `jnp.asarray`.
+  Concrete ids are checked here, on the host. Traced ids are checked by the
+  compiled program (`_call_on_host`), which then fails with a
+  `jax.errors.JaxRuntimeError` carrying the same message, since an
+  out-of-range gather would silently clamp or fill NaN; unless
+  `T5Config.check_traced_task_ids` is off (`network.checked_on_host`).
 
-  Concrete ids are checked here, on the host. Traced ids (inside `jax.jit`,
-  `jax.grad`, a decoding loop, t5x's steps) are checked by the compiled
-  program, on any platform and mesh (`_call_on_host`), which then fails
-  with a `jax.errors.JaxRuntimeError` carrying the same message: an
-  out-of-range gather would otherwise clamp (another task's output) or fill
-  NaN, silently. Off with `T5Config.check_traced_task_ids = False`, where
-  every batch is validated on the host first (`network.checked_on_host`:
-  the built-in runner's steps and decodes, t5x's steps behind the project's
-  feature converter), since a host callback keeps a program out of JAX's
-  persistent compilation cache and off its fast dispatch.
+  Args:
+    cfg: the `T5Config`.
+    task_ids: int32 `[batch]`; packed rows: `[batch, length]`, one id per
+      segment. A list or numpy array is converted. None for no ids.
+    tokens: `[batch, length]`, the tokens the ids go with.
+    segment_ids: `[batch, length]` for packed rows.
 
   Returns:
     `task_ids` as an array (None stays None).
@@ -234,11 +229,11 @@ def check_task_ids(cfg, task_ids, tokens: Array,
 
 
 def check_segments(cfg, segment_ids: Optional[Array]) -> None:
-  """Packed rows of a model that gates per example (HyperGrid, Output
-  Gating): at most `max_segments` examples a row, each contiguous
-  (`inputs.check_segments`). Concrete ids are checked on the host; traced
-  ones by the compiled program (the bound only), as task ids are
-  (`check_task_ids`), unless `check_traced_task_ids` is off."""
+  """Checks packed rows of a per-example gated model (HyperGrid).
+
+  At most `max_segments` contiguous examples a row; traced ids are checked
+  (the bound only) by the compiled program, as in `check_task_ids`.
+  """
   bound = hypergrid_lib.max_segments(cfg.hypergrid)
   if segment_ids is None or bound is None or segment_ids.size == 0:
     return
@@ -251,14 +246,12 @@ def check_segments(cfg, segment_ids: Optional[Array]) -> None:
 
 
 def _check_segment_bound(bound: int, high) -> None:
-  """The compiled side of `check_segments` (under `vmap`, `high` may come
-  batched)."""
+  """The compiled side of `check_segments`; `high` may come batched."""
   inputs_lib.check_segment_bound('segment_ids', int(np.max(high)), bound)
 
 
 def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
-  """Makes the compiled program call `_check_task_id_range` on the host when
-  traced `task_ids` leave `[0, num_tasks)`."""
+  """Compiles a host check that traced `task_ids` lie in `[0, num_tasks)`."""
   low, high = jnp.min(task_ids), jnp.max(task_ids)
   _raise_in_graph((low < 0) | (high >= num_tasks),
                   functools.partial(_check_task_id_range, num_tasks), low,
@@ -267,31 +260,25 @@ def _check_in_graph(num_tasks: int, task_ids: Array) -> None:
 
 def _raise_in_graph(bad: Array, check: Callable[..., None],
                     *values: Array) -> None:
-  """Makes the compiled program call `check(*values)` on the host when the
-  traced scalar `bad` holds; its raise fails the call with a
-  `JaxRuntimeError` carrying the message.
+  """Compiles `check(*values)` on the host, called when traced `bad` holds.
 
-  A host callback, not checkify, which would need every caller (t5x's
-  steps, a user's own `jit`) to wrap its function. The `cond` keeps Python
-  off the device path for valid inputs (decode loops run it every step).
+  Its raise fails the call with a `JaxRuntimeError`. A host callback, not
+  checkify, which would need every caller (t5x's steps, a user's `jit`) to
+  wrap its function; the `cond` keeps Python off the path of valid inputs.
   """
   jax.lax.cond(bad, lambda: _call_on_host(check, *values), lambda: None)
 
 
 def _call_on_host(check: Callable[..., None], *values: Array) -> None:
-  """`check(*values)` on the host, in the form the compiled platform takes
-  (picked where the program is lowered: a CPU host may compile for a TPU).
+  """`check(*values)` on the host, in the form the compiled platform takes.
 
-  CPU, GPU: `partitioned`: every device calls it with the reduced
-  (replicated) scalars and fails alike; one device failing alone would
-  leave the others waiting at their next collective (on an 8-device CPU
-  mesh: 40 s, then XLA aborts the process). JAX lowers no partitioned
-  callback for a TPU (`NotImplementedError`), so there the program's first
-  device calls it: the host answers that device whether the callback raised
-  or not (XLA's `pjrt/host_callback.cc`), so no device waits on it, and the
-  raise fails the call (on a multi-host slice, in that device's process).
-  Compiled for TPU slices here (`tests/test_task_id_checks.py`), not run on
-  one.
+  CPU, GPU: partitioned, so every device calls it on the replicated scalars
+  and fails alike (one device failing alone would leave the others waiting
+  at their next collective until XLA aborts). JAX lowers no partitioned
+  callback for a TPU, so there the first device calls it; the host answers
+  that device whether it raised or not (XLA's `pjrt/host_callback.cc`), so
+  none waits. Compiled for TPU slices in `tests/test_task_id_checks.py`,
+  not run on one.
   """
 
   def call(partitioned: bool) -> Callable[[], None]:
@@ -301,9 +288,7 @@ def _call_on_host(check: Callable[..., None], *values: Array) -> None:
 
 
 def _check_task_id_range(num_tasks: int, low, high) -> None:
-  """Raises ValueError unless the ids from `low` to `high` lie in `[0,
-  num_tasks)` (host side of `check_task_ids`, also its compiled callback;
-  under `vmap` `low` and `high` may come batched)."""
+  """Raises ValueError unless ids `low`..`high` lie in `[0, num_tasks)`."""
   low, high = int(np.min(low)), int(np.max(high))
   if low < 0 or high >= num_tasks:
     raise ValueError(
@@ -314,9 +299,11 @@ def _check_task_id_range(num_tasks: int, low, high) -> None:
 
 def input_valid(cfg, encoder_input_tokens: Array, packed: bool = False
                 ) -> Array:
-  """`[batch, n + length]` valid positions of the encoder's output (n:
-  Prompt-Tuning's soft tokens, always valid, else 0; packed rows hold the
-  prompts in reserved slots, so n = 0 there)."""
+  """`[batch, n + length]` valid positions of the encoder's output.
+
+  n is the number of Prompt-Tuning's soft tokens (always valid), else 0, and
+  0 on packed rows, whose prompts fill reserved slots.
+  """
   if packed:
     return encoder_input_tokens > 0
   return prompt_tuning_lib.extend_valid(cfg.prompt_tuning,
@@ -326,9 +313,9 @@ def input_valid(cfg, encoder_input_tokens: Array, packed: bool = False
 class StackConditioning:
   """The task conditioning of one stack for one forward (or decode step).
 
-  Construct it inside the stack's compact `__call__`: the stack-level
-  parameters (hyper-prompt generators, adapter tables, HyperGrid's task
-  embedding, Prompt-Tuning's prompts) are created in the stack's scope.
+  Construct it inside the stack's compact `__call__`, so that the
+  stack-level parameters (hyper-prompt generators, adapter tables,
+  HyperGrid's task embedding, soft prompts) live in the stack's scope.
 
   Args:
     module: the stack (`network.Encoder` / `network.Decoder`).
@@ -362,8 +349,8 @@ class StackConditioning:
     self.packed = packed
     self._positions = positions
     self._token_valid = token_valid
-    # Once the cache exists, everything that depends only on the task (and
-    # `encoded`) is read from it: no generation at decode steps.
+    # Once the cache exists, what depends only on the task and `encoded` is
+    # read from it: no generation at decode steps.
     cache_ready = decode and 'cache' in module.variables
     self._prompts = _generate_prompts(cfg, stack, num_layers,
                                       generate=not cache_ready)
@@ -379,9 +366,11 @@ class StackConditioning:
                            kv_segment_ids if packed else None)
 
   def inputs(self, embedded: Array) -> Array:
-    """The stack's embedded inputs with Prompt-Tuning's soft prompts (encoder):
-    in front, `[batch, length, embed]` -> `[batch, n + length, embed]`, or,
-    packed, in each example's reserved slots (shape unchanged)."""
+    """Adds Prompt-Tuning's soft prompts to the encoder's embedded inputs.
+
+    `[batch, length, embed]` -> `[batch, n + length, embed]`; packed rows
+    keep their shape, the prompts filling each example's reserved slots.
+    """
     cfg = self.config
     if self.stack != 'encoder' or cfg.prompt_tuning is None:
       return embedded
@@ -428,9 +417,10 @@ class StackConditioning:
 
 
 def _generate_prompts(cfg, stack: str, num_layers: int, generate: bool):
-  """HyperPrompt's `(keys, values, logit_bias)` of all T tasks and layers,
-  generated once (keys / values None when `generate` is off: decode steps
-  read them from the attention caches); None without hyper-prompts."""
+  """HyperPrompt's `(keys, values, logit_bias)`, all tasks and layers, or None.
+
+  Keys and values are None when not `generate` (decode steps: cached).
+  """
   length = hyperprompt_lib.prompt_length_for(cfg.hyperprompt, stack)
   if length == 0:
     return None
@@ -448,11 +438,11 @@ def _generate_prompts(cfg, stack: str, num_layers: int, generate: bool):
 
 
 def _adapter_weights(cfg, stack: str, num_layers: int):
-  """`(weights, activation, packed_form)` of the stack's adapters,
-  `weights[m]` layer m's `{kind: AdapterWeights [tasks, ...]}`
-  (`adapters.per_layer`): Vanilla adapters are parameters, HyperFormer++
-  generates them once per forward for all T tasks. None without
-  adapters."""
+  """`(weights, activation, packed_form)` of the stack's adapters, or None.
+
+  `weights[m]` is layer m's `{kind: AdapterWeights [tasks, ...]}`: Vanilla
+  adapters' parameters, or HyperFormer++'s, generated for all tasks.
+  """
   if adapters_lib.is_active(cfg.adapter, stack):
     weights = adapters_lib.VanillaAdapters(
         cfg.adapter, cfg.num_tasks, num_layers, cfg.emb_dim, name='adapter')()
@@ -472,8 +462,7 @@ def _gating(cfg, stack: str, task_ids, token_valid, decode: bool,
             cache_ready: bool, segment_ids: Optional[Array] = None,
             kv_segment_ids: Optional[Array] = None
             ) -> Optional[hypergrid_lib.StackGating]:
-  """HyperGrid's per-stack gating, or None when inactive. Packed rows
-  (`segment_ids` given) get one task vector per segment, its example's."""
+  """HyperGrid's gating of the stack (packed: per segment), or None."""
   hg = cfg.hypergrid
   if not hypergrid_lib.is_active(hg, stack):
     return None

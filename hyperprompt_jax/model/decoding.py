@@ -1,16 +1,13 @@
-"""Greedy decoding with the autoregressive cache.
+"""Greedy decoding with the autoregressive cache, for the built-in runner.
 
-The network keeps t5x's cache layout, so a t5x run decodes it with t5x's
-beam search (`t5x.decoding`); the built-in runner, which has no t5x, decodes
-greedily here, as t5x's evaluation does by default for classification-style
-tasks (`num_decodes=1`). The loop is a `lax.while_loop` that stops once every
-row has produced EOS, so short answers cost a few steps, not
-`max_decode_length`.
+The network keeps t5x's cache layout, so t5x runs decode with t5x's beam
+search; without t5x the runner decodes greedily here, as t5x's evaluation
+does by default (`num_decodes=1`). The `lax.while_loop` stops once every row
+has produced EOS, so short answers cost a few steps.
 
-Task conditioning follows t5x: the cache is created with the real `task_ids`
-(`network.create_cache`, shared with the t5x model), which is when the
-decoder's hyper-prompts and HyperGrid gates are computed and stored; decode
-steps read them back from the cache.
+As in t5x, the cache is made with the real `task_ids`
+(`network.create_cache`); the decoder's hyper-prompts and HyperGrid gates
+are computed then and read back at every step.
 """
 
 from typing import Any, Optional

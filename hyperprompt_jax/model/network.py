@@ -1,19 +1,17 @@
 """T5 encoder-decoder (T5.1.1 by default, T5 v1.0 via config) with task ids.
 
-Parameter names, storage shapes and logical axes are those of t5x's
-`examples/t5/network.py`, so public t5x checkpoints restore into this module
-and t5x's partitioner shards it. Every entry point takes `task_ids` (int32
-`[batch]`, one per example; packed rows: per token, `encoder_task_ids` /
-`decoder_task_ids [batch, length]` beside t5x's segment ids and positions);
-the plain network ignores them, task-conditioned modules consume them and
-raise when they are missing.
+Parameter names, shapes and logical axes are those of t5x's
+`examples/t5/network.py`, so t5x checkpoints restore into it and t5x's
+partitioner shards it. Every entry point takes `task_ids`: int32 `[batch]`,
+or per token `[batch, length]` on packed rows. The plain network ignores
+them; task-conditioned modules need them.
 
-This file is the backbone only. Each stack builds one
+This file is the backbone only: each stack builds one
 `conditioning.StackConditioning` and hands every layer its
-`LayerConditioning`; the methods' equations live in their own modules
-(`hyperprompt.py`: HyperPrompt, Eqs. 1-8; `hypergrid.py`: HyperGrid, Eqs.
-3-8, and Output Gating; `adapters.py`, `hyperformer.py`, `prompt_tuning.py`:
-the baselines), listed in `methods.REGISTRY`.
+`LayerConditioning`. The methods' equations live in `methods.REGISTRY`'s
+modules (`hyperprompt.py`: HyperPrompt, Eqs. 1-8; `hypergrid.py`: HyperGrid,
+Eqs. 3-8, and Output Gating; `adapters.py`, `hyperformer.py`,
+`prompt_tuning.py`: the baselines).
 """
 
 import dataclasses
@@ -39,53 +37,63 @@ class T5Config:
   """Hyperparameters of the network (gin: `network.T5Config`).
 
   Defaults are T5.1.1-small's except the vocabulary, which must be set.
+
+  Attributes:
+    vocab_size: number of token ids.
+    dtype: dtype of the activations; parameters are always float32.
+    emb_dim: model width, `d_model`.
+    num_heads: attention heads.
+    num_encoder_layers: encoder layers.
+    num_decoder_layers: decoder layers.
+    head_dim: width of each head's queries, keys and values.
+    mlp_dim: FFN hidden width.
+    mlp_activations: ('gelu', 'linear') is T5.1.1's gated GELU; ('relu',)
+      is T5 v1.0's FFN.
+    dropout_rate: dropout rate throughout.
+    logits_via_embedding: ties the output layer to the token embedding
+      (T5 v1.0).
+    float32_attention_logits: attention logits and softmax in float32 at
+      bfloat16 activations. Off by default, as in t5x: no gain in scores,
+      more memory (docs/performance.md, "Attention logits in float32").
+    num_tasks: size of the task-id space; ids lie in `[0, num_tasks)`.
+    check_traced_task_ids: out-of-range traced ids fail the compiled call,
+      on any platform and mesh. The check is a host callback
+      (`conditioning._call_on_host`), which costs JAX's fast dispatch and
+      its persistent compilation cache (docs/operations.md, "Training with
+      the built-in runner"); off only where batches are checked on the host
+      first (`checked_on_host`). Concrete ids are always checked.
+    remat_policy: rematerialisation of the layers in training
+      (`REMAT_POLICIES`): 'none' keeps every activation, 'minimal' the
+      matmul outputs, 'full' each layer's inputs only. Results are the same.
+    gradient_form: gradients of the per-task gathers and adapters
+      (`task_blocks`): 'written' (for XLA:CPU's kernels), 'autodiff' (for
+      TPUs and GPUs) or 'auto' ('written' on CPU). Results are the same.
+    hyperprompt: HyperPrompt's config, or None. One field per method of
+      `methods.REGISTRY` (its CONFIG_FIELD); all None: plain multi-task T5.
+    hypergrid: HyperGrid's (and Output Gating's) config, or None.
+    adapter: Vanilla (Houlsby) adapters' config (a baseline), or None.
+    hyperformer: HyperFormer++'s config (a baseline), or None.
+    prompt_tuning: multi-task Prompt-Tuning's config (a baseline), or None.
   """
 
   vocab_size: int
-  dtype: Any = jnp.float32  # activations; parameters are always float32
+  dtype: Any = jnp.float32
   emb_dim: int = 512
   num_heads: int = 6
   num_encoder_layers: int = 8
   num_decoder_layers: int = 8
   head_dim: int = 64
   mlp_dim: int = 1024
-  # ('gelu', 'linear') is T5.1.1's gated GELU; ('relu',) is T5 v1.0.
   mlp_activations: Sequence[str] = ('gelu', 'linear')
   dropout_rate: float = 0.1
-  # T5 v1.0 ties the output layer to the token embedding.
   logits_via_embedding: bool = False
-  # t5x's default. Attention logits and softmax in float32 at bfloat16
-  # activations: no measured gain in log-probabilities or quickstart scores,
-  # 11-13% more bytes and up to 18% more temporaries in a Base step on the
-  # TPU compiler (docs/performance.md, "Attention logits in float32").
   float32_attention_logits: bool = False
-  # Size of the task-id space: ids must lie in [0, num_tasks).
   num_tasks: int = 8
-  # Traced ids out of range fail the compiled call, on any platform and
-  # mesh (a host callback in the program, `conditioning._call_on_host`: it
-  # costs jax's fast C++ dispatch path, ~1 ms a call on CPU, and keeps the
-  # program out of the persistent compilation cache). Turn off only where
-  # batches are validated on the host first (`batches.validate_batch`, the
-  # t5x adapter's feature converter; both runners do,
-  # `network.checked_on_host`); concrete ids are always checked.
   check_traced_task_ids: bool = True
-  # Activation rematerialisation of the encoder and decoder layers in
-  # training (`REMAT_POLICIES`): 'none' keeps every activation for the
-  # backward pass; 'minimal' keeps the matmul outputs and recomputes the
-  # rest; 'full' keeps each layer's inputs only and recomputes the layer.
-  # Parameters and results are the same either way.
   remat_policy: str = 'none'
-  # The gradients of the per-task gathers and adapters (`task_blocks`):
-  # 'written' (shaped for XLA:CPU's kernels), 'autodiff' (JAX's own: the
-  # form for TPUs and GPUs), 'auto' ('written' on CPU, else 'autodiff').
-  # Values and gradients are the same either way.
   gradient_form: str = 'auto'
-  # Task conditioning (None: the plain multi-task T5, "MTL"); one field per
-  # method of `methods.REGISTRY` (its CONFIG_FIELD).
   hyperprompt: Optional[methods.hyperprompt.HyperPromptConfig] = None
   hypergrid: Optional[methods.hypergrid.HyperGridConfig] = None
-  # The papers' baselines: Vanilla (Houlsby) adapters, HyperFormer++,
-  # multi-task Prompt-Tuning.
   adapter: Optional[methods.adapters.AdapterConfig] = None
   hyperformer: Optional[methods.hyperformer.HyperFormerConfig] = None
   prompt_tuning: Optional[methods.prompt_tuning.PromptTuningConfig] = None
@@ -118,11 +126,10 @@ def check_config(cfg: T5Config) -> None:
   methods.check(cfg)
 
 
-# T5Config fields that change neither the parameters nor the results, only
-# the memory or time a step takes (or, for MAX_SEGMENTS, which examples
-# share a packed row: the data record's PACKER names it): not recorded, so
-# a run may resume (or a reader load, such as a checkpoint written before
-# the field existed) with another value.
+# T5Config fields that change neither parameters nor results, only a step's
+# memory or time (MAX_SEGMENTS: which examples share a packed row, recorded
+# by the data record's PACKER). Not recorded, so a run may resume, or a
+# reader load an older checkpoint, with another value.
 MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
                   'T5Config.hyperprompt.packed_form',
                   'T5Config.hypergrid.packed_form',
@@ -130,10 +137,16 @@ MEMORY_CHOICES = ('T5Config.remat_policy', 'T5Config.gradient_form',
 
 
 def model_settings(config: Any, prefix: str = 'T5Config') -> dict[str, str]:
-  """`{'T5Config.num_tasks': '8', 'T5Config.hyperprompt.prompt_length':
-  '16', ...}`: a dataclass config flattened, values as `repr` (memory
-  choices left out): what the run record and a task-parameter artifact
-  record of a model."""
+  """Flattens a config for the run record and task-parameter artifacts.
+
+  Args:
+    config: a dataclass config, such as `T5Config`.
+    prefix: the name of `config` in the result.
+
+  Returns:
+    `{'T5Config.num_tasks': '8', 'T5Config.hyperprompt.prompt_length':
+    '16', ...}`, values as `repr`, `MEMORY_CHOICES` left out.
+  """
   out = {}
   for field in dataclasses.fields(config):
     value = getattr(config, field.name)
@@ -158,9 +171,10 @@ REMAT_POLICIES = {
 @functools.cache
 def _remat(layer_cls: type[nn.Module], policy: str,
            static_argnums: tuple[int, ...]) -> type[nn.Module]:
-  """`layer_cls` under `nn.remat` with REMAT_POLICY `policy` (its flags,
-  `static_argnums` counting `self` as 0, are compile-time constants). The
-  module keeps its name, so the parameter paths do not change."""
+  """`layer_cls` under `nn.remat`; the parameter paths do not change.
+
+  `static_argnums` (`self` is 0) name the flags, compile-time constants.
+  """
   return nn.remat(layer_cls, policy=REMAT_POLICIES[policy],
                   static_argnums=static_argnums)
 
@@ -188,9 +202,7 @@ def _attention(cfg: T5Config, name: str, cls=layers.MultiHeadDotProductAttention
 
 def _ffn_sublayer(cfg: T5Config, x, deterministic,
                   conditioning: conditioning_lib.LayerConditioning):
-  """Pre-norm FFN with residual (call inside a layer's compact method):
-  `pre_mlp_layer_norm` and `mlp` of the calling layer (gated when the
-  layer's conditioning holds gates) and its FFN adapter (before dropout)."""
+  """Pre-norm FFN, FFN adapter and residual, inside a layer's compact call."""
   y = layers.LayerNorm(dtype=cfg.dtype, name='pre_mlp_layer_norm')(x)
   y = conditioning.ffn(
       intermediate_dim=cfg.mlp_dim,
@@ -214,8 +226,7 @@ class EncoderLayer(nn.Module):
   def __call__(self, inputs, encoder_mask=None, deterministic=False,
                conditioning: conditioning_lib.LayerConditioning =
                conditioning_lib.NONE):
-    """`[batch, length, embed]` -> `[batch, length, embed]`, conditioned by
-    the layer's `conditioning.LayerConditioning`."""
+    """Applies the layer: `[batch, length, embed]` -> same shape."""
     cfg = self.config
     length = inputs.shape[-2]
     bias = self.relative_embedding(length, length, True)
@@ -243,11 +254,10 @@ class DecoderLayer(nn.Module):
                max_decode_length=None,
                conditioning: conditioning_lib.LayerConditioning =
                conditioning_lib.NONE):
-    """`[batch, target_length, embed]` -> `[batch, target_length, embed]`.
+    """Applies the layer: `[batch, target_length, embed]` -> same shape.
 
-    `conditioning`: the layer's `conditioning.LayerConditioning`; a gated
-    FFN's gates come from `encoded` through the cross-attention, never from
-    target tokens.
+    A gated FFN's gates come from `encoded` through the cross-attention,
+    never from target tokens.
     """
     cfg = self.config
     length = max_decode_length if decode and max_decode_length else (
@@ -298,12 +308,11 @@ class Encoder(nn.Module):
   def __call__(self, encoder_input_tokens, encoder_mask=None,
                deterministic=False, task_ids=None, encoder_positions=None,
                packed=False, segment_ids=None):
-    """`[batch, length]` tokens -> `[batch, n + length, embed]` (n: the
-    Prompt-Tuning prompt length, else 0; `encoder_mask` covers n + length).
+    """Encodes `[batch, length]` tokens to `[batch, n + length, embed]`.
 
-    Packed rows (`packed`, decided by `Transformer.encode` from the segment
-    ids): `task_ids [batch, length]` per token, `encoder_positions` and
-    `segment_ids`; Prompt-Tuning's prompts then fill reserved slots (n = 0).
+    n is Prompt-Tuning's prompt length, else 0; `encoder_mask` covers
+    n + length. On packed rows (`packed`), `task_ids` are per token and
+    Prompt-Tuning's prompts fill reserved slots (n = 0).
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
@@ -340,13 +349,10 @@ class Decoder(nn.Module):
                segment_ids=None, encoder_segment_ids=None):
     """Returns float32 logits `[batch, target_length, vocab]`.
 
-    `encoder_valid`: `[batch, encoded_length]` valid positions of `encoded`
-    (for HyperGrid's task query over `encoded`); packed rows: `segment_ids`
-    and `encoder_segment_ids`, the decoder's and the encoder's (each
-    segment's gates come from its own part of `encoded`). While decoding,
-    what depends only on the task and `encoded` (hyper-prompts, HyperGrid's
-    gates) is computed when the cache is created and read from it at every
-    step.
+    `encoder_valid` (`[batch, encoded_length]`) marks the valid positions of
+    `encoded`, over which HyperGrid queries the task. While decoding, what
+    depends only on the task and `encoded` (hyper-prompts, HyperGrid's
+    gates) is computed with the cache and read from it at every step.
     """
     cfg = self.config
     rel_emb = _relative_position_biases(cfg)
@@ -380,8 +386,7 @@ class Decoder(nn.Module):
 
 def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
                   segment_ids) -> Optional[Array]:
-  """Checks the tokens and task ids; returns the ids as an array (traced
-  ids are checked by the compiled program: `check_task_ids`)."""
+  """Checks the tokens and task ids; returns the ids as an array."""
   if tokens.ndim != 2:
     raise ValueError(f'{name} must be [batch, length], got shape '
                      f'{tokens.shape}.')
@@ -392,7 +397,11 @@ def _check_inputs(cfg: T5Config, name: str, tokens, task_ids,
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder T5 with t5x's entry points plus `task_ids`."""
+  """Encoder-decoder T5 with t5x's entry points plus `task_ids`.
+
+  Attributes:
+    config: the network's `T5Config`.
+  """
 
   config: T5Config
 
@@ -413,12 +422,20 @@ class Transformer(nn.Module):
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None,
              enable_dropout=True, task_ids=None, encoder_positions=None):
-    """Encodes `[batch, length]` tokens to `[batch, length, embed]`
-    (`[batch, n + length, embed]` with Prompt-Tuning's n soft tokens first).
+    """Encodes the inputs.
 
-    Padding (token 0) is masked; with `encoder_segment_ids` (packed rows)
-    tokens attend only within their segment, `task_ids` are per token
-    (`[batch, length]`) and Prompt-Tuning reads `encoder_positions`.
+    Args:
+      encoder_input_tokens: `[batch, length]` int tokens, 0 = padding.
+      encoder_segment_ids: `[batch, length]` for packed rows: tokens attend
+        only within their segment.
+      enable_dropout: enables dropout (needs a 'dropout' rng).
+      task_ids: int32 `[batch]`, or `[batch, length]` on packed rows.
+      encoder_positions: `[batch, length]` for packed rows (Prompt-Tuning
+        reads them).
+
+    Returns:
+      `[batch, n + length, embed]`, n being Prompt-Tuning's prompt length on
+      unpacked rows, else 0.
     """
     cfg = self.config
     task_ids = _check_inputs(cfg, 'encoder_input_tokens',
@@ -442,11 +459,28 @@ class Transformer(nn.Module):
              decoder_segment_ids=None, decoder_positions=None,
              enable_dropout=True, decode=False, max_decode_length=None,
              task_ids=None):
-    """Decoder logits `[batch, target_length, vocab]` given `encoded`.
+    """Decodes given `encoded`.
 
-    With `decode=True` this runs one step against the autoregressive cache
-    (created by a first call with the full-length target shape). Packed rows
-    (segment ids given) take per-token `task_ids [batch, target_length]`.
+    Args:
+      encoded: `[batch, encoded_length, embed]`, from `encode`.
+      encoder_input_tokens: `[batch, input_length]`, for the masks.
+      decoder_input_tokens: `[batch, target_length]`, targets shifted right.
+      decoder_target_tokens: `[batch, target_length]`, for the masks.
+      encoder_segment_ids: `[batch, input_length]` for packed rows.
+      decoder_segment_ids: `[batch, target_length]` for packed rows.
+      decoder_positions: `[batch, target_length]`, kept for t5x.
+      enable_dropout: enables dropout (needs a 'dropout' rng).
+      decode: runs one step against the autoregressive cache (made by a
+        first call with the full target shape: `init_cache`).
+      max_decode_length: the cache's length, when `decode`.
+      task_ids: int32 `[batch]`, or `[batch, target_length]` on packed rows.
+
+    Returns:
+      float32 logits `[batch, target_length, vocab]`.
+
+    Raises:
+      ValueError: on one segment-id array without the other, or packed rows
+        with `decode`.
     """
     cfg = self.config
     task_ids = _check_inputs(cfg, 'decoder_input_tokens',
@@ -492,13 +526,12 @@ class Transformer(nn.Module):
 
   def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int,
                  task_ids=None):
-    """Creates the autoregressive cache (apply with `mutable=['cache']`, or
-    use `create_cache`).
+    """Creates the autoregressive cache; apply with `mutable=['cache']`.
 
-    One decode call over the full target shape, t5x's convention, with the
-    real task ids: everything that depends only on the task and `encoded` is
-    computed here, once, and kept in the cache (HyperPrompt's decoder
-    prompts, HyperGrid's decoder gates); decode steps read it back.
+    One decode call over the full target shape (t5x's convention) with the
+    real task ids: what depends only on the task and `encoded` (HyperPrompt's
+    decoder prompts, HyperGrid's decoder gates) is computed once, here, and
+    kept in the cache. `create_cache` wraps it.
     """
     shape = jnp.ones((encoded.shape[0], max_decode_length), jnp.int32)
     self.decode(encoded, encoder_input_tokens, shape, shape,
@@ -521,7 +554,7 @@ class Transformer(nn.Module):
       encoder_task_ids=None,
       decoder_task_ids=None,
   ):
-    """Teacher-forced logits `[batch, target_length, vocab]`.
+    """Teacher-forced logits.
 
     Args:
       encoder_input_tokens: `[batch, input_length]` int tokens, 0 = padding.
@@ -538,6 +571,9 @@ class Transformer(nn.Module):
       encoder_task_ids: packed rows: int32 `[batch, input_length]`, each
         token's task (instead of `task_ids`).
       decoder_task_ids: packed rows: int32 `[batch, target_length]`.
+
+    Returns:
+      float32 logits `[batch, target_length, vocab]`.
     """
     if task_ids is not None and (encoder_task_ids is not None
                                  or decoder_task_ids is not None):
@@ -568,15 +604,23 @@ class Transformer(nn.Module):
 
 def init_variables(model: Transformer, rng: Array, input_length: int = 8,
                    target_length: int = 4, batch_size: int = 1):
-  """`model.init` on placeholder tokens of these shapes, task id 0.
+  """Initialises `model` on placeholder tokens, task id 0.
 
-  The parameters and their logical axes (`params_axes`) depend only on the
-  configuration, not on the shapes; every runner initialises through here
-  (wrap it in `jax.eval_shape` for shapes only: `abstract_variables`).
+  The parameters and their logical axes depend only on the configuration,
+  not on the shapes. Every runner initialises through here.
+
+  Args:
+    model: the network.
+    rng: the initialisation's PRNG key.
+    input_length: length of the placeholder inputs.
+    target_length: length of the placeholder targets.
+    batch_size: rows of the placeholders.
+
+  Returns:
+    The variables: `params` and `params_axes`.
   """
-  # numpy, not jnp: concrete placeholders are checked while tracing, so a
-  # compiled init holds no host callback (`checked_on_host`) and JAX's
-  # persistent compilation cache keeps it.
+  # numpy, not jnp: concrete ids are checked while tracing, so a compiled
+  # init holds no host callback and JAX's compilation cache keeps it.
   encoder_tokens = np.ones((batch_size, input_length), np.int32)
   decoder_tokens = np.ones((batch_size, target_length), np.int32)
   return model.init(rng, encoder_tokens, decoder_tokens, decoder_tokens,
@@ -588,10 +632,8 @@ def abstract_variables(model: Transformer, input_length: int = 8,
                        target_length: int = 4):
   """Shapes and dtypes of `init_variables`, without allocating anything.
 
-  Tracing the initialisation takes as long as tracing a forward pass, and a
-  run asks for these shapes several times (its trainer, predictor, task
-  axes, checkpoint checks), so they are computed once per configuration;
-  each caller gets its own copy of the containers.
+  Cached per configuration, as a run asks several times and tracing costs a
+  forward pass; each caller gets its own copy of the containers.
   """
   try:
     hash(model)  # the module hashes (and compares) by its configuration
@@ -609,13 +651,13 @@ def _abstract_variables(model: Transformer, input_length: int,
 
 
 def checked_on_host(model: Transformer) -> Transformer:
-  """`model` for a program every batch of which is checked on the host
-  first (`runner.batches.validate_batch`: the built-in runner's steps, the
-  evaluator's decodes): without the compiled program's own check of traced
-  task ids (`T5Config.check_traced_task_ids`), which would only repeat it.
-  A program holding that check's host callback stays out of JAX's
-  persistent compilation cache (`JAX_COMPILATION_CACHE_DIR`: a restarted
-  run would compile its steps again) and off JAX's fast C++ dispatch."""
+  """`model` without the compiled check of traced task ids.
+
+  For programs whose every batch is checked on the host first
+  (`batches.validate_batch`): the check's host callback would only repeat
+  it, and keeps a program out of JAX's persistent compilation cache and off
+  its fast dispatch (`T5Config.check_traced_task_ids`).
+  """
   return model.clone(config=dataclasses.replace(
       model.config, check_traced_task_ids=False))
 
@@ -623,8 +665,19 @@ def checked_on_host(model: Transformer) -> Transformer:
 def create_cache(model: Transformer, params, encoded: Array,
                  encoder_input_tokens: Array, max_decode_length: int,
                  task_ids: Optional[Array] = None):
-  """The decoding cache of `Transformer.init_cache` (both decoders, the
-  built-in greedy one and t5x's beam search, start from it)."""
+  """Returns the decoding cache of `Transformer.init_cache`.
+
+  Args:
+    model: the network.
+    params: its parameters.
+    encoded: `[batch, encoded_length, embed]`, from `Transformer.encode`.
+    encoder_input_tokens: `[batch, input_length]`.
+    max_decode_length: length of the targets to decode.
+    task_ids: int32 `[batch]`.
+
+  Returns:
+    The `cache` collection, where greedy decoding and beam search start.
+  """
   _, variables = model.apply(
       {'params': params}, encoded, encoder_input_tokens, max_decode_length,
       task_ids, mutable=['cache'], method=model.init_cache)

@@ -2,10 +2,8 @@
 
 An unpacked row holds one example and its task (`task_ids [batch]`); a packed
 row holds several, with segment ids, positions and per-token task ids. The
-training step, the batch checks of the runner and the t5x adapter all read
-these names here, and the rules of packed rows (one task per example, the
-bound on examples per row) are written here once: the runner's host-side
-checks and the network's both call them.
+rules of packed rows (one task per example, a bound on examples per row) are
+written here once, for the runner's host checks and the network's.
 """
 
 from typing import Any, Mapping, Optional
@@ -40,12 +38,12 @@ PACKED_MODEL_FEATURES = (
 
 
 def is_packed(batch: Mapping[str, Any]) -> bool:
-  """Whether a model batch holds packed rows (the one test of it; the
-  network itself is told by its segment ids)."""
+  """Whether a model batch holds packed rows."""
   return 'encoder_segment_ids' in batch
 
 
 def required_features(packed: bool) -> tuple[str, ...]:
+  """The features a batch of (un)packed rows must hold."""
   return PACKED_MODEL_FEATURES if packed else tuple(MODEL_FEATURE_RANKS)
 
 
@@ -71,10 +69,17 @@ def check_one_task_per_segment(name: str, task_ids: np.ndarray,
 
 
 def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
-  """Raises ValueError unless every packed row (`[batch, length]` segment
-  ids, 0 on padding) holds at most `bound` examples (MAX_SEGMENTS), each one
-  contiguous, in order, padding last (as packers make rows): the rows of a
-  model that gives each example of a row its own weights."""
+  """Checks the rows of a model that weighs each example of a row apart.
+
+  Args:
+    name: the feature, for the message.
+    segment_ids: int `[batch, length]`, 0 on padding.
+    bound: the most examples a row (MAX_SEGMENTS).
+
+  Raises:
+    ValueError: a row over `bound`, or not each example contiguous, in
+      order, with padding last (as packers make rows).
+  """
   segment_ids = np.asarray(segment_ids)
   for row, ids in enumerate(segment_ids.reshape(-1, segment_ids.shape[-1])):
     check_segment_bound(name, ids.max(initial=0), bound, row)
@@ -90,9 +95,10 @@ def check_segments(name: str, segment_ids: np.ndarray, bound: int) -> None:
 
 def check_segment_bound(name: str, high: int, bound: int,
                         row: Optional[int] = None) -> None:
-  """Raises ValueError if a packed row's highest segment id `high` is over
-  `bound` (MAX_SEGMENTS); `row` None: some row of the batch (the compiled
-  program's check, which sees the batch's highest id only)."""
+  """Raises ValueError if segment id `high` is over `bound` (MAX_SEGMENTS).
+
+  `row` is None for the compiled check, which sees only the batch's highest.
+  """
   if high > bound:
     where = 'a packed row' if row is None else f'packed row {row}'
     raise ValueError(

@@ -1,20 +1,17 @@
 """T5 building blocks with t5x's parameter names, shapes and logical axes.
 
 t5x is not on the package index, so its `examples/t5/layers.py` cannot be
-imported here; flax.linen's own `DenseGeneral` / `Embed` store kernels with
-other shapes and no logical axis names, which would break restoring public t5x
-checkpoints and t5x's partitioner. These layers therefore re-implement the
-T5.1.1 building blocks so that every parameter has t5x's name, its 2-D storage
-shape (`[embed, joined_kv]`, ...) and its logical axis names.
+imported, and flax.linen's `DenseGeneral` / `Embed` store kernels in other
+shapes without logical axes, which t5x checkpoints and t5x's partitioner
+need. These layers re-implement T5.1.1's blocks with t5x's names, 2-D
+storage shapes (`[embed, joined_kv]`, ...) and logical axis names.
 
-The modules know nothing of task conditioning: they take what a method hands
-them. Attention takes an optional *key/value prefix*, `[batch, prefix, heads,
-head_dim]` arrays prepended to the projected keys and values (memory tokens:
-always visible, no mask and no relative-position bias on them), and, for a
-prefix whose columns the method chooses per query, the method's own
-attention over it (`PrefixAttention`). Methods that change a block subclass
-it in their own module (a gated MLP, a task-query attention) through the
-small overridable steps below (`DenseGeneral.kernel`, `MlpBlock.dense` /
+The modules know nothing of task conditioning. Attention takes an optional
+key/value prefix, `[batch, prefix, heads, head_dim]` prepended to the
+projected keys and values (always visible, no mask, no position bias), and,
+for a prefix whose columns a method picks per query, the method's own
+attention over it (`PrefixAttention`). Methods subclass a block through its
+small overridable steps (`DenseGeneral.kernel`, `MlpBlock.dense` /
 `intermediate`, `MultiHeadDotProductAttention.projections` / `attend`),
 keeping t5x's parameter names.
 """
@@ -53,21 +50,19 @@ MASKED_LOGIT = -1e10
 
 
 def _as_tuple(x: Union[int, Iterable[int]]) -> tuple[int, ...]:
+  """`x` as a tuple of ints."""
   return tuple(x) if isinstance(x, Iterable) else (x,)
 
 
 @jax.custom_vjp
 def gradient_laid_out_as_stored(kernel: Array) -> Array:
-  """The identity, whose gradient is laid out as the parameter is stored
-  (row major).
+  """The identity, whose gradient is laid out as the kernel is stored.
 
-  A TPU's layout assignment lets the dot that makes a kernel's gradient
-  pick its layout, then may carry the optimizer's update in that layout:
-  in HyperFormer++'s step on a TPU v3 every attention kernel's gradient
-  came out transposed and each float32 kernel was copied to that layout and
-  back every step (docs/performance.md, On a TPU slice). Asked for the
-  stored layout, XLA transposes the bfloat16 gradient once instead, as
-  it chooses to in the other models' steps (there this is no change).
+  A TPU's layout assignment may give a kernel's gradient the layout its dot
+  prefers and carry the update in it, copying each float32 kernel to that
+  layout and back every step (docs/performance.md, "On a TPU slice, from
+  this host"). Asked for row major, XLA transposes the bfloat16 gradient
+  once instead; where it did already, this changes nothing.
   """
   return kernel
 
@@ -82,6 +77,7 @@ def _gradient_laid_out_bwd(_, gradient):
 
 @jax.custom_batching.custom_vmap
 def _row_major(x: Array) -> Array:
+  """`x` constrained to the row-major layout."""
   row_major = jax_layout.Layout(major_to_minor=tuple(range(x.ndim)))
   return jax_layout.with_layout_constraint(x, row_major)
 
@@ -102,10 +98,16 @@ gradient_laid_out_as_stored.defvjp(_gradient_laid_out_fwd,
 
 
 class DenseGeneral(nn.Module):
-  """Bias-free linear map over `axis`, kernel stored 2-D as t5x does.
+  """Bias-free linear map over `axis`, its kernel stored 2-D as in t5x.
 
-  The kernel is stored as `[prod(in dims), prod(features)]` (e.g. attention
-  `query/kernel` is `[embed, heads * head_dim]`) and reshaped for the product.
+  Attributes:
+    features: the output dims.
+    axis: the input dims contracted.
+    dtype: dtype of the computation.
+    kernel_init: initialiser of the kernel, stored float32 as
+      `[prod(in dims), prod(features)]` (attention `query/kernel`:
+      `[embed, heads * head_dim]`) and reshaped for the product.
+    kernel_axes: the kernel's two logical axes.
   """
 
   features: Union[int, Sequence[int]]
@@ -118,6 +120,7 @@ class DenseGeneral(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array) -> Array:
+    """`[..., *in dims]` -> `[..., *features]`."""
     features = _as_tuple(self.features)
     axis = tuple(a % inputs.ndim for a in _as_tuple(self.axis))
     in_dims = tuple(inputs.shape[a] for a in axis)
@@ -141,14 +144,24 @@ class DenseGeneral(nn.Module):
 
 
 class Embed(nn.Module):
-  """Token embedding `[vocab, embed]`; `attend` gives tied output logits."""
+  """Token embedding `[vocab, embed]`; `attend` gives tied output logits.
+
+  Attributes:
+    num_embeddings: vocabulary size.
+    features: embedding width.
+    dtype: dtype of the embedded tokens.
+    attend_dtype: dtype of `attend`'s logits.
+    embedding_init: initialiser of the table.
+    one_hot: look up by a one-hot matmul, which partitions where a gather
+      does not.
+  """
 
   num_embeddings: int
   features: int
   dtype: DType = jnp.float32
   attend_dtype: DType = jnp.float32
   embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
-  one_hot: bool = True  # a one-hot matmul partitions where a gather does not
+  one_hot: bool = True
 
   def setup(self):
     self.embedding = param_with_axes(
@@ -175,13 +188,19 @@ class Embed(nn.Module):
 
 
 class LayerNorm(nn.Module):
-  """T5's RMS layer norm: scale only, no centring, no bias."""
+  """T5's RMS layer norm: scale only, no centring, no bias.
+
+  Attributes:
+    epsilon: added to the mean square.
+    dtype: dtype of the output.
+  """
 
   epsilon: float = 1e-6
   dtype: DType = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
+    """Normalises `[..., embed]` over its last axis."""
     x = jnp.asarray(x, jnp.float32)
     scale = param_with_axes(
         'scale', nn.initializers.ones, (x.shape[-1],), jnp.float32,
@@ -198,10 +217,19 @@ def relative_position_bucket(
     num_buckets: int = 32,
     max_distance: int = 128,
 ) -> np.ndarray:
-  """Mesh-TF / T5 bucketing of `memory_position - query_position`.
+  """Mesh-TF / T5 bucketing of relative positions.
 
   Half the buckets are exact small distances, the rest logarithmic up to
-  `max_distance`; bidirectional bucketing spends half the buckets on each sign.
+  `max_distance`.
+
+  Args:
+    relative_position: int `memory_position - query_position`, any shape.
+    bidirectional: spend half the buckets on each sign (encoder).
+    num_buckets: number of buckets.
+    max_distance: distance where the last bucket starts.
+
+  Returns:
+    The bucket of each position, shaped as `relative_position`.
   """
   ret = np.zeros_like(relative_position)
   n = -relative_position
@@ -223,7 +251,19 @@ def relative_position_bucket(
 
 
 class RelativePositionBiases(nn.Module):
-  """T5 relative-position attention bias, shared by all layers of a stack."""
+  """T5 relative-position attention bias, shared by all layers of a stack.
+
+  Attributes:
+    num_buckets: position buckets (`relative_position_bucket`).
+    max_distance: distance where the last bucket starts.
+    num_heads: attention heads.
+    dtype: dtype of the bias.
+    embedding_init: initialiser of the `[heads, buckets]` table.
+    form: 'one_hot' (t5x's contraction with a `[buckets, qlen, klen]`
+      one-hot), 'gather', or 'auto': gather on XLA:CPU, which is slow to
+      fold the one-hot constant; one-hot elsewhere, where the gather's
+      gradient is a scatter-add serialised by colliding atomics.
+  """
 
   num_buckets: int
   max_distance: int
@@ -232,11 +272,6 @@ class RelativePositionBiases(nn.Module):
   embedding_init: Initializer = nn.initializers.variance_scaling(
       1.0, 'fan_avg', 'uniform'
   )
-  # 'one_hot' (t5x's contraction with a [buckets, qlen, klen] one-hot),
-  # 'gather' (a take along the bucket axis), or 'auto': gather on XLA:CPU,
-  # which spends seconds folding the one-hot constant, one-hot elsewhere,
-  # where the gather's gradient is a scatter-add of qlen * klen values into
-  # `buckets` slots per head, serialised by its colliding atomics.
   form: str = 'auto'
 
   @nn.compact
@@ -284,7 +319,13 @@ def activation(name_or_fn: Union[str, Callable]) -> Callable:
 class MlpBlock(nn.Module):
   """T5 FFN: `wi` (or gated `wi_0`, `wi_1`, ...) -> activation product -> `wo`.
 
-  `('relu',)` is T5 v1.0's FFN; `('gelu', 'linear')` T5.1.1's gated GELU.
+  Attributes:
+    intermediate_dim: hidden width.
+    activations: one per `wi_*`; `('relu',)` is T5 v1.0's FFN,
+      `('gelu', 'linear')` T5.1.1's gated GELU.
+    intermediate_dropout_rate: dropout on the hidden activations.
+    dtype: dtype of the computation.
+    kernel_init: initialiser of the kernels.
   """
 
   intermediate_dim: int = 2048
@@ -306,8 +347,7 @@ class MlpBlock(nn.Module):
     return self.dense('wo', inputs.shape[-1], ('mlp', 'embed'))(x)
 
   def intermediate(self, inputs: Array) -> Array:
-    """`wi` (or `wi_0`, `wi_1`, ...), each activation, their product:
-    `[batch, length, embed]` -> `[batch, length, mlp]`."""
+    """Activated `wi_*` product: `[batch, length, embed]` -> `[..., mlp]`."""
     hidden = []
     for i, act in enumerate(self.activations):
       name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
@@ -323,9 +363,8 @@ class MlpBlock(nn.Module):
                         name=name)
 
 
-# Where attention probabilities are sown (flax's collection for intermediate
-# values), and under which name, when `apply` is given
-# `mutable=[PROBE_COLLECTION]`.
+# Collection and name of the attention probabilities sown when `apply` is
+# given `mutable=[PROBE_COLLECTION]`.
 PROBE_COLLECTION = 'intermediates'
 ATTENTION_WEIGHTS = 'attention_weights'
 
@@ -349,12 +388,10 @@ def dot_product_attention(
   """Unscaled dot-product attention (T5 folds 1/sqrt(d_h) into the query init).
 
   With a prefix, each query attends over `[prefix; key]` under one softmax,
-  computed as two blocks that share the softmax's max and normaliser rather
-  than over concatenated columns: concatenating copies the `[batch, heads,
-  q_length, kv_length]` bias and logits (docs/performance.md, Packing).
-  A prefix whose columns are not one set per row (each query its own
-  columns) comes with the method's own attention over it,
-  `prefix_attention`, which then replaces the joint softmax.
+  computed as two blocks sharing its max and normaliser, since concatenated
+  columns would copy the bias and logits (docs/performance.md, "Packing").
+  A prefix whose columns differ per query comes with the method's own
+  `prefix_attention`, which replaces the joint softmax.
 
   Args:
     query: `[batch, q_length, heads, head_dim]`.
@@ -417,9 +454,7 @@ def dot_product_attention(
 
 def _attention_logits(query: Array, keys: Array,
                       keys_bias: Optional[Array]) -> Array:
-  """`[batch, heads, q_length, k_length]` scores of `query` `[batch,
-  q_length, heads, head_dim]` against `keys` `[batch or 1, k_length, heads,
-  head_dim]` (batch 1: the same keys for every row), plus `keys_bias`."""
+  """Logits `[batch, heads, q_length, k_length]`; `keys` may have batch 1."""
   if keys.shape[0] == 1 and query.shape[0] != 1:
     logits = jnp.einsum('bqhd,khd->bhqk', query, keys[0])
   else:
@@ -430,8 +465,7 @@ def _attention_logits(query: Array, keys: Array,
 
 
 def attend_values(weights: Array, values: Array, dtype: DType) -> Array:
-  """`weights` `[batch, heads, q_length, k_length]` over `values` `[batch or
-  1, k_length, heads, head_dim]`: `[batch, q_length, heads, head_dim]`."""
+  """Weighted `values` (batch or 1 rows): `[batch, q_length, heads, dim]`."""
   values = values.astype(dtype)
   if values.shape[0] == 1 and weights.shape[0] != 1:
     return jnp.einsum('bhqk,khd->bqhd', weights, values[0])
@@ -440,8 +474,7 @@ def attend_values(weights: Array, values: Array, dtype: DType) -> Array:
 
 def _joint_softmax(prefix_logits: Array, logits: Array, dtype: DType
                    ) -> list[Array]:
-  """softmax([prefix_logits; logits]) over the last axis, as its two blocks
-  (one max and one normaliser, no concatenated copy of the logits)."""
+  """softmax([prefix_logits; logits]) as two blocks, without concatenating."""
   top = lax.stop_gradient(jnp.maximum(
       prefix_logits.max(-1, keepdims=True), logits.max(-1, keepdims=True)))
   prefix_exp, token_exp = jnp.exp(prefix_logits - top), jnp.exp(logits - top)
@@ -453,8 +486,11 @@ def _joint_softmax(prefix_logits: Array, logits: Array, dtype: DType
 
 def dropout_keep(rng: Array, rate: float, dtype: DType,
                   shape: tuple[int, ...]) -> Array:
-  """Attention dropout's keep mask, scaled by 1 / keep probability (shape
-  `[batch, heads, 1, columns]`: broadcast along the queries, as t5x's)."""
+  """Attention dropout's keep mask `shape`, scaled by 1 / keep probability.
+
+  `shape` is `[batch, heads, 1, columns]`: broadcast along the queries, as
+  in t5x.
+  """
   keep_prob = 1.0 - rate
   keep = jax.random.bernoulli(rng, keep_prob, shape)
   return keep.astype(dtype) / jnp.asarray(keep_prob, dtype)
@@ -479,12 +515,19 @@ class Projections(NamedTuple):
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention with t5x's `query/key/value/out` kernels.
 
-  Decoding keeps t5x's cache layout (`cached_key` / `cached_value` as
-  `[batch, heads, head_dim, max_length]`, `cache_index`), so t5x's decoding
-  utilities and beam search handle it unchanged. A key/value prefix given at
-  cache initialisation is stored as `cached_prefix_key` / `cached_prefix_value`
-  (`[batch, prefix, heads, head_dim]`, batch-major like every cache leaf) and
-  reused at every decode step.
+  Decoding keeps t5x's cache layout (`cached_key` / `cached_value`
+  `[batch, heads, head_dim, max_length]`, `cache_index`), so t5x's beam
+  search handles it unchanged. A key/value prefix given when the cache is
+  made is kept as `cached_prefix_key` / `cached_prefix_value`
+  (`[batch, prefix, heads, head_dim]`) for every decode step.
+
+  Attributes:
+    num_heads: attention heads.
+    head_dim: width of each head's queries, keys and values.
+    dtype: dtype of the computation.
+    dropout_rate: attention dropout rate.
+    kernel_init: initialiser of the kernels.
+    float32_logits: logits and softmax in float32.
   """
 
   num_heads: int
@@ -543,8 +586,7 @@ class MultiHeadDotProductAttention(nn.Module):
     return out
 
   def projections(self, features: int) -> 'Projections':
-    """The `query`, `key`, `value` and `out` kernels (`out` maps back to
-    `features`)."""
+    """The `query`, `key`, `value` and `out` (back to `features`) kernels."""
     dense = functools.partial(
         DenseGeneral,
         axis=-1,
@@ -573,8 +615,7 @@ class MultiHeadDotProductAttention(nn.Module):
   def attend(self, proj: 'Projections', inputs_q, inputs_kv, mask, bias, *,
              prefix_key=None, prefix_value=None, prefix_logit_bias=None,
              prefix_attention=None, decode=False, deterministic=False):
-    """`__call__`'s computation; also returns the projected token keys and
-    values `[batch, kv_length, heads, head_dim]` (before the cache)."""
+    """`__call__`'s output, with the token keys and values before the cache."""
     if (prefix_key is None) != (prefix_value is None):
       raise ValueError('prefix_key and prefix_value must be given together.')
     if prefix_key is None and prefix_logit_bias is not None and not decode:

@@ -1,9 +1,9 @@
 """Training loss: token cross-entropy with t5x's z-loss, and token accuracy.
 
-t5x (`t5x/losses.py`) adds `z_loss * log(Z)^2` per token, Z the softmax
-normaliser, to keep the logits' scale from drifting in bfloat16. The sum
-over real target tokens is divided by their number (t5x's
-`NUM_REAL_TARGET_TOKENS` normalisation).
+As in `t5x/losses.py`, `z_loss * log(Z)^2` per token (Z: the softmax
+normaliser) keeps the logits' scale from drifting in bfloat16, and sums over
+the real target tokens are divided by their number (t5x's
+`NUM_REAL_TARGET_TOKENS`).
 """
 
 from typing import Optional
@@ -14,8 +14,7 @@ import jax.numpy as jnp
 
 def token_losses(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4
                  ) -> tuple[jax.Array, jax.Array]:
-  """`(cross_entropy, z_term)`, each [batch, length] float32, of every token
-  (padding included: weigh them)."""
+  """`(cross_entropy, z_term)` of every token, padding too: `[batch, len]`."""
   logits = logits.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1)
   target_logit = jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
@@ -25,11 +24,14 @@ def token_losses(logits: jax.Array, targets: jax.Array, z_loss: float = 1e-4
 def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
                   z_loss: float = 1e-4, task_ids: Optional[jax.Array] = None,
                   num_tasks: int = 0) -> dict[str, jax.Array]:
-  """The sums behind `cross_entropy_with_z_loss`, float32 scalars:
-  {'cross_entropy', 'z_loss', 'hits', 'tokens'} over the weighted tokens
-  (sums add up over microbatches; the ratios do not). With `task_ids`
-  ([batch, length], each target token's task) also the per-task sums
-  'task_loss', 'task_hits', 'task_tokens', each [num_tasks] (`per_task`)."""
+  """Sums behind `cross_entropy_with_z_loss`; they add up over microbatches.
+
+  Arguments are `cross_entropy_with_z_loss`'s.
+
+  Returns:
+    float32 scalars {'cross_entropy', 'z_loss', 'hits', 'tokens'} over the
+    weighted tokens; with `task_ids`, also `per_task`'s sums.
+  """
   logits = logits.astype(jnp.float32)
   weights = weights.astype(jnp.float32)
   cross_entropy, z_term = token_losses(logits, targets, z_loss)
@@ -46,12 +48,21 @@ def weighted_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array,
 
 def per_task(token_loss: jax.Array, hits: jax.Array, weights: jax.Array,
              task_ids: jax.Array, num_tasks: int) -> dict[str, jax.Array]:
-  """Weighted per-token loss, hits and weights `[batch, length]` summed by
-  each token's task (`task_ids`, `[batch, length]`): {'task_loss',
-  'task_hits', 'task_tokens'}, each `[num_tasks]` float32. One contraction
-  with the tokens' one-hot tasks (packed rows carry each token's task): a
-  segment sum would scatter-add every token into T bins, which GPUs
-  serialise on colliding atomics."""
+  """Sums weighted token loss, hits and weights by each token's task.
+
+  One contraction with the tokens' one-hot tasks: a segment sum would
+  scatter-add every token into T bins, which GPUs serialise.
+
+  Args:
+    token_loss: `[batch, length]`, weighted.
+    hits: `[batch, length]`, weighted.
+    weights: `[batch, length]`.
+    task_ids: `[batch, length]`, each token's task.
+    num_tasks: T.
+
+  Returns:
+    {'task_loss', 'task_hits', 'task_tokens'}, each float32 `[num_tasks]`.
+  """
   one_hot = jax.nn.one_hot(task_ids.reshape(-1), num_tasks,
                            dtype=jnp.float32)  # [tokens, T]
   sums = jnp.einsum('kn,nt->kt', jnp.stack([
@@ -61,8 +72,7 @@ def per_task(token_loss: jax.Array, hits: jax.Array, weights: jax.Array,
 
 
 def terms_from_sums(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """`cross_entropy_with_z_loss`'s terms from `weighted_sums` (of one batch,
-  or added up over its microbatches)."""
+  """`cross_entropy_with_z_loss`'s terms from (summed) `weighted_sums`."""
   tokens = jnp.maximum(sums['tokens'], 1.0)
   return {
       'loss': (sums['cross_entropy'] + sums['z_loss']) / tokens,

@@ -1,7 +1,7 @@
-"""A run's MetaBalance plan (GRADIENT_BALANCING, METABALANCE_*): its gin
-settings checked against the run's task list and the tasks its mixture
-samples. The runner's side of `metabalance`, whose core imports no task or
-data library.
+"""A run's MetaBalance plan from GRADIENT_BALANCING and METABALANCE_*.
+
+The runner's side of `metabalance`, whose core imports no task or data
+library: the settings checked against the run's tasks.
 """
 
 import dataclasses
@@ -18,14 +18,19 @@ def run_plan(gradient_balancing: Optional[str],
              settings: Optional[metabalance.Settings],
              model: network.Transformer,
              mixture_or_task_name: str) -> Optional[metabalance.Plan]:
-  """The plan of a run from its gin settings (None: the plain gradient), or
-  a ValueError naming the setting that does not fit.
+  """The plan of a run from its gin settings.
 
   Args:
     gradient_balancing: GRADIENT_BALANCING, None or 'metabalance'.
     settings: the METABALANCE_* settings (default: `metabalance.Settings()`).
     model: the network (its task-indexed parameters take the plain sum).
     mixture_or_task_name: what the run trains.
+
+  Returns:
+    The plan; None for the plain gradient.
+
+  Raises:
+    ValueError: naming the setting that does not fit the run's tasks.
   """
   if gradient_balancing not in metabalance.GRADIENT_BALANCINGS:
     raise ValueError(f'GRADIENT_BALANCING={gradient_balancing!r}; expected '

@@ -8,11 +8,10 @@ factors, so a t5x gin schedule ports by renaming its prefix:
   ->
   schedules.create_learning_rate_scheduler.factors = 'constant * rsqrt_decay'
 
-The default is the papers' constant rate. The schedule is a function of the
-optimizer's update count (optax's `scale_by_learning_rate` count, saved in
-the optimizer state), so a resumed run continues it at its step; the run
-record keeps its settings (`Schedule.record`) and a resume with another
-schedule is refused.
+The default is the papers' constant rate. The schedule reads the optimizer's
+update count, saved in the optimizer state, so a resumed run continues it;
+the run record keeps its settings (`Schedule.record`) and a resume with
+another schedule is refused.
 """
 
 import dataclasses
@@ -35,8 +34,10 @@ FACTORS = {
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-  """`step -> learning rate` (float32 scalar): the product of `factors`
-  (t5x's arithmetic, `create_learning_rate_scheduler`)."""
+  """`step -> learning rate`, the product of `factors` (t5x's arithmetic).
+
+  Its fields are `create_learning_rate_scheduler`'s arguments.
+  """
   factors: str = 'constant'
   base_learning_rate: float = 1e-3
   warmup_steps: int = 1000
@@ -48,9 +49,11 @@ class Schedule:
 
   @property
   def names(self) -> list[str]:
+    """The factors' names."""
     return [n.strip() for n in self.factors.split('*')]
 
   def __call__(self, step: Union[int, jnp.ndarray]) -> jnp.ndarray:
+    """The float32 learning rate at `step`."""
     step = jnp.maximum(0, jnp.asarray(step, jnp.float32) - self.step_offset)
     warmup = float(self.warmup_steps)
     rate = jnp.float32(1.0)
@@ -75,8 +78,7 @@ class Schedule:
     return jnp.maximum(rate, self.min_learning_rate).astype(jnp.float32)
 
   def record(self) -> dict[str, Any]:
-    """The settings the rates depend on (for the run record): the factors,
-    the arguments they read, the offset and the floor."""
+    """The settings the rates depend on, for the run record."""
     used = {'factors': ' * '.join(self.names)}
     for name in self.names:
       for arg in FACTORS[name]:
@@ -97,8 +99,9 @@ def create_learning_rate_scheduler(
     step_offset: int = 0,
     min_learning_rate: float = 1e-8,
 ) -> Schedule:
-  """t5x's `utils.create_learning_rate_scheduler`: the rate is the product
-  of `factors` (separated by '*'), each one of
+  """t5x's `utils.create_learning_rate_scheduler`.
+
+  The rate is the product of `factors` (separated by '*'), each one of
 
     constant                base_learning_rate
     linear_warmup           min(1, step / warmup_steps)
@@ -112,9 +115,22 @@ def create_learning_rate_scheduler(
                             max(0, (step - warmup_steps) / steps_per_cycle)
 
   with step = max(0, step - step_offset), floored at `min_learning_rate`.
-  The default (factors 'constant'; gin: base_learning_rate =
-  %LEARNING_RATE) is the papers' constant rate; t5x's default factors are
-  'constant * linear_warmup * rsqrt_decay'.
+  The default, 'constant' (gin: base_learning_rate = %LEARNING_RATE), is
+  the papers' rate; t5x's default is 'constant * linear_warmup *
+  rsqrt_decay'.
+
+  Args:
+    factors: the factors' names joined by '*'.
+    base_learning_rate: read by 'constant' and 'linear_decay'.
+    warmup_steps: read by the warmup and decay factors.
+    decay_factor: read by 'linear_decay' and 'decay_every'.
+    steps_per_decay: read by 'decay_every'.
+    steps_per_cycle: read by 'cosine_decay'.
+    step_offset: steps before the schedule starts.
+    min_learning_rate: the floor.
+
+  Returns:
+    The `Schedule`.
 
   Raises:
     ValueError: an unknown factor or a setting a factor cannot use, naming

@@ -30,9 +30,7 @@ METABALANCE = 'metabalance'
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
-  """The network's keyword arguments besides the three token arrays:
-  `task_ids`, or for packed rows the segment ids, positions and per-token
-  task ids."""
+  """The network's keyword arguments beside the tokens: task and segment ids."""
   if inputs_lib.is_packed(batch):
     return {k: batch[k] for k in inputs_lib.PACKING_FEATURES}
   return {'task_ids': batch['task_ids']}
@@ -42,10 +40,20 @@ def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
             rng: jax.Array, z_loss: float,
             rules: Optional[partitioning.AxisRules] = None
             ) -> tuple[jax.Array, dict]:
-  """Teacher-forced cross-entropy + z-loss of a batch (unpacked or packed,
-  `inputs_lib.required_features`), with dropout from `rng`: `(loss, terms)`
-  (`losses.cross_entropy_with_z_loss`; normalised over the real target
-  tokens either way; with the per-task sums of `losses.per_task`)."""
+  """Teacher-forced cross-entropy + z-loss of a batch.
+
+  Args:
+    model: the network.
+    params: its parameters.
+    batch: unpacked or packed rows (`inputs_lib.required_features`).
+    rng: the dropout key.
+    z_loss: the z-loss coefficient.
+    rules: logical axis rules; None: `partitioning.logical_axis_rules()`.
+
+  Returns:
+    `(loss, terms)`: `losses.cross_entropy_with_z_loss`'s, normalised over
+    the real target tokens, with the per-task sums.
+  """
   terms = losses.cross_entropy_with_z_loss(
       _logits(model, params, batch, rng, rules),
       batch['decoder_target_tokens'], batch['decoder_loss_weights'], z_loss,
@@ -54,6 +62,7 @@ def loss_fn(model: network.Transformer, params: Any, batch: Mapping[str, Any],
 
 
 def _logits(model, params, batch, rng, rules) -> jax.Array:
+  """Teacher-forced logits with dropout, under the axis rules."""
   with nn_partitioning.axis_rules(rules or partitioning.logical_axis_rules()):
     return model.apply(
         {'params': params}, batch['encoder_input_tokens'],
@@ -62,8 +71,7 @@ def _logits(model, params, batch, rng, rules) -> jax.Array:
 
 
 def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
-  """The task id of each target token, `[batch, target length]` (packed
-  rows: per token; unpacked: the row's)."""
+  """The task id of each target token, `[batch, target_length]`."""
   if inputs_lib.is_packed(batch):
     return batch['decoder_task_ids']
   return jnp.broadcast_to(batch['task_ids'][:, None],
@@ -72,12 +80,18 @@ def target_task_ids(batch: Mapping[str, Any]) -> jax.Array:
 
 def check_num_microbatches(num_microbatches: Optional[int],
                            shard_batch: int) -> int:
-  """NUM_MICROBATCHES as a count of parts (None: 1), or a ValueError.
+  """NUM_MICROBATCHES as a count of parts.
 
   Args:
-    num_microbatches: the setting.
+    num_microbatches: the setting; None: 1.
     shard_batch: the rows of one data shard (BATCH_SIZE / the mesh's data
       shards): every part takes the same number of each shard's rows.
+
+  Returns:
+    The number of parts.
+
+  Raises:
+    ValueError: not a positive integer, or not a divisor of `shard_batch`.
   """
   if num_microbatches is None:
     return 1
@@ -95,9 +109,10 @@ def check_num_microbatches(num_microbatches: Optional[int],
 
 
 def microbatches(batch: Mapping[str, Any], n: int) -> dict[str, jax.Array]:
-  """`[B, ...]` -> `[n, B / n, ...]` for every feature: part i holds rows
-  i, n + i, 2n + i, ... (each part keeps the batch's spread over the data
-  shards, so no rows move)."""
+  """`[B, ...]` -> `[n, B / n, ...]`, part i holding rows i, n + i, ...
+
+  Each part keeps the batch's spread over the data shards: no rows move.
+  """
   return {k: jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
           for k, x in batch.items()}
 
@@ -115,15 +130,12 @@ def microbatched_grads(model: network.Transformer, params: Any,
                        z_loss: float, rules: Optional[partitioning.AxisRules],
                        num_microbatches: int) -> tuple[tuple[jax.Array, dict],
                                                        Any]:
-  """`((loss, terms), grads)` of the batch taken in `num_microbatches`
-  parts, one after the other (t5x's `num_microbatches`): the gradients are
-  summed, and each part's loss is its tokens' sum over the WHOLE batch's
-  real target tokens, so the result is the one-batch loss and gradient
-  (packed or not) with the activations of one part in memory. Part i's
-  dropout rng is `fold_in(rng, i)`.
+  """`((loss, terms), grads)` of the batch taken in parts, one by one.
 
-  Part i holds rows i, n + i, 2n + i, ... (n = `num_microbatches`): each
-  part keeps the batch's spread over the data shards, so no rows move.
+  As t5x's `num_microbatches`: the gradients are summed, and each part's
+  loss is over the whole batch's real target tokens, so the result is the
+  one-batch loss and gradient with one part's activations in memory. Part i
+  holds `microbatches`' rows, and dropout key `fold_in(rng, i)`.
   """
   n = num_microbatches
   tokens = jnp.maximum(
@@ -153,9 +165,11 @@ def microbatched_grads(model: network.Transformer, params: Any,
 
 def _loss_shares(model, params, batch, rng, rules, z_loss, plan, tokens
                  ) -> tuple[jax.Array, dict]:
-  """`([K + 1] loss shares, losses.weighted_sums)` of `batch` (a batch or a
-  part), each share its tokens' loss sum over `tokens` (the whole batch's
-  real target tokens)."""
+  """`([K + 1] loss shares, losses.weighted_sums)` of a batch or a part.
+
+  Each share is its tokens' loss sum over `tokens`, the whole batch's real
+  target tokens.
+  """
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
   task_ids = target_task_ids(batch)
   in_group = metabalance.group_masks(plan, task_ids, model.config.num_tasks)
@@ -175,13 +189,11 @@ def balanced_grads(model: network.Transformer, params: Any, balance: Any,
                    ) -> tuple[Any, Any, dict]:
   """MetaBalance's gradient: `(grads, new balance state, terms)`.
 
-  The loss is split by the task of each target token into the target's and
-  each auxiliary's share (each over all real target tokens, so the shares
-  sum to the loss); `metabalance.balanced_gradient` balances their
-  gradients. With `num_microbatches` > 1, each share's gradient is the
-  whole batch's, summed over the parts (`microbatched_grads`' parts and
-  dropout rngs; `metabalance.balanced_gradient_in_parts`), so the step is
-  the one-batch step.
+  The loss is split by each target token's task into the target's and each
+  auxiliary's share (over all real target tokens, so the shares sum to the
+  loss), whose gradients `metabalance.balanced_gradient` balances. With
+  microbatches each share's gradient is summed over `microbatched_grads`'
+  parts, so the step is the one-batch step.
   """
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
   tokens = jnp.maximum(weights.sum(), 1.0)
@@ -210,15 +222,27 @@ def train_step(model: network.Transformer,
                rules: Optional[partitioning.AxisRules] = None,
                balancing: Optional[metabalance.Plan] = None,
                num_microbatches: int = 1) -> tuple[State, dict]:
-  """One optimizer step, pure: jit it with the shardings you need. With
-  `balancing`, the gradient is MetaBalance's (`balanced_grads`; the state
-  holds its moving averages under 'metabalance'); with `num_microbatches`
-  > 1, the batch's gradient is taken part by part (`microbatched_grads`,
-  or each share's part by part with `balancing`).
+  """One optimizer step, pure: jit it with the shardings you need.
 
-  A non-finite loss or update leaves the state as it was (so no NaN ever
-  reaches a checkpoint; `terms['finite']` says so and the runner stops at
-  its next check).
+  A non-finite loss or update leaves the state as it was, so no NaN reaches
+  a checkpoint; `terms['finite']` says so and the runner stops.
+
+  Args:
+    model: the network.
+    optimizer: an optax transformation.
+    state: `{'step', 'params', 'opt_state'}`, with balancing also
+      MetaBalance's moving averages under 'metabalance'.
+    batch: global arrays, unpacked or packed rows.
+    rng: the dropout key.
+    z_loss: the z-loss coefficient.
+    rules: logical axis rules; None: `partitioning.logical_axis_rules()`.
+    balancing: MetaBalance's plan (`balanced_grads`); None: plain gradient.
+    num_microbatches: parts the batch's gradient is taken in
+      (`microbatched_grads`).
+
+  Returns:
+    `(new state, terms)`: the loss terms, 'finite', and the run's curves
+    (gradient norm, real input tokens, capacity, examples).
   """
   new = {}
   if balancing is not None:
@@ -241,9 +265,8 @@ def train_step(model: network.Transformer,
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
   new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
   terms['finite'] = finite
-  # The curves of the run (`train` writes them at LOG_PERIOD): the
-  # gradient's global norm (before the optimizer), real tokens only
-  # (padding excluded) and the rows' capacity (tokens/s, packing
+  # The run's curves, written at LOG_PERIOD: the gradient's norm before the
+  # optimizer, real tokens and the rows' capacity (tokens/s, packing
   # efficiency), and the examples the rows hold.
   terms['grad_norm'] = optax.tree.norm(grads)
   terms['input_tokens'] = (batch['encoder_input_tokens'] > 0).sum()
@@ -254,9 +277,7 @@ def train_step(model: network.Transformer,
 
 
 def examples(batch: Mapping[str, Any]) -> jax.Array:
-  """The examples a batch holds: a packed row's segments are numbered from
-  1, so its largest segment id counts them; an unpacked row holds one if it
-  has a target token."""
+  """The examples a batch holds (packed: each row's largest segment id)."""
   if inputs_lib.is_packed(batch):
     return batch['decoder_segment_ids'].max(axis=1).sum()
   return (batch['decoder_loss_weights'].sum(axis=1) > 0).sum()
@@ -323,9 +344,11 @@ class Trainer:
       return init(jax.random.PRNGKey(self.seed))
 
   def _shardings(self) -> State:
-    """Where the state lives: parameters by their logical axes, the optimizer
-    state where the compiler puts `optimizer.init`'s outputs, the step
-    replicated. Found by compiling, without allocating anything."""
+    """Where the state lives, found by compiling, without allocating.
+
+    Parameters by their logical axes, the optimizer state where the compiler
+    puts `optimizer.init`'s outputs, the step replicated.
+    """
     if self.state_shardings is None:
       params = jax.tree.map(
           lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -379,10 +402,11 @@ class Trainer:
   # -- stepping ----------------------------------------------------------------
 
   def global_batch(self, local: Mapping[str, np.ndarray]) -> dict:
-    """This host's numpy batch (its data shard's rows,
-    `multihost.data_layout`) -> global arrays sharded along 'data', of
-    `num_shards` times its rows: hosts that share a shard (the model axis
-    spans them) give the same rows."""
+    """This host's numpy batch -> global arrays sharded along 'data'.
+
+    The host's rows are its data shard's (`multihost.data_layout`); hosts
+    that share a shard give the same rows.
+    """
     shards = self.data_layout.num_shards
     return {k: jax.make_array_from_process_local_data(
                 self.batch_sharding, local[k],
@@ -390,16 +414,18 @@ class Trainer:
             for k in inputs_lib.required_features(inputs_lib.is_packed(local))}
 
   def _step(self, state: State, batch: dict) -> tuple[State, dict]:
+    """`train_step` with the step's dropout key."""
     rng = jax.random.fold_in(jax.random.PRNGKey(self.seed), state['step'])
     return train_step(self._step_model, self.optimizer, state, batch, rng,
                       self.z_loss, self.rules, self.balancing,
                       self.num_microbatches)
 
   def step_function(self) -> Callable:
-    """The jitted step `(state, global batch) -> (state, metrics)` with the
-    state's and the batch's shardings, donating the old state (`step` calls
-    it; `.lower(abstract_state(), batch shapes)` compiles it for any
-    mesh, a TPU slice's from `jax.experimental.topologies` included)."""
+    """The jitted `(state, global batch) -> (state, metrics)`, donating.
+
+    `.lower(abstract_state(), batch shapes)` compiles it for any mesh, a
+    TPU slice's from `jax.experimental.topologies` included.
+    """
     if self._step_fn is None:
       shardings = self._shardings()
       self._step_fn = jax.jit(
