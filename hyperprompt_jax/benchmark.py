@@ -82,20 +82,47 @@ from typing import Optional, Sequence
 
 
 def _add_step_time_flags(parser: argparse.ArgumentParser) -> None:
-  """The step-time benchmark (the default) and what the others share:
-  batches, lengths, variants, timing rounds."""
+  """The step-time benchmark (the default): batches, placement, rounds."""
   parser.add_argument('--batch_sizes', default='4,8,16')
-  parser.add_argument('--input_length', type=int, default=512)
-  parser.add_argument('--target_length', type=int, default=32)
-  # Checked in `main` against VARIANTS and hyperprompt.PLACEMENTS, which
-  # --help does not import.
-  parser.add_argument('--variants',
-                      help='comma-separated (default: every method of '
-                      'methods.REGISTRY)')
   parser.add_argument('--placement', default='both',
                       help="HyperPrompt's prompt placement (default: both)")
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=3)
+
+
+def add_model_flags(parser: argparse.ArgumentParser, scope: str = '') -> None:
+  """The networks measured without a run file: backbone, variants, forms,
+  rows (this command's --mfu and --tpu_compile, and `compile`'s).
+
+  Args:
+    parser: the parser or argument group to add them to.
+    scope: the help's prefix naming which modes read the flag.
+  """
+  # --variants is checked in `main` against VARIANTS and
+  # hyperprompt.PLACEMENTS, which --help does not import.
+  mfu_variants = ('mtl, hyperprompt_global, hypergrid_lg, adapter, '
+                  'hyperformer_pp, prompt_tuning')
+  parser.add_argument('--variants',
+                      help='comma-separated gin/variants names (default: '
+                           + (f'{mfu_variants}' if not scope else
+                              'every method of methods.REGISTRY; '
+                              f'{scope}{mfu_variants}') + ')')
+  parser.add_argument('--input_length', type=int, default=512)
+  parser.add_argument('--target_length', type=int, default=32)
+  parser.add_argument('--model', default='t5_1_1_base',
+                      help=f'{scope}the backbone, a gin/models file name, '
+                           'e.g. t5_1_1_tiny, t5_1_1_large (default: '
+                           't5_1_1_base)')
+  parser.add_argument('--dtype', default='bfloat16',
+                      help=f'{scope}activation dtype (default: bfloat16)')
+  parser.add_argument('--batch_size', type=int, default=32,
+                      help=f'{scope}rows per step (default: 32)')
+  parser.add_argument('--forms', default='both',
+                      help=f'{scope}both forms of the variants that have two '
+                           '(T5Config.gradient_form, HyperGridConfig.'
+                           'packed_form), each default, or the forms named: '
+                           'both, auto, or e.g. written,grouped,pallas '
+                           '(default: both)')
 
 
 def _add_side_by_side_flags(parser: argparse.ArgumentParser) -> None:
@@ -168,23 +195,10 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
       '--mfu', action='store_true',
       help='model FLOPs utilisation of each variant\'s training step on this '
            'device (benchmarks/mfu.py); no gin, no TensorFlow')
-  parser.add_argument('--model', default='t5_1_1_base',
-                      help='--mfu: the backbone, a gin/models file name, '
-                           'e.g. t5_1_1_tiny, t5_1_1_large (default: '
-                           't5_1_1_base)')
-  parser.add_argument('--dtype', default='bfloat16',
-                      help='--mfu: activation dtype (default: bfloat16)')
-  parser.add_argument('--batch_size', type=int, default=32,
-                      help='--mfu: rows per step (default: 32)')
+  add_model_flags(parser, scope='--mfu, --tpu_compile: ')
   parser.add_argument('--warmup_steps', type=int, default=3,
                       help='--mfu: untimed steps after compiling (default: '
                            '3); --steps are then timed one by one')
-  parser.add_argument('--forms', default='both',
-                      help='--mfu: both forms of the variants that have two '
-                           '(T5Config.gradient_form, HyperGridConfig.'
-                           'packed_form), each default, or the forms named: '
-                           'both, auto, or e.g. written,grouped,pallas '
-                           '(default: both)')
   parser.add_argument('--peak_tflops', type=float, default=None,
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "
                            "from the device's kind; a CPU has none)")

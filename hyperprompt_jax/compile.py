@@ -46,19 +46,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       'program')
   models = parser.add_argument_group(
       'without gin: the MFU benchmark\'s variants')
-  models.add_argument('--model', default='t5_1_1_base',
-                      help='a gin/models file name (default: t5_1_1_base)')
-  models.add_argument('--variants', default=None,
-                      help='comma-separated (default: mtl, hyperprompt_global, '
-                      'hypergrid_lg, adapter, hyperformer_pp, '
-                      'prompt_tuning)')
-  models.add_argument('--forms', default='both',
-                      help='both, auto, or forms by name (as --mfu)')
-  models.add_argument('--batch_size', type=int, default=32,
-                      help='rows per step (default: 32)')
-  models.add_argument('--input_length', type=int, default=512)
-  models.add_argument('--target_length', type=int, default=32)
-  models.add_argument('--dtype', default='bfloat16')
+  benchmark.add_model_flags(models)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
