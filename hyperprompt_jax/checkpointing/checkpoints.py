@@ -1,16 +1,13 @@
-"""Reading t5x checkpoints (orbax and legacy tensorstore layouts), and
-writing parameters alone in t5x's orbax layout (`save_t5x_params`).
+"""Reading t5x checkpoints (orbax and legacy layouts); writing t5x parameters.
 
-Both layouts are read with the libraries t5x itself writes them with (orbax
-for the default layout; flax msgpack + tensorstore for the legacy one), so no
-t5x install is needed to start from a public t5x checkpoint.
+Both layouts are read with the libraries t5x writes them with, so no t5x
+install is needed to start from a public t5x checkpoint:
 
-- orbax layout: `checkpoint_<step>/state/` is an orbax PyTree whose root is
-  `{target: params, state: {step, param_states}}`. The built-in runner's
-  checkpoints (`checkpoint_manager`) share the folder names, with the root
-  `{step, params, opt_state}`; both are read here, so one evaluator reads
-  both runners' output.
-- legacy layout (`use_orbax=False`): `checkpoint_<step>/checkpoint` is a msgpack
+- orbax: `checkpoint_<step>/state/` is an orbax PyTree `{target: params,
+  state: {step, param_states}}`. The built-in runner's (`checkpoint_manager`)
+  share the folder names with the root `{step, params, opt_state}`; both
+  are read here, so one evaluator reads both runners' output.
+- legacy (`use_orbax=False`): `checkpoint_<step>/checkpoint` is a msgpack
   file `{version, optimizer: {target, state}}` whose large leaves are
   tensorstore specs pointing at sibling directories.
 """
@@ -37,15 +34,16 @@ class CheckpointMismatchError(ValueError):
 
 
 def error_summary(error: Exception) -> str:
-  """'Type: first line' of why a checkpoint could not be read (orbax and
-  TensorStore errors run to dozens of lines)."""
+  """'Type: first line' of why a checkpoint could not be read."""
   lines = str(error).strip().splitlines()
   return f'{type(error).__name__}: {lines[0][:300] if lines else ""}'
 
 
 def find_checkpoints(path: str) -> list[tuple[int, str]]:
-  """`[(step, dir)]` for one `checkpoint_<step>` or a directory of them,
-  by step. Incomplete (temporary) orbax saves are not listed."""
+  """`[(step, dir)]` of one `checkpoint_<step>` or a folder of them, by step.
+
+  Incomplete (temporary) orbax saves are not listed.
+  """
   path = path.rstrip('/')
   if not epath.Path(path).is_dir():
     raise FileNotFoundError(
@@ -94,8 +92,6 @@ def checkpoint_layout(path: str) -> str:
 
 
 def _restore_orbax_target(path: str) -> PyTree:
-
-
   # orbax's tensorstore specs need absolute local paths.
   state_dir = epath.Path(path if '://' in path else os.path.abspath(path))
   state_dir = state_dir / 'state'
@@ -134,7 +130,6 @@ def _map_leaves(fn, tree: Any, is_leaf=lambda x: False) -> Any:
 
 
 def _read_tensorstore(spec: Mapping[str, Any], checkpoint_dir: str):
-
   spec = dict(spec)
   kvstore = dict(spec['kvstore'])
   relative = kvstore['path']
@@ -150,7 +145,6 @@ def _read_tensorstore(spec: Mapping[str, Any], checkpoint_dir: str):
 
 
 def _restore_legacy_target(path: str) -> PyTree:
-
   raw = serialization.msgpack_restore(
       (epath.Path(path) / 'checkpoint').read_bytes()
   )
@@ -211,9 +205,11 @@ def restore_params(
 def match_params(loaded: Mapping[str, np.ndarray], abstract_params: PyTree,
                  path: str, allow_missing: bool = False
                  ) -> tuple[PyTree, list[str]]:
-  """`restore_params` on arrays already read (`load_t5x_params`'s flat dict,
-  perhaps changed: new tasks' parameters added, task parameters replaced);
-  `path` names their checkpoint in errors."""
+  """`restore_params` on arrays already read, perhaps changed since.
+
+  `loaded` is `load_t5x_params`' flat dict (new tasks' parameters added, task
+  parameters replaced); `path` names their checkpoint in errors.
+  """
   wanted = traverse_util.flatten_dict(flax.core.unfreeze(abstract_params),
                                       sep='/')
   mismatched = [
@@ -238,8 +234,7 @@ def match_params(loaded: Mapping[str, np.ndarray], abstract_params: PyTree,
 
 
 def param_shapes(path: str) -> dict[str, tuple[int, ...]]:
-  """`{'/'-path: shape}` of a checkpoint's parameters, read from its
-  metadata (no array is loaded), either layout or runner."""
+  """`{'/'-path: shape}` of a checkpoint's parameters, from its metadata."""
 
   path = os.fspath(path)
   if checkpoint_layout(path) == 'orbax':
@@ -267,9 +262,10 @@ def param_shapes(path: str) -> dict[str, tuple[int, ...]]:
 
 
 def save_t5x_params(params: PyTree, output_dir: str, step: int = 0) -> str:
-  """Writes `output_dir/checkpoint_<step>` in t5x's orbax layout:
-  `state/` = `{target: params, state: {step}}`, no optimizer state, so both
-  runners (and t5x's restore) start from it as INITIAL_CHECKPOINT_PATH.
+  """Writes parameters alone as `output_dir/checkpoint_<step>`, t5x's layout.
+
+  `state/` = `{target: params, state: {step}}`, no optimizer state: both
+  runners (and t5x) start from it as INITIAL_CHECKPOINT_PATH.
 
   Args:
     params: the nested parameters (numpy or host-readable jax arrays).

@@ -1,10 +1,11 @@
-"""The parameters a run starts from (INITIAL_CHECKPOINT_PATH): a t5x or
-built-in checkpoint's, read with orbax, with the parameters of the run's new
-tasks added (its task-indexed arrays grown to the run's task list) and an
-exported task-parameter artifact placed on its backbone; how many tasks it
-trained, and the optimizer that trains only the new tasks' parameters
-(TRAIN_ONLY_NEW_TASKS). Kept apart from the train step (`trainer`), which
-imports no checkpoint library."""
+"""The parameters a run starts from (INITIAL_CHECKPOINT_PATH).
+
+A t5x or built-in checkpoint's, with the run's new tasks' parameters added
+and an exported task-parameter artifact placed on its backbone; how many
+tasks it trained; the optimizer that trains only the new tasks'
+(TRAIN_ONLY_NEW_TASKS). Apart from `trainer`, which imports no checkpoint
+library.
+"""
 
 from typing import Any, Optional, Sequence
 
@@ -29,20 +30,17 @@ def params_from_t5x(
     task_params_path: Optional[str] = None,
     growth: Optional[task_params.Growth] = None,
     task_list: Sequence[str] = ()) -> tuple[Any, list[str], int]:
-  """A t5x (or built-in) checkpoint's parameters for `trainer`'s model,
-  placed by its shardings.
+  """A checkpoint's parameters for `trainer`'s model, placed by its shardings.
 
-  A pretrained checkpoint gives the backbone; the task-conditioned
-  parameters it lacks are freshly initialised. A trained multi-task
-  checkpoint gives its task parameters too; the parameters of task ids it
-  was not trained on (appended ones, and unused ones) are set by
-  `growth`'s rule (`task_params.grow`). With
-  `task_params_path`, an exported artifact's task parameters replace the
-  checkpoint's (`task_params.check` first).
+  A pretrained checkpoint gives the backbone, the task-conditioned parameters
+  it lacks freshly initialised. A trained multi-task one gives its task
+  parameters too; task ids it was not trained on follow `growth`
+  (`task_params.grow`). An artifact at `task_params_path` replaces the
+  checkpoint's task parameters.
 
   Args:
-    trainer: the run's `trainer.Trainer` (its model, abstract parameters
-      and their shardings).
+    trainer: the run's `trainer.Trainer` (its model, abstract parameters and
+      their shardings).
     path: a `checkpoint_<step>` folder (either runner, either layout).
     task_params_path: a `task_params` artifact to place on its backbone.
     growth: how the new tasks' parameters start (default: the mean of the
@@ -51,14 +49,13 @@ def params_from_t5x(
 
   Returns:
     `(params, fresh, trained)`: the placed parameters, the '/'-paths freshly
-    initialised, and the number of tasks the checkpoint (or artifact) was
-    trained for (`trained_tasks`; 0 for a checkpoint without task
-    parameters).
+    initialised, and how many tasks the checkpoint (or artifact) trained
+    (`trained_tasks`).
 
   Raises:
-    ValueError: a shape mismatch (naming the parameter), a missing
-      backbone parameter (the checkpoint is of another architecture), or
-      task parameters that do not fit (`task_params.TaskParamsError`).
+    ValueError: a shape mismatch, a missing backbone parameter (another
+      architecture), or task parameters that do not fit
+      (`task_params.TaskParamsError`).
   """
   loaded = checkpoints.load_t5x_params(path)
   if task_params_path:
@@ -115,10 +112,11 @@ def params_from_t5x(
 
 def trained_tasks(model: network.Transformer, checkpoint_path: str,
                   artifact_path: Optional[str] = None) -> int:
-  """How many tasks of a starting point were trained: its task list's
-  length (an artifact's header, a built-in checkpoint's run record), else
-  (t5x's checkpoints) every task its task-indexed arrays hold, read from
-  its metadata."""
+  """How many tasks of a starting point were trained.
+
+  Its task list's length (an artifact's header, a built-in run record), else,
+  for t5x's checkpoints, every task its task-indexed arrays hold.
+  """
   if artifact_path:
     return len(task_params.read(artifact_path)[1]['task_list'])
   record = run_record.read(checkpoint_path)
@@ -133,10 +131,11 @@ def trained_tasks(model: network.Transformer, checkpoint_path: str,
 def only_new_task_params(optimizer,
                          model: Optional[network.Transformer] = None,
                          first_new_task: int = 0):
-  """`optimizer` on the parameters of tasks `first_new_task:` only (of
-  every task-indexed parameter, `optimizers.only_task_params`); for t5x's
-  gin (`optimizers.OptaxWrapper.optax_optimizer`, gin/t5x/add_task.gin),
-  where `model` is the gin-configured network."""
+  """`optimizer` on the parameters of tasks `first_new_task:` only.
+
+  For t5x's gin (gin/t5x/add_task.gin, `OptaxWrapper.optax_optimizer`), where
+  `model` defaults to the gin-configured network.
+  """
   if model is None:
     model = gin.get_configurable(network.Transformer)()
   if (isinstance(first_new_task, bool)
@@ -153,9 +152,7 @@ def only_new_task_params(optimizer,
 
 def only_new_task_rows(optimizer, model: Optional[network.Transformer] = None,
                        first_new_row: int = 0):
-  """Deprecated (goes in the next release): `only_new_task_params`, whose
-  `first_new_task` is this `first_new_row` (a user's gin file may bind
-  either; gin/t5x/add_task.gin binds the new)."""
+  """Deprecated (goes in the next release): `only_new_task_params`."""
   hyperprompt_jax.warn_renamed(
       'initial_checkpoint.only_new_task_rows(first_new_row=...) is now '
       'initial_checkpoint.only_new_task_params(first_new_task=...)')

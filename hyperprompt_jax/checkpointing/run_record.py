@@ -1,18 +1,15 @@
 """What each checkpoint records of the run that wrote it, and resume checks.
 
 Saved with every checkpoint (`checkpoint_manager`, item `run`): the model's
-settings (`T5Config`, flattened), the data settings the iterator's position
-depends on, the processes and data shards that wrote it
-(`multihost.DataLayout`), and the gin configs. A run that resumes compares
-its own with the newest checkpoint's and refuses a difference, naming each
-setting: orbax would otherwise fail on shapes (advising `strict=False`,
-which would load the wrong model) or, for the data, restore an iterator of
-another mixture.
+settings, the data settings the iterator's position depends on, the data
+layout (`multihost.DataLayout`) and the gin configs. A resuming run refuses
+any difference, naming each setting: orbax would otherwise fail on shapes
+(advising `strict=False`, which loads the wrong model) or, for the data,
+restore an iterator of another mixture.
 
-The same configs are written to `MODEL_DIR/config.gin` and
-`operative_config.gin` when a run saves its first checkpoint, not at start,
-so a run that fails before saving leaves the record of the run that wrote
-the checkpoints intact.
+`MODEL_DIR/config.gin` and `operative_config.gin` are written with the first
+checkpoint, not at start, so a run that fails before saving leaves the
+record of the run that wrote the checkpoints intact.
 """
 
 import logging
@@ -38,9 +35,10 @@ def data_settings(mixture_or_task_name: str,
                   pack: bool, seed: int,
                   max_examples_per_row: Optional[int] = None
                   ) -> dict[str, Any]:
-  """The settings the saved data position belongs to, by macro name (and
-  PACKER: the packer whose buffer and open row the position holds, with
-  its bound on examples per row)."""
+  """The settings the saved data position belongs to, by macro name.
+
+  PACKER names the packer whose buffer and open row the position holds.
+  """
   return {'MIXTURE_OR_TASK_NAME': mixture_or_task_name,
           'TASK_FEATURE_LENGTHS': dict(task_feature_lengths),
           'BATCH_SIZE': batch_size, 'PACK': pack, 'SEED': seed,
@@ -55,8 +53,7 @@ UNRECORDED_SCHEDULE = {'factors': 'constant'}
 
 
 def _saved_packer(saved_data: Mapping[str, Any]) -> Optional[str]:
-  """The packer of a record; records from before PACKER packed with
-  seqio's."""
+  """A record's packer; records from before PACKER packed with seqio's."""
   if 'PACKER' in saved_data:
     return saved_data['PACKER']
   return 'seqio' if saved_data.get('PACK') else None
@@ -65,10 +62,19 @@ def _saved_packer(saved_data: Mapping[str, Any]) -> Optional[str]:
 def make(model_config: Any, data: Mapping[str, Any], start_step: int,
          task_list: Sequence[str] = (),
          processes: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-  """The record saved with each checkpoint of a run started at
-  `start_step`; `task_list` is the run's (id order: which tasks' parameters
-  were trained, `task_params`); `processes` its data layout
-  (`multihost.DataLayout.record`)."""
+  """The record saved with each checkpoint of a run started at `start_step`.
+
+  Args:
+    model_config: the `T5Config`.
+    data: `data_settings`, plus what else the data position depends on
+      (the schedule, the balancing, the new tasks).
+    start_step: the step the run started at.
+    task_list: the run's, in id order (which tasks' parameters trained).
+    processes: the data layout (`multihost.DataLayout.record`).
+
+  Returns:
+    The record, JSON-serialisable.
+  """
   return {'version': VERSION, 'start_step': start_step,
           'model': network.model_settings(model_config), 'data': dict(data),
           'task_list': list(task_list),
@@ -83,9 +89,7 @@ _BALANCING_GUARDS = ('METABALANCE_MAX_AUXILIARIES',)
 
 
 def balancing_record(settings: Mapping[str, Any]) -> dict[str, Any]:
-  """The record's GRADIENT_BALANCING: MetaBalance's settings (`{'target_task':
-  ..., ...}`) as `METABALANCE_<NAME>` macros, those that change the step
-  only (a bound on the auxiliaries' count is not one)."""
+  """MetaBalance's step-changing settings as `METABALANCE_<NAME>` macros."""
   out = {'METABALANCE_' + k.upper(): v for k, v in settings.items()}
   return {k: v for k, v in out.items() if k not in _BALANCING_GUARDS}
 
@@ -93,8 +97,7 @@ def balancing_record(settings: Mapping[str, Any]) -> dict[str, Any]:
 def check_resume(record: Mapping[str, Any], model_config: Any,
                  data: Mapping[str, Any], checkpoint: str,
                  task_list: Sequence[str]) -> None:
-  """Raises ResumeMismatchError naming each model or data setting, or task
-  id, in which this run differs from the checkpoint's `record`."""
+  """Raises ResumeMismatchError naming each setting or task id that differs."""
   changes = []
   now = network.model_settings(model_config)
   saved = record.get('model', {})
@@ -134,15 +137,15 @@ _READER_CHOICES = ('T5Config.dtype', 'T5Config.dropout_rate',
 
 
 class RecordMismatchError(ValueError):
-  """A checkpoint read with other model settings or task ids than it was
-  trained with."""
+  """A checkpoint read with other settings or task ids than it trained with."""
 
 
 def task_list_change(saved: Sequence[str], now: Sequence[str]
                      ) -> Optional[str]:
-  """How `now` (a run's task list) moves the ids of `saved` (a
-  checkpoint's), or None: the saved tasks must keep their ids (be the first
-  entries of `now`; appended tasks are new tasks)."""
+  """How `now` (a run's task list) moves the ids of `saved`'s tasks, or None.
+
+  The saved tasks must keep their ids: be the first entries of `now`.
+  """
   for i, name in enumerate(saved):
     if i >= len(now) or now[i] != name:
       where = (f'id {list(now).index(name)}' if name in now
@@ -155,8 +158,7 @@ def task_list_change(saved: Sequence[str], now: Sequence[str]
 def record_changes(record: Mapping[str, Any], model_config: Any,
                    task_list: Sequence[str],
                    ignore: Sequence[str] = _READER_CHOICES) -> list[str]:
-  """Each model setting (but `ignore`) and task id in which a reader
-  differs from the checkpoint's `record`."""
+  """Each model setting (but `ignore`) and task id a reader changes."""
   now = network.model_settings(model_config)
   saved = record.get('model', {})
   changes = [f'{name}: {saved.get(name, "(unset)")} -> '
@@ -174,18 +176,18 @@ def record_changes(record: Mapping[str, Any], model_config: Any,
 def check_checkpoint(checkpoint_path: str, model_config: Any,
                      task_list: Sequence[str], allow_mismatch: bool = False
                      ) -> None:
-  """Refuses to read a checkpoint of the built-in runner as anything but
-  what it was trained as: its run record's model settings and task ids
-  (a task's parameters read as another task's give wrong predictions with no
-  error). t5x's checkpoints record neither: nothing to compare.
+  """Refuses a built-in checkpoint read as anything but what it trained as.
+
+  Its run record's model settings and task ids: a task's parameters read as
+  another's give wrong predictions with no error. t5x's checkpoints record
+  neither: nothing to compare.
 
   Args:
     checkpoint_path: a `checkpoint_<step>` folder.
     model_config: the reader's `T5Config`.
     task_list: the reader's task list (`task_ids.run_task_list()`).
-    allow_mismatch: read it anyway, with a warning naming each difference
-      (gin: `run_record.check_checkpoint.allow_mismatch = True`), e.g. to
-      evaluate a renamed task.
+    allow_mismatch: read it anyway, warning of each difference (gin:
+      `run_record.check_checkpoint.allow_mismatch = True`).
 
   Raises:
     RecordMismatchError: naming each difference and the override.
@@ -210,25 +212,25 @@ def check_checkpoint(checkpoint_path: str, model_config: Any,
 
 def data_source(record: Optional[Mapping[str, Any]], layout: Any,
                 restart_data: bool, checkpoint: str) -> Optional[int]:
-  """The process of the saving run whose data position this process
-  restores: one that read the same data shard. None: the data layout
-  changed and `restart_data` says to start the data stream afresh.
+  """The saving run's process whose data position this process restores.
 
-  The position of a shard carries over to any number of processes as long
-  as the data is cut into the same shards (DATA_SHARDS: the 'data' mesh
-  axis spread over processes); with another number of shards no saved
-  position means anything.
+  One that read the same data shard: a shard's position carries over to any
+  number of processes as long as the data is cut into the same shards.
 
   Args:
     record: the checkpoint's run record (None, or without 'processes':
-      written before layouts were recorded; each process takes its own).
+      older; each process takes its own).
     layout: this run's `multihost.DataLayout`.
     restart_data: RESTART_DATA_ON_LAYOUT_CHANGE.
     checkpoint: its name, for messages.
 
+  Returns:
+    The process index, or None: the layout changed and `restart_data` starts
+    the data stream afresh.
+
   Raises:
     ResumeMismatchError: the number of data shards changed and
-      `restart_data` is off (the same message on every process).
+      `restart_data` is off.
   """
   saved = (record or {}).get('processes') or {}
   if 'DATA_SHARDS' not in saved:
@@ -263,16 +265,14 @@ def _plain(value: Any) -> Any:
 
 
 def write_gin_files(model_dir: str, record: Mapping[str, Any]) -> None:
-  """`MODEL_DIR/config.gin` and `operative_config.gin` from `record`, each
-  replaced atomically (a reader never sees half a file)."""
+  """Writes `model_dir`'s config.gin and operative_config.gin, atomically."""
   for name, key in (('config.gin', 'config_gin'),
                     ('operative_config.gin', 'operative_config_gin')):
     files.write_atomically(os.path.join(model_dir, name), record[key])
 
 
 def read(checkpoint_path: str) -> Optional[dict[str, Any]]:
-  """The record of a built-in runner's `checkpoint_<step>` (None for t5x's
-  checkpoints and older ones)."""
+  """The record of a built-in `checkpoint_<step>`; None for t5x's and older."""
   directory = epath.Path(checkpoint_path) / 'run'
   if not directory.exists():
     return None

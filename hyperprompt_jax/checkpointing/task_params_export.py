@@ -1,5 +1,7 @@
-"""Writes a checkpoint's task-conditioned parameters as a small artifact
-(`task_params`). Its command: `python -m hyperprompt_jax.export_task_params`."""
+"""Writes a checkpoint's task parameters as a `task_params` artifact.
+
+Its command: `python -m hyperprompt_jax.export_task_params`.
+"""
 
 import argparse
 import logging
@@ -63,9 +65,10 @@ def export(model: network.Transformer, checkpoint_path: str, output: str,
 
 
 def sizes(model: network.Transformer) -> dict[str, int]:
-  """Bytes, from the shapes alone: the artifact's arrays (float32; the
-  header adds a few KB) and a built-in checkpoint's parameters and
-  Adafactor state (`optimizers.make_optimizer`; t5x's holds the same)."""
+  """Bytes from the shapes alone: the artifact's arrays and a checkpoint's.
+
+  A built-in checkpoint's parameters and Adafactor state; t5x's are the same.
+  """
   params = network.abstract_variables(model)['params']
   opt_state = jax.eval_shape(optimizers.make_optimizer().init, params)
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize

@@ -1,6 +1,7 @@
-"""Places an exported task-parameter artifact on a backbone checkpoint and
-writes a checkpoint the runners start from. Its command: `python -m
-hyperprompt_jax.import_task_params`."""
+"""Places a task-parameter artifact on a backbone, as a checkpoint.
+
+Its command: `python -m hyperprompt_jax.import_task_params`.
+"""
 
 import argparse
 import logging
@@ -28,7 +29,10 @@ def import_task_params(model: network.Transformer, checkpoint_path: str,
                        output_dir: str, task_params_path: Optional[str] = None,
                        growth: Optional[task_params.Growth] = None,
                        seed: int = 0) -> str:
-  """Writes `output_dir/checkpoint_0` (module docstring); returns its path.
+  """Writes `output_dir/checkpoint_0`: the backbone with the task parameters.
+
+  The artifact's (`task_params_path`), else the checkpoint's own; tasks they
+  did not train start by `growth`. Returns the checkpoint's path.
 
   Raises:
     task_params.TaskParamsError: an artifact that does not fit.

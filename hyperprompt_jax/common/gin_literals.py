@@ -1,13 +1,11 @@
-"""The settings of the project's plain gin files, read without gin: model
-sizes (gin/models/), method settings (gin/variants/) and task-id spaces
-(gin/tasks/), for the tools that run where gin is not installed (the MFU
-benchmark on a bare accelerator image).
+"""The plain gin files' settings, read without gin, for tools run without it.
 
+Model sizes (gin/models/), method settings (gin/variants/) and task-id
+spaces (gin/tasks/), e.g. for the MFU benchmark on a bare accelerator image.
 A plain file holds imports, includes, macros and bindings whose values are
 Python literals, macros or references on one line each (`NUM_TASKS = 8`,
-`network.T5Config:` blocks, `a.b.c = %NAME`, `x = @module.Name()`).
-Anything else is an error naming the line: such a file needs gin.
-tests/test_mfu.py holds what is read here equal to what gin builds.
+`network.T5Config:` blocks, `a.b.c = %NAME`, `x = @module.Name()`); anything
+else is an error naming the line. tests/test_mfu.py holds this equal to gin.
 """
 
 import ast
@@ -28,15 +26,16 @@ _REFERENCE = re.compile(r'@([\w.]+)\(\)')
 
 @dataclasses.dataclass(frozen=True)
 class Reference:
-  """A binding's `@name()`: the configurable `name` (module.Class) with its
-  own bindings."""
+  """A binding's `@name()`: the configurable `name` with its own bindings."""
   name: str
 
 
 def read(name: str) -> dict[str, dict[str, Any]]:
-  """`{configurable: {parameter: value}}` of a gin file of the shipped gin
-  directory (e.g. 'models/t5_1_1_base.gin'), its includes read in place;
-  macros resolved, references as `Reference`s."""
+  """`{configurable: {parameter: value}}` of a shipped gin file, includes read.
+
+  `name` is relative to the gin directory (e.g. 'models/t5_1_1_base.gin');
+  macros are resolved, references given as `Reference`s.
+  """
   macros, bindings = {}, {}
   _read_into(name, macros, bindings)
   return {configurable: {parameter: _value(text, macros, where)
@@ -45,8 +44,7 @@ def read(name: str) -> dict[str, dict[str, Any]]:
 
 
 def _read_into(name: str, macros: dict, bindings: dict) -> None:
-  """Adds the raw `(value text, file:line)` of `name`'s macros and
-  bindings, in gin's order (a later one wins)."""
+  """Adds the raw `(value text, file:line)` of `name`'s settings, in order."""
   path = os.path.join(paths.gin_dir(), name)
   block = None
   with open(path) as f:
@@ -93,9 +91,11 @@ def _value(text: str, macros: dict, where: str) -> Any:
 
 
 def paper_task_file(variant_file: str) -> str:
-  """The task file of the first paper setup (gin/setups/) that runs
-  `variant_file`: its task list sets the variant's T (HyperPrompt and the
-  baselines: 8, one GLUE or SuperGLUE run; HyperGrid: 16, both)."""
+  """The task file of the first paper setup (gin/setups/) of `variant_file`.
+
+  Its task list sets the variant's T (HyperPrompt and the baselines: one GLUE
+  or SuperGLUE run; HyperGrid: both).
+  """
   setups = os.path.join(paths.gin_dir(), 'setups')
   for name in sorted(os.listdir(setups)):
     with open(os.path.join(setups, name)) as f:

@@ -53,8 +53,7 @@ HEARTBEAT_TIMEOUT_S = 30
 
 
 def add_distributed_flags(parser: argparse.ArgumentParser) -> None:
-  """The flags of a command that runs as several processes, one per host
-  (`multihost.initialize_from_flags` reads them)."""
+  """The flags of a command run as one process per host (`multihost`)."""
   group = parser.add_argument_group(
       'several processes (one per host; every host runs the same command)')
   group.add_argument(
@@ -96,11 +95,10 @@ def command_flags(prog: str, description: str,
                   tensorflow: bool = False) -> argparse.Namespace:
   """A command's flags, parsed before its library is imported.
 
-  The command module (`hyperprompt_jax/<command>.py`) holds its usage and
-  flags and imports its library in `main` after this returns, so `--help`
-  and a flag mistake answer before TensorFlow or JAX load (seconds).
-  TensorFlow is imported here first, without its start-up lines, when the
-  library uses it.
+  The command module (`hyperprompt_jax/<command>.py`) imports its library in
+  `main` after this returns, so `--help` and a flag mistake answer before
+  TensorFlow or JAX load. With `tensorflow`, TensorFlow is imported here,
+  quietly.
 
   Args:
     prog: the command, e.g. 'python -m hyperprompt_jax.train'.
@@ -110,8 +108,7 @@ def command_flags(prog: str, description: str,
     tensorflow: the library imports TensorFlow.
 
   Returns:
-    The flags, for the library's `run(flags)` (which parses gin itself,
-    after its configurables are registered).
+    The flags, for the library's `run(flags)`, which parses gin itself.
   """
   args = parse_command_line(prog, description, argv, add_flags=add_flags,
                             parse_gin_files=False)
@@ -133,8 +130,7 @@ _TF_STARTUP_NOISE = re.compile(
 
 @contextlib.contextmanager
 def _stderr_without(noise: re.Pattern):
-  """Holds back what is written to file descriptor 2 (C++ logging too) and
-  then passes on the lines `noise` does not match."""
+  """Holds back file descriptor 2, then passes on the lines `noise` misses."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as held:
@@ -155,12 +151,10 @@ def _stderr_without(noise: re.Pattern):
 def import_tensorflow_quietly() -> None:
   """Imports TensorFlow, which only feeds data, and hides the GPUs from it.
 
-  JAX owns the accelerator (t5x hides the GPUs from TensorFlow too). The
-  start-up lines come from C++ logging that runs before
-  `TF_CPP_MIN_LOG_LEVEL` is read, so stderr is held back while TensorFlow
-  loads and probes its devices, and what `_TF_STARTUP_NOISE` does not match
-  is passed on. A user who sets TF_CPP_MIN_LOG_LEVEL (e.g. to 0) sees every
-  line.
+  JAX owns the accelerator, as in t5x. TensorFlow's start-up lines come from
+  C++ logging before `TF_CPP_MIN_LOG_LEVEL` is read, so stderr is held back
+  while it loads and only what `_TF_STARTUP_NOISE` misses passes. A user who
+  sets TF_CPP_MIN_LOG_LEVEL sees every line.
   """
   if 'tensorflow' in sys.modules:
     return  # loaded already: nothing left to hold back
@@ -180,19 +174,17 @@ def parse_command_line(
     add_flags: Optional[AddFlags] = None,
     logger: Optional[logging.Logger] = None,
     parse_gin_files: bool = True) -> argparse.Namespace:
-  """Every entry point's preamble: the gin flags (t5x's `--gin.X=Y`
-  shorthand included) and the tool's own (`add_flags`), its progress log on
-  stdout (`logger`), and, unless `parse_gin_files` is off, gin parsed from
-  the flags.
+  """Every entry point's preamble: its flags, its log on stdout, and gin.
 
   Args:
     prog: the command, e.g. 'python -m hyperprompt_jax.train'.
     description: the `--help` text (the module docstring).
-    argv: the arguments (None: `sys.argv[1:]`).
+    argv: the arguments (None: `sys.argv[1:]`); `--gin.X=Y` is t5x's
+      shorthand for a binding.
     add_flags: adds the tool's own flags to the parser.
     logger: the tool's logger, sent to stdout.
-    parse_gin_files: parse gin here (off for tools that parse it later,
-      or with default files: `parse_gin_flags`).
+    parse_gin_files: parse gin here (off for tools that parse it later, or
+      with default files: `parse_gin_flags`).
 
   Returns:
     The parsed flags.
@@ -207,8 +199,7 @@ def parse_command_line(
 
 
 class ReportedError(RuntimeError):
-  """A failure (not a usage mistake) whose message names the cause and the
-  fix: `run` prints it as one line and exits 1."""
+  """A failure whose message names cause and fix: one line, exit 1."""
 
 
 def _without_gin_context(message: str) -> str:
@@ -218,9 +209,7 @@ def _without_gin_context(message: str) -> str:
 
 
 def _failure_line(e: BaseException) -> Optional[str]:
-  """One line naming the cause of a failure a user can act on without its
-  traceback (a missing or unwritable file, a full disk, a damaged archive,
-  a `ReportedError`), or None (a bug: the traceback is the report)."""
+  """One line naming a failure's cause, or None for a bug."""
   if isinstance(e, ReportedError):
     return _without_gin_context(str(e))
   if isinstance(e, OSError):
@@ -239,10 +228,11 @@ def _failure_line(e: BaseException) -> Optional[str]:
 
 
 def run(main: Callable[[], int]) -> None:
-  """Runs a command-line `main`: a ValueError (a usage mistake) becomes a
-  one-line error and exit status 2; a failure whose cause one line names
-  (`_failure_line`) a one-line error and exit status 1, its traceback
-  printed too with `--traceback`; anything else raises (a bug)."""
+  """Runs a command-line `main`, turning errors a user can act on into one line.
+
+  A ValueError (a usage mistake) exits 2; a failure `_failure_line` names
+  exits 1 (the traceback too with `--traceback`); anything else raises.
+  """
   try:
     sys.exit(main())
   except ValueError as e:
@@ -260,8 +250,7 @@ def run(main: Callable[[], int]) -> None:
 
 
 def log_to_stdout(logger: logging.Logger) -> None:
-  """A tool's progress lines on stdout, apart from the libraries' (absl)
-  logging."""
+  """A tool's progress lines on stdout, apart from the libraries' logging."""
   if not logger.handlers:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter('%(asctime)s %(message)s',
@@ -291,9 +280,11 @@ def rewrite_gin_shorthand(argv: Sequence[str]) -> list[str]:
 
 
 class _QuietGinProbes(logging.Filter):
-  """Drops gin's 'Path not found' errors: gin logs one each time it probes
-  an `include` as a Python-package resource before the search paths, which
-  succeed; a file that is really missing still raises."""
+  """Drops gin's 'Path not found' errors for `include`s found later.
+
+  gin probes each `include` as a package resource before the search paths; a
+  file really missing still raises.
+  """
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith('Path not found')
@@ -343,9 +334,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str],
 
 
 def _include_cycle(message: str, files: Sequence[str]) -> str:
-  """'a.gin -> b.gin -> a.gin' from gin's RecursionError message, which
-  lists the `include` chain as 'In file "PATH", line N' lines (cut where
-  Python's limit was hit: started at the first of `files` in it)."""
+  """'a.gin -> b.gin -> a.gin' from gin's RecursionError message."""
   cycle = []
   for path in re.findall(r'In file "([^"]+)", line', message):
     if path in cycle:
@@ -364,8 +353,7 @@ _UNQUOTED_STRING = re.compile(r'^\s*([\w./]+)\s*=\s*([A-Za-z_/~.][^\n]*?)\s*$')
 
 
 def _string_hint(statement: str) -> str:
-  """How to quote the value of `NAME = value` when it looks like an unquoted
-  string (a path, a task name); '' otherwise."""
+  """How to quote the value of `NAME = value` if it looks like a bare string."""
   match = _UNQUOTED_STRING.match(statement)
   if not match or match.group(2) in ('True', 'False', 'None'):
     return ''
@@ -381,9 +369,7 @@ RENAMED_GIN_FOLDERS = {'experiments': 'setups'}
 
 
 def renamed_gin_file(name: str) -> Optional[str]:
-  """The new path (under the gin directory) of a gin file given by the
-  path of a renamed folder ('experiments/x.gin' -> 'setups/x.gin'), or
-  None."""
+  """The new path of a gin file of a renamed folder, or None."""
   folder = os.path.basename(os.path.dirname(os.path.normpath(name)))
   if folder not in RENAMED_GIN_FOLDERS:
     return None
@@ -392,9 +378,7 @@ def renamed_gin_file(name: str) -> Optional[str]:
 
 
 def warn_if_renamed(name: str) -> None:
-  """A DeprecationWarning, and a line on stderr, for a --gin_file of a
-  renamed folder, naming its new path (the old one still parses, through
-  its alias file)."""
+  """Warns of a --gin_file in a renamed folder, naming its new path."""
   new = renamed_gin_file(name)
   if new is None:
     return

@@ -1,29 +1,16 @@
 """The papers' own per-task results, and a run's scores beside them.
 
-`paper_results.json` holds, transcribed from the papers' tables, each
-setup with its citation ("source": paper, section, table(s); "row": the
-table row as the paper labels it; "table" on every task and printed
-average):
-
-  HyperPrompt (He et al., ICML 2022), Appendix A.4, Tables 8 / 9 (GLUE /
-  SuperGLUE dev, T5.1.1 Base) and 10 / 11 (Large): `<setup>_glue`,
-  `<setup>_super_glue` and `<setup>_{glue,super_glue}_large` for mtl,
-  adapter, hyperformer_pp, prompt_tuning, hyperprompt_share,
-  hyperprompt_sep, hyperprompt_global;
-  HyperGrid Transformers (Tay et al., ICLR 2021), Sec. 3.1.1, Tables 1 / 2
-  (GLUE / SuperGLUE dev, T5 v1.0 Base):
-  `{mtl,ptft,t5_paper,hypergrid_l,hypergrid_l2,hypergrid_lg}_glue_super_glue`.
-
-Setup names are the setup files' (gin/setups/) where one exists.
-A task's score is the mean of its printed metrics, a benchmark's average the
-mean of its 8 task scores (the papers' rule, `tasks.scores`); the printed
-averages that this does not reproduce within rounding are listed, with the
-reason, under "known_mismatches". tests/test_paper_results.py checks both,
-and every number against the tables' text in tests/testdata/paper_results/.
-
-`eval` and `--metrics_dir` take `--compare_to=<setup>` (or the gin macro
-COMPARE_TO): the run's selected scores beside the paper's, with the deltas,
-printed and plotted (`compare_table`, `plot_compare`).
+`paper_results.json` holds each setup's dev results transcribed from the
+papers' tables, with citations ("source": paper, section, table(s); "row":
+the table row; "table" on every task and printed average): HyperPrompt
+(ICML 2022), Appendix A.4, Tables 8-11, and HyperGrid (ICLR 2021), Sec.
+3.1.1, Tables 1-2. Setup names are gin/setups/'s where one exists. A task's
+score is the mean of its printed metrics, a benchmark's average the mean of
+its 8 task scores (`tasks.scores`); printed averages this does not
+reproduce are listed with the reason under "known_mismatches"
+(tests/test_paper_results.py checks both). `--compare_to=<setup>` prints
+and plots a run's scores beside them (docs/evaluation.md, "Beside the
+papers' numbers").
 """
 
 import difflib
@@ -51,9 +38,11 @@ def setups() -> list[str]:
 
 
 def get(setup: str) -> dict[str, Any]:
-  """One setup's record: paper, source (paper, section, table(s)), row
-  (the table row), model, split, tasks (each with its metrics and table),
-  printed averages (each with its value and table)."""
+  """One setup's record, or a ValueError suggesting close names.
+
+  Its paper, source, row, model, split, tasks (each with its metrics and
+  table) and printed averages (each with its value and table).
+  """
   known = _data()['setups']
   if setup not in known:
     close = difflib.get_close_matches(setup, known, n=3)
@@ -127,8 +116,7 @@ def _cell(x) -> str:
 
 
 def compare_table(comparison: Mapping[str, Any]) -> str:
-  """Aligned plain text: task, ours, paper, delta; the averages; a footer
-  citing the paper's tables and row."""
+  """Aligned plain text: task, ours, paper, delta; averages; a citation."""
   header = ['task', 'ours', 'paper', 'delta']
   rows = [[t, _cell(v['ours']), _cell(v['paper']),
            '-' if v['delta'] is None else f"{v['delta']:+.2f}"]

@@ -1,18 +1,13 @@
-"""What a run's gin config records, read back by the commands that read its
-checkpoints: the evaluation protocol and the model parallelism.
+"""What a run's gin config records, for the commands reading its checkpoints.
 
-A paper setup names its protocol in its setup file (HyperPrompt: each task
-at its best checkpoint; HyperGrid: one checkpoint, the best GLUE average;
-fine-tuned baselines: the last one) as the macros SELECTION and
-SELECTION_BENCHMARK. Both runners write the run's whole gin config beside its
-checkpoints as `MODEL_DIR/config.gin` (the built-in runner with its first
-checkpoint, t5x's `summarize_gin_config` at start), and t5x's eval writes its
-own into EVAL_OUTPUT_DIR, naming the run in CHECKPOINT_PATH. Evaluation reads
-the protocol there, so the user never repeats the setup file, and says
-so when a protocol given explicitly differs from the run's. Likewise the
-run's MESH_MODEL (3B / 11B setups set it), which eval, infer, probe and
-leaderboard take where their gin leaves it None, so the order of their gin
-files does not matter.
+A paper setup names its evaluation protocol (SELECTION, SELECTION_BENCHMARK)
+in its setup file, and both runners write the run's gin config beside its
+checkpoints as `MODEL_DIR/config.gin` (t5x's eval writes its own, naming
+the run in CHECKPOINT_PATH). Evaluation reads the protocol there, so the
+user never repeats the setup file, and says so when one given differs
+(docs/evaluation.md, "Which checkpoint: the selection protocols"). Likewise
+the run's MESH_MODEL, which eval, infer, probe and leaderboard take where
+their gin leaves it None.
 """
 
 import dataclasses
@@ -40,8 +35,7 @@ class Protocol:
 
 
 class _Values(config_parser.ParserDelegate):
-  """Parses a written config without importing or binding anything: a
-  reference stays a string, so only literal macro values are read."""
+  """Parses a written config binding nothing: a reference stays a string."""
 
   def configurable_reference(self, scoped_name, evaluate):
     return f'@{scoped_name}'
@@ -77,8 +71,11 @@ def run_dir(checkpoint_path: str) -> str:
 
 
 def recorded(checkpoint_path: str) -> tuple[Optional[Protocol], str]:
-  """The protocol the run of `checkpoint_path` (a MODEL_DIR or one of its
-  checkpoints) records, and the file read (None: none recorded)."""
+  """The protocol the run of `checkpoint_path` records, and the file read.
+
+  `checkpoint_path` is a MODEL_DIR or one of its checkpoints; None where the
+  run records no protocol.
+  """
   directory = run_dir(checkpoint_path)
   macros = _read_macros(directory)
   where = os.path.join(directory, CONFIG_FILE)
@@ -91,16 +88,14 @@ def recorded(checkpoint_path: str) -> tuple[Optional[Protocol], str]:
 
 
 def recorded_mesh_model(checkpoint_path: str) -> Optional[int]:
-  """The MESH_MODEL the run of `checkpoint_path` trained with (None where
-  its config does not say)."""
+  """The MESH_MODEL the run of `checkpoint_path` trained with, or None."""
   macros = _read_macros(run_dir(checkpoint_path)) or {}
   value = macros.get('MESH_MODEL')
   return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def evaluated_run(metrics_dir: str) -> Optional[str]:
-  """The checkpoints a t5x eval output directory scored (its config's
-  CHECKPOINT_PATH), or None where it does not say."""
+  """The CHECKPOINT_PATH a t5x eval output directory scored, or None."""
   directory = metrics_dir.rstrip('/')
   if os.path.basename(directory) == 'inference_eval':
     directory = os.path.dirname(directory)
@@ -111,8 +106,9 @@ def evaluated_run(metrics_dir: str) -> Optional[str]:
 
 def resolve(selection: Optional[str], benchmark: Optional[str],
             checkpoint_paths: Sequence[Optional[str]]) -> Protocol:
-  """The protocol to score with: the one given (None: the runs'), else the
-  one the runs record, else the default; logs which and why.
+  """The protocol to score with: as given, else the runs', else the default.
+
+  Logs which and why.
 
   Raises:
     ValueError: the runs record different protocols and none is given.

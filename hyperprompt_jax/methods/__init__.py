@@ -9,10 +9,9 @@ Each method module has the same small face:
     check(cfg, model_config)   raises ValueError on a config that cannot build
     is_active(cfg, stack)      whether it conditions 'encoder' / 'decoder'
 
-and `REGISTRY` lists the modules. The network's checks, `param_groups`'
-backbone / task-conditioned split, `partitioning`'s axis rules and the
-benchmark's variants are all read from here, so adding a method means its
-module, an entry here, its T5Config field and its wiring in
+and `REGISTRY` lists the modules. The network's checks, `param_groups`,
+`partitioning`'s axis rules and the benchmark's variants read it: a new
+method is its module, an entry here, a T5Config field and its wiring in
 `conditioning.py`.
 """
 

@@ -1,38 +1,28 @@
-"""Per-task bottleneck adapters: the "Vanilla Adapter" baseline (Houlsby et
-al., 2019, as HyperPrompt's §4 uses it) and the adapter arithmetic that
-HyperFormer++ (`hyperformer.py`) shares.
+"""Per-task bottleneck adapters: the Vanilla Adapter baseline and its maths.
 
-Every Transformer block of a stack gets two adapters per task, one after the
-self-attention sublayer and one after the FFN sublayer (none after the
-decoder's cross-attention). An adapter maps the sublayer's output h, before
-dropout and the block's residual,
+The Vanilla Adapter is Houlsby et al. (2019) as HyperPrompt's §4 uses it;
+HyperFormer++ (`hyperformer.py`) shares the arithmetic. Every block gets two
+adapters per task, after the self-attention and after the FFN sublayer (none
+after the decoder's cross-attention), on the sublayer's output h before
+dropout and the residual:
 
     h -> h + norm(W_up act(W_down h + b_down) + b_up),
 
-with W_down [d, b], W_up [b, d] and b = d / reduction (32: b = 24 at T5
-base); `norm` is the identity here and HyperFormer++'s generated post layer
-norm there. The task of each example selects its adapters (a gather by
-`task_ids`, so no example pays for another task's adapter); in packed rows
-each token goes through its own task's adapter (`LayerAdapters._per_token`),
-by one of two forms (`AdapterConfig.packed_form`): 'task_blocks', the
-tokens grouped into blocks of one task (`hyperprompt_jax.t5.task_blocks`),
-or 'pallas', TPU kernels that multiply each token by its task's weights
-where it lies (`hyperprompt_jax.t5.segment_kernels.per_task_matmul`; no
-permutation of the tokens, whose copies are the task blocks' bytes on TPU).
-'auto' is 'pallas' where the model is compiled for a TPU, else
-'task_blocks'.
+W_down [d, b], W_up [b, d], b = d / reduction; `norm` is the identity here,
+HyperFormer++'s generated post layer norm there. The task ids gather each
+example's adapters, so no example pays for another task's. On packed rows
+each token takes its own task's adapter by `AdapterConfig.packed_form`
+(docs/performance.md, "Forms"): 'task_blocks' (`t5/task_blocks.py`),
+'pallas' (`segment_kernels.per_task_matmul`, tokens left in place) or
+'auto' ('pallas' compiled for a TPU).
 
-Parameters (under `<stack>/adapter/`), M layers, T tasks, kinds `attention`
-(the encoder's attention, the decoder's self-attention) and `mlp`:
-    {kind}_down [M, T, d, b], {kind}_down_bias [M, T, b],
-    {kind}_up [M, T, b, d],   {kind}_up_bias [M, T, d]
-initialised as Houlsby's near-identity adapters (and HyperFormer's code):
-weights N(0, 0.01^2), biases zero. Adafactor takes absolute steps on them
-(`optimizers.PARAMETER_SCALE`): T5's steps relative to a parameter's scale
-grow it by at most a factor (1 + rate) a step, which leaves this start, one
-to three orders below the adapter's working scale, near where it is (on the
-task-separation test the adapter stays at chance; `optimizers.py` has the
-measurements).
+Parameters under `<stack>/adapter/`, M layers, T tasks, kinds 'attention'
+and 'mlp': `{kind}_down [M, T, d, b]`, `{kind}_down_bias [M, T, b]`,
+`{kind}_up [M, T, b, d]`, `{kind}_up_bias [M, T, d]`, initialised near the
+identity as Houlsby's (weights N(0, 0.01^2), zero biases). Adafactor takes
+absolute steps on them (`optimizers.PARAMETER_SCALE`): under T5's relative
+steps this start, far below the working scale, barely moves
+(docs/methods.md, "Optimizer").
 """
 
 import functools
@@ -65,12 +55,21 @@ WEIGHT_INIT_STDDEV = 1e-2
 
 @struct.dataclass
 class AdapterConfig:
-  """gin: `adapters.AdapterConfig` (see gin/variants/adapter.gin)."""
+  """Vanilla adapters' settings (gin: `adapters.AdapterConfig`).
 
-  placement: str = 'both'   # 'both' | 'encoder' | 'decoder'
-  reduction: int = 32       # bottleneck b = d / reduction
-  activation: str = 'relu'  # a flax.linen activation name
-  packed_form: str = 'auto'  # 'auto' | 'task_blocks' | 'pallas'
+  See gin/variants/adapter.gin.
+
+  Attributes:
+    placement: the stacks with adapters: 'both', 'encoder' or 'decoder'.
+    reduction: the bottleneck is b = d / reduction.
+    activation: a flax.linen activation name.
+    packed_form: 'auto', 'task_blocks' or 'pallas'.
+  """
+
+  placement: str = 'both'
+  reduction: int = 32
+  activation: str = 'relu'
+  packed_form: str = 'auto'
 
 
 def check_placement(placement: str, owner: str) -> None:
@@ -93,8 +92,7 @@ def check_packed_form(form: str, owner: str) -> None:
 
 
 def resolve_packed_form(form: str) -> str:
-  """'auto' -> 'pallas' where the model is compiled for a TPU, else
-  'task_blocks' (`LayerAdapters`)."""
+  """'auto' -> 'pallas' compiled for a TPU, else 'task_blocks'."""
   if form != 'auto':
     return form
   return 'pallas' if traced_mesh.target_platform() == 'tpu' else 'task_blocks'
@@ -126,8 +124,8 @@ class AdapterWeights:
     down_bias: `[M, T, b]`.
     up: `[M, T, b, d]`.
     up_bias: `[M, T, d]`.
-    norm_scale, norm_bias: `[M, T, d]` post layer norm (HyperFormer++), or
-      None (no norm).
+    norm_scale: `[M, T, d]`, HyperFormer++'s post layer norm, or None.
+    norm_bias: `[M, T, d]`, or None.
   """
 
   down: Array
@@ -139,19 +137,18 @@ class AdapterWeights:
 
 
 def unstack(a: Array) -> list[Array]:
-  """`a [K, ...]` -> K arrays `[...]`, by one split: its gradient is one
-  concatenate. The gradient of `a[k]` is `a`'s shape padded with zeros, and
-  XLA adds the K pads inside every fusion that reads their sum: Adafactor
-  reads a parameter's gradient in several, so a packed Vanilla adapter
-  step spent 41 ms of its 5.7 s there, on arrays of 0.5 M entries
-  (docs/performance.md, Packing)."""
+  """`a [K, ...]` -> K arrays `[...]`, by one split.
+
+  Its gradient is one concatenate. `a[k]`'s is `a`'s shape padded with zeros,
+  and XLA adds the K pads inside every fusion that reads their sum, several in
+  Adafactor (docs/performance.md, "Packing").
+  """
   return [jnp.squeeze(part, 0) for part in jnp.split(a, a.shape[0])]
 
 
 def per_layer(weights: dict[str, AdapterWeights]
               ) -> list[dict[str, AdapterWeights]]:
-  """`{kind: AdapterWeights}` of `[M, T, ...]` arrays -> each layer's,
-  `[T, ...]` (`unstack`)."""
+  """`{kind: AdapterWeights}` of `[M, T, ...]` -> each layer's, `[T, ...]`."""
   leaves, treedef = jax.tree.flatten(weights)
   layers_of = [unstack(a) for a in leaves]
   return [treedef.unflatten([parts[m] for parts in layers_of])
@@ -162,13 +159,10 @@ _LAYER_NORM_EPSILON = 1e-6
 
 
 def layer_norm(x: Array, scale: Array, bias: Array) -> Array:
-  """Standard layer norm (centred, with bias, epsilon 1e-6) over the last
-  axis, in float32, returned in `x`'s dtype; `scale` and `bias` broadcast
-  against `x` (HyperFormer++'s task projector).
+  """Standard layer norm over the last axis, in float32; returns `x`'s dtype.
 
-  Not `layers.LayerNorm`: that is T5's RMS norm with a parameter of its own.
-  The adapters' generated post norm is `up_and_norm`, which takes its
-  statistics from the bottleneck.
+  Centred, with bias, epsilon 1e-6; `scale` and `bias` broadcast against `x`.
+  Not `layers.LayerNorm`, which is T5's RMS norm with a parameter of its own.
   """
   x32 = jnp.asarray(x, jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
@@ -189,35 +183,28 @@ def _dot(spec: str, a: Array, b: Array) -> Array:
 def adapt_groups(activation: Callable[[Array], Array], x: Array,
                  down: Array, down_bias: Array, up: Array, up_bias: Array,
                  norm: Optional[tuple[Array, Array]]) -> Array:
-  """The adapter's output (the update h -> h + . left to the caller) for
-  groups of tokens of one task each: `norm(W_up act(W_down x + b_down) +
-  b_up)`.
+  """The adapter's output for groups of tokens of one task each.
+
+  `norm(W_up act(W_down x + b_down) + b_up)`; the caller adds it to h. The
+  gradient is written out (`_adapt_groups_bwd`) so that every matmul reaches
+  XLA:CPU's fast kernels: the weight gradients contract over a group's tokens
+  and want the bottleneck laid out `[G, b, L]`, which autodiff does not give
+  (XLA folds a transpose back), so the backward pass forms the bottleneck and
+  its cotangent again in that layout (docs/performance.md, "Forms").
 
   Args:
     activation: elementwise, e.g. `jax.nn.relu`.
-    x: `[G, L, d]`, the activations' dtype (the matmuls take it and
-      accumulate in float32, as TPUs and GPUs multiply bfloat16).
-    down: W_down as `[G, b, d]`; up: W_up `[G, b, d]`.
-    down_bias: `[G, b]`; up_bias: `[G, d]`.
-    norm: None (no norm), or HyperFormer++'s post layer norm `(scale,
-      bias)`, `[G, d]` each (`_norm_up_fwd`).
+    x: `[G, L, d]`, in the activations' dtype (matmuls accumulate in
+      float32).
+    down: W_down as `[G, b, d]`.
+    down_bias: `[G, b]`.
+    up: W_up, `[G, b, d]`.
+    up_bias: `[G, d]`.
+    norm: None, or HyperFormer++'s post layer norm `(scale, bias)`, `[G, d]`
+      each.
 
   Returns:
     `[G, L, d]` in `x`'s dtype.
-
-  The gradient is written out (`_adapt_groups_bwd`) so that every matmul
-  takes its operands as XLA's CPU compiler hands them to its fast (YNN)
-  kernels: a contraction over a group's tokens (the weight gradients, z^T
-  g and dz^T x) wants the bottleneck side laid out `[G, b, L]`. Autodiff
-  contracts `[G, L, b]` with `[G, L, d]` over L, which that compiler runs
-  in its own loop, in float32, after converting the `[G, L, d]` side (a
-  packed HyperFormer++ adapter, fwd + bwd, 24 blocks of 256: 5.0 ms; this
-  3.8 ms). An explicit transpose does not help (XLA folds it back into the
-  contraction), so the backward pass forms the bottleneck and its
-  cotangent a second time in that layout, each by a matmul of its own
-  (`[b, d] x [L, d]^T`): 8 matmuls of the down projection's size where
-  autodiff runs 6, all of them fast. The step keeps `x`, the
-  pre-activations and, with the norm, one statistic a row.
   """
   return _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias,
                            norm)[0]
@@ -227,9 +214,7 @@ def adapt_groups_autodiff(activation: Callable[[Array], Array], x: Array,
                           down: Array, down_bias: Array, up: Array,
                           up_bias: Array,
                           norm: Optional[tuple[Array, Array]]) -> Array:
-  """`adapt_groups` with JAX's own gradient (`T5Config.gradient_form =
-  'autodiff'`): the same forward, differentiated by autodiff, the form for
-  TPUs and GPUs (the written gradient is shaped for XLA's CPU kernels)."""
+  """`adapt_groups` with JAX's gradient (`gradient_form='autodiff'`)."""
   return _adapt_groups_fwd(activation, x, down, down_bias, up, up_bias,
                            norm)[0]
 
@@ -279,9 +264,10 @@ adapt_groups.defvjp(_adapt_groups_fwd, _adapt_groups_bwd)
 
 
 def _centred_terms(up32: Array, c: Array):
-  """W_up and its bias centred over d (`U [G, b, d]`, `k [G, d]`) and the
-  second moments the norm's variance takes from them: `gram = U U^T / d
-  [G, b, b]`, `cross = U k^T / d [G, b]`."""
+  """W_up and its bias centred over d, and the norm's second moments.
+
+  `gram = U U^T / d [G, b, b]`, `cross = U k^T / d [G, b]`.
+  """
   d = up32.shape[-1]
   uc = up32 - jnp.mean(up32, axis=-1, keepdims=True)
   cc = c - jnp.mean(c, axis=-1, keepdims=True)
@@ -291,8 +277,10 @@ def _centred_terms(up32: Array, c: Array):
 
 
 def _inv_std(z32: Array, cc: Array, gram: Array, cross: Array) -> Array:
-  """1 / std over d of each row of o = z W_up + c (`[G, L]`): o centred is
-  z U + k, so var = z gram z^T + 2 z cross + mean_d(k^2)."""
+  """1 / std over d of each row of o = z W_up + c, `[G, L]`.
+
+  o centred is z U + k, so var = z gram z^T + 2 z cross + mean_d(k^2).
+  """
   var = (jnp.sum(jnp.einsum('glb,gbc->glc', z32, gram, precision=_HIGHEST)
                  * z32, axis=-1)
          + 2 * jnp.einsum('glb,gb->gl', z32, cross, precision=_HIGHEST)
@@ -301,19 +289,14 @@ def _inv_std(z32: Array, cc: Array, gram: Array, cross: Array) -> Array:
 
 
 def _norm_up_fwd(z, up, up_bias, scale, bias):
-  """HyperFormer++'s up projection and post layer norm, `layer_norm(z W_up
-  + up_bias, scale, bias)` per group (`z [G, L, b]`, `up [G, b, d]`,
-  `up_bias`, `scale`, `bias [G, d]`): float32 `[G, L, d]` and the rows'
-  1 / std `[G, L]`.
+  """HyperFormer++'s up projection and post layer norm, per group.
 
-  The norm never sees its `[L, d]` input. With U, k = W_up, up_bias
-  centred over d, the normalised row is inv_std (z U + k), and inv_std
-  comes from the bottleneck (`_inv_std`, `[L, b] x [b, b]` work); so the
-  forward pass is one matmul, (z inv_std) (U scale), and the gradient
-  (`_norm_up_bwd`) is written out in the same terms. A norm over the up
-  projection's output kept that output for the backward pass and made
-  several passes over it (the step of HyperFormer++ packed:
-  docs/performance.md, Packing).
+  Float32 `layer_norm(z W_up + up_bias, scale, bias)` `[G, L, d]`, and 1 / std
+  `[G, L]`. The norm never sees its `[L, d]` input: with U, k = W_up, up_bias
+  centred over d, a normed row is inv_std (z U + k) and inv_std comes from the
+  bottleneck (`_inv_std`), so the forward is one matmul, (z inv_std) (U
+  scale). A norm over the output kept it for the backward pass and read it
+  several times (docs/performance.md, "Packing").
   """
   z32 = jnp.asarray(z, jnp.float32)
   uc, cc, gram, cross = _centred_terms(jnp.asarray(up, jnp.float32), up_bias)
@@ -325,17 +308,15 @@ def _norm_up_fwd(z, up, up_bias, scale, bias):
 
 
 def _norm_up_bwd(z, z_t, up, up_bias, scale, inv_std, g):
-  """The gradient of `_norm_up_fwd` with `z` also given as `z_t [G, b, L]`:
-  (dz, dz_t, d_up, d_up_bias, (d_scale, d_bias)), dz_t laid out as z_t.
+  """The gradient of `_norm_up_fwd`, given `z` also as `z_t [G, b, L]`.
 
-  The layer norm's gradient at o is do = inv_std (gs - mean_d(gs) - beta
-  y) with gs = g scale, y = inv_std (z U + k) and beta = mean_d(gs y),
-  taken through o = z W_up + c (dz = do W_up^T, dW_up = z^T do, dc = sum_l
-  do), every term rewritten through z, U and k. The mean_d(gs) terms
-  vanish from dz (U's rows sum to 0 over d) and centre dW_up and dc (do
-  sums to 0 over d). What needs the cotangent comes from three matmuls:
-  g [U scale; k scale]^T (gs U^T and gs k), its transpose for dz_t, and
-  [z inv_std, inv_std, 1]^T g (z^T g inv_std and the two column sums).
+  Returns (dz, dz_t, d_up, d_up_bias, (d_scale, d_bias)). The layer norm's
+  gradient at o is do = inv_std (gs - mean_d(gs) - beta y), gs = g scale,
+  y = inv_std (z U + k), beta = mean_d(gs y), taken through o = z W_up + c
+  and rewritten through z, U and k. The mean_d(gs) terms vanish from dz (U's
+  rows sum to 0 over d) and centre dW_up and dc. What needs the cotangent
+  comes from three matmuls: g [U scale; k scale]^T, its transpose for dz_t,
+  and [z inv_std, inv_std, 1]^T g.
   """
   d, b, dtype = up.shape[-1], z.shape[-1], z.dtype
   z32, z32_t = jnp.asarray(z, jnp.float32), jnp.asarray(z_t, jnp.float32)
@@ -379,12 +360,12 @@ def _norm_up_bwd(z, z_t, up, up_bias, scale, inv_std, g):
 
 
 class LayerAdapters:
-  """One layer's adapters (`{kind: AdapterWeights}` of `[T, ...]` arrays,
-  from `per_layer`) bound to the batch's task ids (`[batch]`, or per token
-  `[batch, length]` when `packed`); their gradients in `gradient_form`
-  (`T5Config.gradient_form`: 'written', 'autodiff' or 'auto'); packed rows
-  in `packed_form` (`AdapterConfig.packed_form`: 'task_blocks', 'pallas'
-  or 'auto')."""
+  """One layer's adapters bound to the batch's task ids.
+
+  `weights`: `{kind: AdapterWeights}` of `[T, ...]` (`per_layer`); task ids
+  `[batch]`, or `[batch, length]` when `packed`. `gradient_form`: as
+  `T5Config`'s; `packed_form`: as `AdapterConfig`'s.
+  """
 
   def __init__(self, weights: dict[str, AdapterWeights],
                task_ids: Optional[Array], activation: str,
@@ -403,8 +384,7 @@ class LayerAdapters:
     self.packed_form = resolve_packed_form(packed_form)
 
   def __call__(self, h: Array, kind: str) -> Array:
-    """`h [batch, length, d]` -> adapted `[batch, length, d]`; `kind`:
-    'attention' or 'mlp', the sublayer `h` comes from."""
+    """`h [batch, length, d]` after sublayer `kind` -> adapted `h`."""
     w = self.weights[kind]
     if self.packed:
       return h + self._per_token(h, w, self.task_ids)
@@ -412,9 +392,7 @@ class LayerAdapters:
 
   def _adapt(self, x: Array, w: AdapterWeights, group_tasks: Array
              ) -> Array:
-    """The adapter's output for groups of tokens of one task each: `x
-    [groups, length, d]` -> `[groups, length, d]`, group g through the
-    adapter of task `group_tasks[g]` (`adapt_groups`)."""
+    """`x [G, length, d]`, group g through task `group_tasks[g]`'s adapter."""
 
     def take(a):  # each group's task: [groups, ...]
       return task_blocks_lib.take_tasks(a, group_tasks)
@@ -429,19 +407,13 @@ class LayerAdapters:
 
   def _per_token(self, h: Array, w: AdapterWeights, task_ids: Array
                  ) -> Array:
-    """Packed rows (`task_ids [batch, length]`): each token through its own
-    task's adapter, without the adapter update `h -> h + .`; in
-    `packed_form` 'pallas' by `adapt_on_chip`, else as follows.
+    """Packed rows: each token through its own task's adapter, without `h + .`.
 
-    The tokens are laid out by task in blocks of one task each
-    (`task_blocks`), every block goes through its task's adapter as one
-    `[block, d] x [d, b]` matmul, and the outputs go back to their tokens.
-    So a token costs one adapter, as unpacked, plus the blocks' padding
-    and weight copies (`task_blocks.block_size` balances the two), and a
-    data shard's tokens stay on its devices (blocks per shard), where
-    sending every token through all T tasks' adapters would cost T
-    adapters a token and keep `[batch, length, T, b]` for the backward
-    pass.
+    'pallas': `adapt_on_chip`. Else the tokens are laid out in blocks of one
+    task (`task_blocks`), each block one `[block, d] x [d, b]` matmul: a token
+    costs one adapter plus the blocks' padding and weight copies, and a data
+    shard's tokens stay on its devices. All T tasks' adapters on every token
+    would cost T adapters a token and keep `[batch, length, T, b]`.
     """
     if self.packed_form == 'pallas':
       return adapt_on_chip(self.activation, h, w, task_ids)
@@ -460,16 +432,13 @@ _DOWN_PROJECTION = 'adapter_down_projection'
 
 def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
                   w: AdapterWeights, task_ids: Array) -> Array:
-  """The adapter's output (the update h -> h + . left to the caller) for
-  every token of packed rows (`h [batch, length, d]`, `task_ids [batch,
-  length]`) by its own task's weights, on chip (`per_task_matmul`).
+  """The adapter's output for packed rows, each token by its task's weights.
 
-  No `[batch, length, d]` array is gathered per token: W_up's bias rides in
-  the kernel as one more row of W_up against a ones column of the
-  bottleneck u = [z; 1], and so does HyperFormer++'s norm (`_norm_weights`).
-  The weights the kernels take are made here, once (`[T, ...]`); the tokens'
-  part (`_tokens_on_chip`) keeps `h` and the down projection's output only
-  for the backward pass and recomputes the rest of the bottleneck.
+  `h [batch, length, d]`, `task_ids [batch, length]`; the caller adds the
+  output to h. No per-token copy of the weights: W_up's bias is one more row
+  of W_up against a ones column of the bottleneck, and so is HyperFormer++'s
+  norm (`_norm_weights`). The backward pass keeps `h` and the down projection
+  only (`_tokens_on_chip`).
   """
   up = jnp.concatenate([w.up, w.up_bias[:, None]], axis=1)  # [T, b + 1, d]
   if w.norm_scale is None:
@@ -485,12 +454,13 @@ def adapt_on_chip(activation: Callable[[Array], Array], h: Array,
 
 
 def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
-  """HyperFormer++'s post layer norm, `layer_norm(u W, scale, bias)` per
-  task, in terms of the bottleneck `u [.., b + 1]` and `W = up [T, b + 1,
-  d]` (as `_norm_up_fwd`): with W centred over d (Wc), a row's centred
-  output is u Wc and its variance u (Wc Wc^T / d) u^T, so the normed row
-  is `[inv_std u; 1] [Wc ⊙ scale; bias]`. Returns those weights `[T, b +
-  2, d]` and the gram `Wc Wc^T / d` `[T, b + 1, b + 1]`, float32 both."""
+  """HyperFormer++'s post layer norm as weights on the bottleneck `u`.
+
+  With `W = up [T, b + 1, d]` centred over d (Wc), a row's centred output is
+  u Wc and its variance u (Wc Wc^T / d) u^T, so the normed row is
+  `[inv_std u; 1] [Wc ⊙ scale; bias]`. Returns those weights `[T, b + 2, d]`
+  and the gram `[T, b + 1, b + 1]`, float32.
+  """
   up32 = up.astype(jnp.float32)
   centred = up32 - jnp.mean(up32, axis=-1, keepdims=True)
   gram = jnp.einsum('tbd,tcd->tbc', centred, centred,
@@ -499,20 +469,21 @@ def _norm_weights(up: Array, scale: Array, bias: Array) -> tuple[Array, Array]:
   return weights, gram
 
 
-# Under `jax.checkpoint`, saving only the down projection: an array of b
-# columns fills a TPU's 128 lanes (5x its size at b = 24), and keeping the
-# bottleneck, float32 pre-activations, bias sums and variances held far
-# more temporaries than MTL's step on a TPU (docs/performance.md, On a TPU
-# slice).
+# Saving only the down projection: an array of b columns fills a TPU's
+# 128 lanes, and keeping the bottleneck, pre-activations and variances held
+# far more temporaries than MTL's step (docs/performance.md, "On a TPU
+# slice, from this host").
 @functools.partial(
     jax.checkpoint, static_argnums=(0,),
     policy=jax.checkpoint_policies.save_only_these_names(_DOWN_PROJECTION))
 def _tokens_on_chip(activation: Callable[[Array], Array], h: Array,
                     down: Array, down_bias: Array, up: Array,
                     gram: Optional[Array], task_ids: Array) -> Array:
-  """`adapt_on_chip`'s tokens: `down [T, b, d]`, `down_bias [T, b]`, `up
-  [T, b + 1, d]` (W_up and its bias) or, with the norm, `_norm_weights`'
-  `[T, b + 2, d]` and `gram`."""
+  """`adapt_on_chip`'s tokens, given its `[T, ...]` weights.
+
+  `down [T, b, d]`, `down_bias [T, b]`, `up [T, b + 1, d]` (W_up and its
+  bias) or, with the norm, `_norm_weights`' `[T, b + 2, d]` and `gram`.
+  """
   projection = checkpoint_name(
       segment_kernels.per_task_matmul(h, down, task_ids, transposed=True),
       _DOWN_PROJECTION)
@@ -564,7 +535,7 @@ class VanillaAdapters(nn.Module):
 
   @nn.compact
   def __call__(self) -> dict[str, AdapterWeights]:
-    """Returns `{kind: AdapterWeights}` for kinds 'attention' and 'mlp'."""
+    """Returns `{kind: AdapterWeights}` for 'attention' and 'mlp'."""
     m, t_, d = self.num_layers, self.num_tasks, self.emb_dim
     b = d // self.config.reduction
     weight = nn.initializers.normal(stddev=WEIGHT_INIT_STDDEV)

@@ -5,99 +5,47 @@ example), a gated FFN projection computes (Eq. 7, the paper's residual form)
 
     y = x W + x (G ⊙ W),   G = psi(sigma(grid)),
 
-where the grid is `d_r x d_c` (d_r splits the d_model axis, d_c the d_ff axis)
-and psi repeats each grid value over its `d_model/d_r x d_ff/d_c` block
-(`jnp.repeat`, a Kronecker product with a ones block, not a tile):
+the grid being `d_r x d_c` (d_r splits d_model, d_c splits d_ff) and psi
+repeating each value over its block (`jnp.repeat`, not a tile):
 
     L2:  grid = (L_r c) ⊗ (L_c c)        (Eq. 3)
     LG:  grid = (L_r c) ⊗ G_c            (Eq. 4)
     GL:  grid = G_r ⊗ (L_c c)            (Eq. 5)
-    L:   sigma(L_r c) along d_model, broadcast along d_ff (one local factor)
+    L:   sigma(L_r c) along d_model, broadcast along d_ff
 
-with L_r [d_model, d_r], L_c [d_model, d_c], G_r [d_r], G_c [d_c] per layer.
-sigma is applied after the outer product. The baseline Output Gating (§6.4)
-is `max(W x, 0) ⊙ sigma(U c)` with U [d_model, n], n = d_ff (full) or n
-values repeated d_ff / n times.
+with L_r [d_model, d_r], L_c [d_model, d_c], G_r [d_r], G_c [d_c] per layer;
+sigma comes after the outer product. The Output Gating baseline (§6.4) is
+`max(W x, 0) ⊙ sigma(U c)`, U [d_model, n], n = d_ff or n values repeated.
 
-The conditioning vector c: a task embedding table [T, d_model] per stack;
-in each layer the (layer-normed) task vector is the single query of that
+c: a per-stack task embedding, layer-normed, is the single query of each
 layer's own attention over [task; tokens] (Sec. 2.1, Eq. 6, T' =
-MHSA([T;X])_0), encoder layers through their self-attention, decoder layers
-through their encoder-decoder attention over `encoded` (so no target token
-reaches the gate). Option 'first_token': c is the first token of the layer's
-normed input (encoder) or of `encoded` (decoder), as in the earlier version
-of the paper (arXiv 2007.05891, Sec. 3.2). Eq. 6 does not say whether MHSA is
-a new module or whether T is per layer; the paper's parameter costs (Sec.
-2.1) count neither, so each layer reuses its own attention weights and one
-table serves the stack. A decoder layer's causal task query could see no
-target token, hence no example, so it reads `encoded` instead, which also
-keeps its gate fixed across decode steps.
+MHSA([T;X])_0): the encoder's self-attention, the decoder's cross-attention
+over `encoded`, so no target token reaches a gate and a decoder's gate is
+fixed across decode steps. Eq. 6 says neither whether MHSA is a new module
+nor whether T is per layer; the paper's parameter costs count neither, so
+each layer reuses its attention and one table serves the stack.
+'first_token': c is the first token of the layer's normed input (encoder)
+or of `encoded` (decoder), as in arXiv 2007.05891, Sec. 3.2.
 
-**Compute rule.** Materialising G ⊙ W per example costs
-`batch * d_in * d_out` memory. With the grid oriented to the kernel
-`[d_in, d_out]` as `[k_in, k_out]` blocks:
-- k_in == 1 or k_out == 1 (the L variant, the scalar gate): an elementwise
-  gate on the output or the input; no weight is materialised;
-- `length * k_in < d_in` (decoding, short sequences): blockwise, on the side
-  with the smaller intermediate: partial sums `P[c] = x[block c] W[block c]`
-  (`[batch, length, k_in, d_out]`) and `y = sum_c (1 + G[c]) P[c]`, or one
-  gated copy of the input per output block r, `y[block r] = (x ⊙ (1 +
-  psi(G[:, r]))) W[:, block r]` (`[batch, length, k_out, d_in]`; `wo`'s
-  choice at T5 sizes: 32 x 1024 values per token instead of 128 x 512, and
-  its products contract over all of d_in);
-- otherwise: fold `(1 + G) ⊙ W` into a per-example weight
-  `[batch, d_in, d_out]` and multiply once.
-Both compute exactly `x ((1 + G) ⊙ W)` (`gated_matmul_route` is the rule;
-`python -m hyperprompt_jax.benchmark --gated_matmul` times both routes: on a
-CPU, T5.1.1-small's `wo` at batch 4, blockwise wins at lengths 1 and 8 and
-fold from 32 on, so the memory-based threshold is also about where time
-crosses over).
+Compute rule (`gated_matmul_route`), the grid taken as `[k_in, k_out]`
+blocks of the kernel `[d_in, d_out]`: an elementwise gate when k_in or k_out
+is 1 (L, scalar); blockwise when `length * k_in < d_in` (decoding, short
+inputs): partial sums over input blocks or one gated input copy per output
+block, whichever intermediate is smaller; else `(1 + G) ⊙ W` folded into a
+per-example weight. All are exact. The memory threshold is also about where
+time crosses over on a CPU (`python -m hyperprompt_jax.benchmark
+--gated_matmul`).
 
-**Packed rows.** A row of S examples needs S conditioning vectors and S
-gated weights. Each segment's vector comes from its own tokens only: its
-task's embedding queries the layer's attention over [itself; that
-segment's tokens] (one query per segment, each seeing its own key), or its
-first token; the decoder's come from the segment's part of `encoded`.
-`MAX_SEGMENTS` (`max_segments`) bounds S statically: the packer closes a
-row at it, and a row over it is an error (`inputs.check_segments`, on the
-host; the compiled program checks traced ids). Each token then meets its own
-example's gated weight, by one of three exact forms (`packed_form`):
-- 'blockwise': the blockwise route with each token's own gates (not
-  the 'task_blocks' of HyperPrompt and the adapters, which permute tokens
-  into blocks of one task), `length * min(k_out d_in, k_in d_out)` values
-  a row (32 x 1024 per token for T5.1.1-small's `wo`), recomputed in the
-  backward pass; the FLOPs of one plain matmul.
-- 'grouped': the folded weights `(1 + psi(grid[s])) ⊙ W`, `S d_in d_out`
-  values a row, and grouped matmuls over each data shard's rows
-  (`jax.lax.ragged_dot` under `shard_map`, at most `MAX_RAGGED_GROUPS` =
-  128 groups each: the TPU compiler fails on some larger counts, so a TPU
-  takes at most 127 segments a row in this form), the FLOPs of one plain
-  matmul where a grouped kernel runs it; XLA:CPU computes every group
-  densely, and the TPU compiler's program counts several times MTL's
-  FLOPs (docs/performance.md).
-- 'pallas': a TPU kernel (`segment_kernels.py`) that gates each tile of
-  the kernel per segment in VMEM and multiplies that segment's rows, so HBM
-  sees what a plain matmul's does; off TPU, Pallas's interpreter runs it
-  (tests; slow).
-'auto' (`resolve_packed_form`) is 'pallas' where the model is compiled for
-a TPU, the form that moves the fewest bytes there (docs/performance.md, On
-a TPU slice); elsewhere 'blockwise' (XLA:CPU has no grouped matmul, a
-GPU runs no TPU kernel).
-The L variant and Output Gating gate elementwise: a per-token gate vector,
-no weight.
+Packed rows: each of a row's S <= `max_segments` examples gets its own c,
+from its own tokens only, and its own gated weights, applied by
+`packed_form` (docs/performance.md, "Forms"): 'blockwise', 'grouped',
+'pallas' (`segment_kernels.py`) or 'auto' (`resolve_packed_form`).
 
-**Where the equations live.** All of HyperGrid is in this file; the T5
-blocks of `layers.py` know nothing of it. Eqs. 3-5 and the L / scalar
-variants: `GridGate`; the block repeat psi and Eq. 7: `gated_matmul`, used by
-`GatedDenseGeneral` inside `GatedMlpBlock` (a `layers.MlpBlock` subclass with
-the same parameter names, so checkpoints and the t5x layout are unchanged);
-Eq. 6's task query: `TaskQueryAttention` (a subclass of t5x's attention);
-the task embedding: `TaskEmbedding`; Output Gating: `OutputGate`. A stack's
-conditioning is one `StackGating` (built by `conditioning.py`), which gives
-each layer its gated attention and gated FFN. While decoding, a decoder
-layer's gates depend only on `encoded` and the task, so they are computed
-once when the cache is created and read back from it at every step
-(`cached_grid` / `cached_gate`, batch-major like every cache leaf).
+Eqs. 3-5: `GridGate`; psi and Eq. 7: `gated_matmul`, in `GatedDenseGeneral`
+inside `GatedMlpBlock` (t5x's parameter names); Eq. 6: `TaskQueryAttention`;
+Output Gating: `OutputGate`. A stack's conditioning is one `StackGating`
+(built by `conditioning.py`); while decoding, its gates are computed with
+the cache and read back (`cached_grid`, `cached_gate`).
 """
 
 import dataclasses
@@ -132,31 +80,43 @@ VARIANT_FILES = ('variants/hypergrid_l.gin', 'variants/hypergrid_l2.gin',
                  'variants/hypergrid_lg.gin', 'variants/hypergrid_gl.gin',
                  'variants/output_gating.gin')
 PACKED_FORMS = ('auto', 'blockwise', 'grouped', 'pallas')
-# Packed forms renamed, old name -> new: the old name keeps working, with a
-# DeprecationWarning, for one release ('token_blocks' read too much like
-# 'task_blocks', another form).
+# Old packed-form names -> new: the old one warns for one release
+# ('token_blocks' read too much like 'task_blocks', another form).
 RENAMED_PACKED_FORMS = {'token_blocks': 'blockwise'}
 
 
 @struct.dataclass
 class HyperGridConfig:
-  """gin: `hypergrid.HyperGridConfig` (see gin/variants/hypergrid_*.gin)."""
+  """HyperGrid's settings (gin: `hypergrid.HyperGridConfig`).
 
-  variant: str = 'lg'           # 'l' | 'l2' | 'lg' | 'gl' | 'output_gating'
-  placement: str = 'both'       # 'both' | 'encoder' | 'decoder'
-  grid_rows: int = 32           # d_r, splits d_model
-  grid_cols: int = 128          # d_c, splits d_ff
-  target: str = 'wo'            # 'wo' | 'wi' (wi_0 and wi_1) | 'both'
-  conditioning: str = 'task_attention'  # | 'first_token'
-  # Table 7's Scalar HyperGrid: the grid mean-pooled to one gate per example.
+  See gin/variants/hypergrid_*.gin.
+
+  Attributes:
+    variant: 'l', 'l2', 'lg', 'gl' or 'output_gating'.
+    placement: the gated stacks: 'both', 'encoder' or 'decoder'.
+    grid_rows: d_r, splits d_model.
+    grid_cols: d_c, splits d_ff.
+    target: the gated kernels: 'wo', 'wi' (`wi_0` and `wi_1`) or 'both'.
+    conditioning: 'task_attention' (Eq. 6) or 'first_token'.
+    scalar: Table 7's Scalar HyperGrid, the grid mean-pooled to one gate.
+    output_gating_values: Output Gating's n gate values repeated over d_ff;
+      0: d_ff.
+    max_segments: MAX_SEGMENTS, the most examples a packed row holds (the
+      packer closes a row there; a row over it is an error).
+    packed_form: how a packed row's tokens meet their own example's gated
+      weight: 'auto', 'blockwise', 'grouped' or 'pallas'.
+  """
+
+  variant: str = 'lg'
+  placement: str = 'both'
+  grid_rows: int = 32
+  grid_cols: int = 128
+  target: str = 'wo'
+  conditioning: str = 'task_attention'
   scalar: bool = False
-  # Output Gating: number of gate values n repeated over d_ff (0: d_ff).
   output_gating_values: int = 0
-  # Packed rows (module docstring, "Packed rows"): at most this many
-  # examples per row (the packer closes a row at it; a row over it is an
-  # error), and how each token meets its own example's gated weight.
-  max_segments: int = 8         # MAX_SEGMENTS
-  packed_form: str = 'auto'  # 'auto' | 'blockwise' | 'grouped' | 'pallas'
+  max_segments: int = 8
+  packed_form: str = 'auto'
 
 
 def check_hypergrid_config(cfg: HyperGridConfig, emb_dim: int,
@@ -236,11 +196,10 @@ class TaskEmbedding(nn.Module):
 
 
 class GridGate(nn.Module):
-  """One layer's gate grid from its conditioning vector (Eqs. 3-5).
+  """One layer's sigmoid gate grid from its conditioning vector (Eqs. 3-5).
 
-  Returns the sigmoid grid in the paper's orientation `[batch, d_r, d_c]`
-  (`[batch, d_r, 1]` for L, `[batch, 1, 1]` for the scalar ablation), to be
-  block-repeated (psi) onto each gated kernel by `gated_matmul`.
+  `[batch, d_r, d_c]`, the paper's orientation (L: `[batch, d_r, 1]`; scalar:
+  `[batch, 1, 1]`), block-repeated onto a kernel by `gated_matmul`.
   """
 
   config: HyperGridConfig
@@ -248,16 +207,15 @@ class GridGate(nn.Module):
 
   @nn.compact
   def __call__(self, c: Optional[Array], decode: bool = False) -> Array:
-    """`c [batch, embed]` -> sigmoid grid `[batch, rows, cols]`.
+    """`c [batch, embed]` -> `[batch, rows, cols]`; `decode` caches it.
 
-    With `decode`, the grid is computed once (when the cache is created) and
-    kept as the cache's `cached_grid`; later calls read it (`c` may be None).
+    With `decode`, the grid is computed when the cache is created and read from
+    its `cached_grid` afterwards (`c` may then be None).
     """
     return _cached(self, 'cached_grid', lambda: self._grid(c), decode)
 
   def _grid(self, c: Array) -> Array:
-    """`c [..., embed]` (`[batch, embed]`, or `[batch, segments, embed]` for
-    packed rows) -> `[..., rows, cols]`."""
+    """`c [..., embed]` (packed: `[batch, S, embed]`) -> `[..., rows, cols]`."""
     cfg = self.config
     d, d_r, d_c = self.emb_dim, cfg.grid_rows, cfg.grid_cols
     dense_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
@@ -289,15 +247,13 @@ class GridGate(nn.Module):
 def orient_grid(grid: Array, kernel_rows_are_model: bool) -> Array:
   """Paper orientation `[..., d_r, d_c]` -> the kernel's `[in, out]` blocks.
 
-  `wi` kernels are `[d_model, d_ff]` (same orientation); `wo` kernels are
-  `[d_ff, d_model]` (transposed).
+  `wi` kernels are `[d_model, d_ff]` (same); `wo` `[d_ff, d_model]` (swapped).
   """
   return grid if kernel_rows_are_model else jnp.swapaxes(grid, -2, -1)
 
 
 def gated_matmul_route(length: int, d_in: int, k_in: int, k_out: int) -> str:
-  """The module docstring's compute rule: 'output' / 'input' (elementwise
-  gates), 'blockwise' or 'fold'."""
+  """The compute rule: 'output', 'input', 'blockwise' or 'fold'."""
   if k_in == 1:
     return 'output'
   if k_out == 1:
@@ -342,11 +298,8 @@ def gated_matmul(x: Array, kernel: Array, grid: Array,
 def _blockwise_gated_matmul(x: Array, kernel: Array, grid: Array) -> Array:
   """The blockwise route, on the side with the smaller intermediate.
 
-  `grid` is `[batch, 1, k_in, k_out]` (one grid per row) or `[batch,
-  length, k_in, k_out]` (one per token, packed rows). Either one input copy
-  per output block, each scaled by its gates (`[batch, length, k_out,
-  d_in]`), or partial sums over the k_in input blocks (`[batch, length,
-  k_in, d_out]`) combined by the gates.
+  `grid`: `[batch, 1, k_in, k_out]`, or `[batch, length, k_in, k_out]` per
+  token (packed rows).
   """
   batch, length, d_in = x.shape
   d_out = kernel.shape[1]
@@ -368,32 +321,29 @@ def _blockwise_gated_matmul(x: Array, kernel: Array, grid: Array) -> Array:
 
 # -- Packed rows: every example gated by its own grid -------------------------
 #
-# Exact selections (a token's segment, a segment's first token) are one-hot
-# contractions at HIGHEST precision rather than gathers: each output is one
-# input times 1, and the gradient is a matmul, not XLA:CPU's slow scatter.
+# Exact selections are one-hot contractions at HIGHEST precision, not
+# gathers: each output is one input times 1, and the gradient a matmul, not
+# XLA:CPU's slow scatter.
 _EXACT = jax.lax.Precision.HIGHEST
 
 
 def segment_one_hot(segment_ids: Array, num_segments: int,
                     dtype: Any = jnp.float32) -> Array:
-  """`[batch, length]` segment ids (1..S, 0 on padding) -> `[batch, length,
-  S]`, 1 where a token belongs to segment s + 1 (padding: none)."""
+  """Segment ids `[batch, length]` (1..S, 0: padding) -> one-hot `[..., S]`."""
   return (segment_ids[..., None]
           == jnp.arange(1, num_segments + 1)).astype(dtype)
 
 
 def segment_task_ids(task_ids: Array, segment_ids: Array,
                      num_segments: int) -> Array:
-  """Per-token task ids `[batch, length]` -> each segment's `[batch, S]` (0
-  for a segment the row does not hold)."""
+  """Per-token task ids -> each segment's, `[batch, S]` (0: no such segment)."""
   member = segment_one_hot(segment_ids, num_segments, bool)
   return jnp.max(jnp.where(member, task_ids[..., None], 0), axis=1)
 
 
 def segment_first_tokens(x: Array, segment_ids: Array,
                          num_segments: int) -> Array:
-  """`x [batch, length, embed]` -> `[batch, S, embed]`, each segment's first
-  token (zeros for a segment the row does not hold)."""
+  """`[batch, length, embed]` -> each segment's first, `[batch, S, embed]`."""
   member = segment_one_hot(segment_ids, num_segments, jnp.int32)
   first = member * (jnp.cumsum(member, axis=1) == 1)
   return jnp.einsum('bls,ble->bse', first.astype(x.dtype), x,
@@ -401,8 +351,7 @@ def segment_first_tokens(x: Array, segment_ids: Array,
 
 
 def per_token(values: Array, segment_ids: Array) -> Array:
-  """Per-segment `[batch, S, ...]` -> per-token `[batch, length, ...]`: each
-  token its segment's values (zeros on padding)."""
+  """Per-segment `[batch, S, ...]` -> per-token `[batch, length, ...]`."""
   batch, num_segments = values.shape[:2]
   flat = values.reshape(batch, num_segments, -1)
   out = jnp.einsum('bls,bsf->blf',
@@ -420,8 +369,7 @@ def max_segments(cfg: Optional[HyperGridConfig]) -> Optional[int]:
 
 
 def renamed_packed_form(form: str) -> str:
-  """`form` by its current name: an old one (`RENAMED_PACKED_FORMS`) is
-  renamed, with a DeprecationWarning naming the new."""
+  """`form` by its current name, warning on an old one."""
   if form not in RENAMED_PACKED_FORMS:
     return form
   new = RENAMED_PACKED_FORMS[form]
@@ -432,9 +380,10 @@ def renamed_packed_form(form: str) -> str:
 
 
 def resolve_packed_form(form: str) -> str:
-  """'auto' -> 'pallas' where the model is compiled for a TPU, else
-  'blockwise' (module docstring, "Packed rows"; docs/performance.md,
-  "On a TPU slice"); an old name -> its new one."""
+  """'auto' -> 'pallas' compiled for a TPU, else 'blockwise'; old names renamed.
+
+  docs/performance.md, "Forms".
+  """
   form = renamed_packed_form(form)
   if form != 'auto':
     return form
@@ -481,27 +430,24 @@ def packed_gated_matmul(x: Array, kernel: Array, grid: Array,
   return _per_token_blockwise_matmul(x, kernel, grid, segment_ids)
 
 
-# Recomputed in the backward pass (its inputs are the only residuals): the
-# per-token gated blocks are the largest activation of the layer.
+# Recomputed in the backward pass: the per-token gated blocks are the
+# layer's largest activation.
 @jax.checkpoint
 def _per_token_blockwise_matmul(x: Array, kernel: Array, grid: Array,
                                 segment_ids: Array) -> Array:
-  """'blockwise': each token's own gates on `gated_matmul`'s blockwise
-  route (`[batch, length, k_in, k_out]` gates, the smaller intermediate's
-  side). The FLOPs of one plain matmul, plus elementwise work of that
-  intermediate's size: XLA:CPU's cheapest exact form."""
+  """'blockwise': each token's own gates on the blockwise route."""
   return _blockwise_gated_matmul(x, kernel, per_token(grid, segment_ids))
 
 
 @jax.checkpoint  # the folded weights are recomputed, not kept
 def _grouped_gated_matmul(x: Array, kernel: Array, grid: Array,
                           segment_ids: Array) -> Array:
-  """'grouped': one folded weight per segment, `(1 + psi(grid[s])) ⊙
-  kernel` (`[batch * (S + 1), d_in, d_out]`, the last of each row's S + 1
-  the plain kernel for its padding), and one grouped matmul over the rows'
-  contiguous segments (`jax.lax.ragged_dot`): the FLOPs of one plain matmul
-  where a grouped-matmul kernel runs it (GPU, TPU); XLA:CPU computes every
-  group densely."""
+  """'grouped': per-segment folded weights, one grouped matmul over the rows.
+
+  Each row has S + 1 weights, the last the plain kernel for its padding. The
+  FLOPs of one plain matmul where a grouped kernel runs it (GPU, TPU);
+  XLA:CPU computes every group densely.
+  """
   batch, length, d_in = x.shape
   d_out = kernel.shape[1]
   num_segments, k_in, k_out = grid.shape[1:]
@@ -517,26 +463,20 @@ def _grouped_gated_matmul(x: Array, kernel: Array, grid: Array,
   return _rowwise_ragged_dot(x, weights, sizes.astype(jnp.int32))
 
 
-# The most groups one `ragged_dot` takes: the TPU compiler (libtpu 0.0.42)
-# lays a ragged matmul's group sizes out twice, `s32[G]` and `s32[G, 1]`,
-# padded to different tiles, and fails on the bitcast between them ("Bitcast
-# cannot have different shape sizes") for some G over 128, on every
-# generation (v3 from 129 on; v4, v5e, v5p, v6e e.g. 257-384 and 513-640).
+# The most groups one `ragged_dot` takes: the TPU compiler lays the group
+# sizes out twice, padded to different tiles, and fails on the bitcast
+# between them ("Bitcast cannot have different shape sizes") for some counts
+# over 128, on every generation (docs/performance.md, "Forms").
 MAX_RAGGED_GROUPS = 128
 
 
 def _rowwise_ragged_dot(x: Array, weights: Array, sizes: Array) -> Array:
-  """Each row's tokens times its own groups' weights: `x [batch, length,
-  d_in]`, `weights [batch, G, d_in, d_out]`, `sizes [batch, G]` ->
-  `[batch, length, d_out]`.
+  """Each row's tokens times its own groups' weights, `[batch, length, d_out]`.
 
-  `ragged_dot`s over the flattened rows, run per shard of the batch
-  where the logical axis 'batch' is split over the mesh (`shard_map`): the
-  group sizes of the whole batch would make GSPMD gather every row onto
-  every chip, and the TPU compiler takes no batch dimension in a ragged
-  matmul (`ragged_dot_general`'s batch dimensions do not compile there).
-  A shard's rows go `MAX_RAGGED_GROUPS // G` at a time, one `ragged_dot`
-  each (the same products: a row's tokens meet only its own groups).
+  One `ragged_dot` per shard of the batch (`shard_map`): the whole batch's
+  group sizes would make GSPMD gather every row everywhere, and the TPU
+  compiler takes no batch dimension in a ragged matmul. A shard's rows go
+  `MAX_RAGGED_GROUPS // G` at a time.
   """
   groups = weights.shape[1]
   if groups > MAX_RAGGED_GROUPS and traced_mesh.target_platform() == 'tpu':
@@ -576,8 +516,7 @@ class OutputGate(nn.Module):
 
   @nn.compact
   def __call__(self, c: Optional[Array], decode: bool = False) -> Array:
-    """`c [batch, embed]` -> `[batch, d_ff]`; `decode` caches it (as
-    `GridGate`)."""
+    """`c [batch, embed]` -> `[batch, d_ff]`; `decode` caches it."""
     return _cached(self, 'cached_gate', lambda: self._gate(c), decode)
 
   def _gate(self, c: Array) -> Array:
@@ -591,17 +530,18 @@ class OutputGate(nn.Module):
 
 def _cached(module: nn.Module, name: str, compute: Callable[[], Array],
             decode: bool) -> Array:
-  """`compute()`; while decoding, computed once into the cache and read back
-  at every later step."""
+  """`compute()`; while decoding, computed once into the cache."""
   if not decode:
     return compute()
   return module.variable('cache', name, compute).value
 
 
 class GatedDenseGeneral(layers.DenseGeneral):
-  """`layers.DenseGeneral` with the per-example gated kernel of Eq. 7,
-  `x ((1 + psi(grid)) ⊙ W)`; the same `kernel` parameter. `__call__` is the
-  base's with its changed lines marked `# NEW`."""
+  """`layers.DenseGeneral` with Eq. 7's per-example gated kernel.
+
+  `x ((1 + psi(grid)) ⊙ W)`, the same `kernel` parameter; `__call__` marks
+  its changes to the base's with `# NEW`.
+  """
 
   grid: Optional[Array] = None  # [batch, (S,) k_in, k_out], kernel-oriented
   segment_ids: Optional[Array] = None  # packed rows: [batch, length]
@@ -625,18 +565,14 @@ class GatedDenseGeneral(layers.DenseGeneral):
 
 @struct.dataclass
 class FfnGates:
-  """One layer's FFN gates, made by its `StackGating` from the layer's
-  conditioning vectors: HyperGrid's grids oriented to the kernels they gate
-  (Eq. 7), or Output Gating's gate on the activations (§6.4). Packed rows
-  hold one per segment, and the tokens' segment ids.
+  """One layer's FFN gates, from its `StackGating`.
 
   Attributes:
-    wi_grid: `[batch, (S,) d_r, d_c]`, every `wi*` kernel's grid (or None).
-    wo_grid: `[batch, (S,) d_c, d_r]`, `wo`'s grid (or None).
-    output_gate: `[batch, (S,) d_ff]`, applied after the activations'
-      product.
+    wi_grid: `[batch, (S,) d_r, d_c]`, every `wi*` kernel's grid, or None.
+    wo_grid: `[batch, (S,) d_c, d_r]`, `wo`'s grid, or None.
+    output_gate: `[batch, (S,) d_ff]`, Output Gating's, on the activations.
     segment_ids: packed rows: `[batch, length]`, the FFN's tokens' segments
-      (1..S, 0 on padding); None unpacked.
+      (1..S, 0: padding); None unpacked.
     packed_form: `HyperGridConfig.packed_form`.
   """
   wi_grid: Optional[Array] = None
@@ -647,8 +583,7 @@ class FfnGates:
 
 
 class GatedMlpBlock(layers.MlpBlock):
-  """T5's FFN with HyperGrid's gated `wi*` / `wo` kernels (Eq. 7) or Output
-  Gating's gate on the activations (§6.4); t5x's parameter names."""
+  """T5's FFN with HyperGrid's gated kernels or Output Gating's gate."""
 
   gates: FfnGates = FfnGates()
 
@@ -674,30 +609,32 @@ class GatedMlpBlock(layers.MlpBlock):
 
 
 class TaskQueryAttention(layers.MultiHeadDotProductAttention):
-  """t5x's attention plus Eq. 6: the task vector is one extra query that
-  attends over `[itself; inputs_kv]` with the same kernels. The sequence's
-  own attention does not see it; its row has no position bias and no
-  dropout. No decode cache: a decoder's gates are cached instead. Packed
-  rows ask one task query per segment, each over itself and its own
-  segment's tokens."""
+  """t5x's attention plus Eq. 6's task query over `[itself; inputs_kv]`.
+
+  The same kernels; the sequence's own attention does not see the task query,
+  whose row has no position bias and no dropout. Packed rows ask one query
+  per segment, over itself and its segment's tokens. No decode cache: the
+  decoder's gates are cached instead.
+  """
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array,
                mask: Optional[Array] = None, bias: Optional[Array] = None, *,
                task_query: Array, task_key_valid: Array,
                deterministic: bool = False, **prefix) -> tuple[Array, Array]:
-    """As `layers.MultiHeadDotProductAttention`, plus:
+    """As `layers.MultiHeadDotProductAttention`, plus the task query.
 
     Args:
-      task_query: `[batch, embed]`, the (layer-normed) task vector; packed
-        rows: `[batch, S, embed]`, one per segment.
-      task_key_valid: `[batch, kv_length]` bool, the token columns it sees;
-        packed rows: `[batch, S, kv_length]`, each segment's.
-      **prefix: the key/value prefix arguments of the base attention.
+      inputs_q, inputs_kv, mask, bias, deterministic: the base attention's.
+      task_query: `[batch, embed]`, the normed task vector; packed rows:
+        `[batch, S, embed]`.
+      task_key_valid: `[batch, kv_length]` bool, the columns it sees; packed
+        rows: `[batch, S, kv_length]`.
+      **prefix: the base attention's key/value prefix arguments.
 
     Returns:
-      `([batch, q_length, embed], [batch, (S,) embed])`: the sequence's
-      output and the task queries', T' = MHSA([T; X])_0.
+      `(out, task_out)`: `[batch, q_length, embed]` and T' = MHSA([T; X])_0,
+      `[batch, (S,) embed]`.
     """
     proj = self.projections(inputs_q.shape[-1])
     out, token_key, token_value = self.attend(
@@ -728,27 +665,22 @@ class TaskQueryAttention(layers.MultiHeadDotProductAttention):
 class StackGating:
   """HyperGrid's (or Output Gating's) conditioning of one stack.
 
-  Built once per stack by `conditioning.py`; every layer of the stack builds
-  the attention its gate comes from (encoder: the self-attention; decoder:
-  the encoder-decoder attention, so no target token reaches the gate) of
-  class `attention_class`, and `attend` runs it and makes the layer's
-  `FfnGates` for its `GatedMlpBlock`.
+  Built once per stack by `conditioning.py`. Each layer builds its gating
+  attention (the encoder's self-attention, the decoder's cross-attention) of
+  class `attention_class`; `attend` runs it and makes the layer's `FfnGates`.
 
   Attributes:
-    config: the HyperGrid configuration.
+    config: the `HyperGridConfig`.
     emb_dim: d_model.
     mlp_dim: d_ff.
-    task_vectors: `[batch, embed]` task embeddings (task_attention), packed
-      rows `[batch, S, embed]` (each segment's task's); None for
-      first_token or at cached decode steps.
-    token_valid: `[batch, kv_length]`, the columns the task query may see.
-    decode: the decoder runs against its cache: gates are computed when the
-      cache is created and read from it afterwards.
-    segment_ids: packed rows: `[batch, length]`, the segments of the stack's
-      tokens (whose FFN the gates reach); None unpacked.
+    task_vectors: `[batch, embed]` (packed: `[batch, S, embed]`) task
+      embeddings; None for 'first_token' or at cached decode steps.
+    token_valid: `[batch, kv_length]`, the columns a task query sees.
+    decode: gates come from the cache, computed when it is created.
+    segment_ids: packed rows: `[batch, length]`, the stack's tokens'
+      segments; None unpacked.
     kv_segment_ids: packed rows: `[batch, kv_length]`, the segments of the
-      columns the task queries see and the first tokens come from (the
-      encoder's tokens in both stacks).
+      columns the task queries see (the encoder's tokens in both stacks).
   """
 
   config: HyperGridConfig
@@ -762,8 +694,7 @@ class StackGating:
 
   @property
   def attention_class(self) -> type[layers.MultiHeadDotProductAttention]:
-    """The class of the gating attention: with task vectors
-    (task_attention), t5x's attention plus Eq. 6's task query."""
+    """The gating attention's class: with task vectors, `TaskQueryAttention`."""
     if self.task_vectors is None:
       return layers.MultiHeadDotProductAttention
     return TaskQueryAttention
@@ -776,16 +707,14 @@ class StackGating:
 
     Args:
       attention: the layer's attention, of class `attention_class`.
-      norm: the layer norm in front of the attention (Eq. 6 norms the task
-        vector like the tokens).
+      norm: the layer norm before it (Eq. 6 norms the task vector too).
       inputs_q, inputs_kv, mask, bias, deterministic, prefix: the attention's.
-      first_token: `() -> [batch, kv_length, embed]`, the sequence whose
-        first token (packed rows: each segment's first token) is c for the
-        first_token option (called after the attention, as the gradient's
-        summation order depends on the order of use).
+      first_token: `() -> [batch, kv_length, embed]`, whose first token (per
+        segment, packed) is c for 'first_token'; called after the attention,
+        as the gradient's summation order follows the order of use.
 
     Returns:
-      The attention output and the layer's `FfnGates`.
+      `(attention output, FfnGates)`.
     """
     if self.task_vectors is None:
       out = attention(inputs_q, inputs_kv, mask, bias,
@@ -809,8 +738,7 @@ class StackGating:
     return out, self.gates(c)
 
   def gates(self, c: Optional[Array]) -> FfnGates:
-    """A layer's gates from its conditioning vectors `c [batch, (S,) embed]`
-    (call inside the layer)."""
+    """A layer's `FfnGates` from `c [batch, (S,) embed]`, inside the layer."""
     cfg = self.config
     packed = dict(segment_ids=self.segment_ids, packed_form=cfg.packed_form)
     if cfg.variant == 'output_gating':

@@ -23,8 +23,7 @@ log = logging.getLogger('hyperprompt_jax.train')
 
 
 class StopRequest:
-  """While active (`with StopRequest(...) as stop:`), records SIGTERM /
-  SIGINT instead of dying; `stop.due(step)` says whether to stop now.
+  """While active (`with`), records SIGTERM / SIGINT; `due(step)`: stop now?
 
   Args:
     reached_preemption: orbax's `CheckpointManager.reached_preemption`
@@ -67,21 +66,20 @@ class StopRequest:
 
   @property
   def name(self) -> str:
-    """The signal that asked to stop ('SIGTERM', 'SIGINT'), or 'preemption'
-    (JAX's preemption service)."""
+    """The signal that asked to stop ('SIGTERM', 'SIGINT'), or 'preemption'."""
     return (signal.Signals(self.signal).name if self.signal is not None
             else 'preemption')
 
   def due(self, step: int) -> bool:
-    """Whether to save and stop after `step`; call it at every step, on
-    every host (the preemption sync point counts steps)."""
+    """Whether to stop after `step`; call it at every step, on every host."""
     preempted = self._reached_preemption(step)
     return preempted or self.signal is not None
 
 
 def exit_status(stopped_by: str) -> int:
-  """The exit status of a run that `stopped_by` ended: the shell's 128 + the
-  signal's number (preemption: SIGTERM's), so schedulers and scripts see
-  that it stopped before TRAIN_STEPS."""
+  """128 + the number of the signal that stopped the run (preemption: SIGTERM).
+
+  So schedulers and scripts see that it stopped before TRAIN_STEPS.
+  """
   sig = signal.SIGINT if stopped_by == 'SIGINT' else signal.SIGTERM
   return 128 + sig

@@ -1,27 +1,22 @@
 """One trainer per MODEL_DIR: the `MODEL_DIR/train.lock` file.
 
-Two trainers writing one directory would interleave their checkpoints (or
-die on an orbax internal error), so a run takes the lock before it writes
-anything and refuses a directory another live run holds, naming it. A run
-killed with SIGKILL cannot remove its lock, so a lock is stale, and is taken
-over, when its holder is gone:
+Two trainers writing one directory would interleave their checkpoints, so a
+run takes the lock before it writes anything and refuses a directory another
+live run holds, naming it. A run killed with SIGKILL cannot remove its lock,
+so a lock is stale, and taken over, when its holder is gone:
 
-  - same host: its process no longer runs (the pid, with the process's
-    start time so that a reused pid does not count). A live holder is
-    never stale, however old its heartbeat: a stopped (SIGSTOP), swapped
-    out or debugged trainer resumes later and would overwrite a new run's
-    checkpoints;
+  - same host: its process no longer runs (pid and start time, so a reused
+    pid does not count). A live holder is never stale, however old its
+    heartbeat: a stopped or debugged trainer resumes later and would
+    overwrite a new run's checkpoints;
   - another host: its heartbeat (the file's mtime, touched every
-    `HEARTBEAT_S` by a daemon thread of the holder) is older than
-    `STALE_AFTER_S`, the only sign a run on another host can leave.
+    `HEARTBEAT_S`) is older than `STALE_AFTER_S`.
 
-A holder checks that the lock is still its own (its token) before every
-save (`check_held`) and stops, without saving, if it is not.
-
-The lock is a plain file created with `O_CREAT | O_EXCL` (atomic on local
-and NFS-style file systems); no library offers a stale-aware file lock that
-works across hosts (`fcntl` locks vanish with the process but are not
-honoured across NFS clients, which is where several hosts meet).
+A holder checks that the lock is still its own before every save
+(`check_held`) and stops, without saving, if not. The lock is a plain file
+created with `O_CREAT | O_EXCL`, atomic on local and NFS-style file
+systems: `fcntl` locks are not honoured across NFS clients, where several
+hosts meet.
 """
 
 import datetime
@@ -48,13 +43,11 @@ class DirectoryInUseError(ValueError):
 
 
 class LockLostError(DirectoryInUseError):
-  """This run's lock was taken over (it was presumed gone): it must not
-  write the directory again."""
+  """This run's lock was taken over: it must not write the directory again."""
 
 
 def _process_start(pid: int) -> Optional[str]:
-  """When process `pid` started (clock ticks since boot, /proc; None where
-  there is no /proc or no such process): with the pid, who it is."""
+  """When process `pid` started (ticks since boot), None without /proc."""
   try:
     with open(f'/proc/{pid}/stat') as f:
       stat = f.read()
@@ -65,8 +58,7 @@ def _process_start(pid: int) -> Optional[str]:
 
 
 def _pid_alive(pid: int, start: Optional[str] = None) -> bool:
-  """Whether process `pid` runs, and is the one that started at `start`
-  (when known)."""
+  """Whether process `pid` runs and, `start` given, is the one started then."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -78,8 +70,7 @@ def _pid_alive(pid: int, start: Optional[str] = None) -> bool:
 
 
 def _read(path: str) -> Optional[dict[str, Any]]:
-  """The holder's record, None if the lock vanished; unreadable or partly
-  written records read as `{}` (stale only by heartbeat)."""
+  """The holder's record; None if the lock vanished, `{}` if unreadable."""
   try:
     with open(path) as f:
       text = f.read()
@@ -137,9 +128,10 @@ class RunLock:
 
   def stale_reason(self, holder: dict[str, Any], age_s: float
                    ) -> Optional[str]:
-    """Why the lock of `holder`, last touched `age_s` ago, is stale (None:
-    it is live). On this host the process decides; elsewhere the
-    heartbeat."""
+    """Why `holder`'s lock, touched `age_s` ago, is stale; None: it is live.
+
+    On this host the process decides; elsewhere the heartbeat.
+    """
     if (holder.get('host') == self._record['host']
         and isinstance(holder.get('pid'), int)):
       if _pid_alive(holder['pid'], holder.get('pid_start')):
@@ -150,8 +142,7 @@ class RunLock:
     return None
 
   def check_held(self) -> None:
-    """Raises LockLostError, naming the new holder, if the lock is no
-    longer this run's (another run took it over as stale)."""
+    """Raises LockLostError, naming the new holder, if the lock is not ours."""
     holder = _read(self.path)
     if holder and holder.get('token') == self._record['token']:
       return

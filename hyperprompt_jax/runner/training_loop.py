@@ -1,9 +1,10 @@
-"""The built-in runner's training loop: `train` takes a run's settings
-(`run_settings.RunSettings`, which gin/runs/train.gin binds), checks them
-against the model, tasks and devices (`_resolve`), locks MODEL_DIR, restores
-or initialises the state (`_restore_or_start`), and steps, logs the curves,
-checkpoints and evaluates (`_StepLoop`) until TRAIN_STEPS, surviving
-preemption. Its command: `python -m hyperprompt_jax.train`."""
+"""The built-in runner's training loop, `python -m hyperprompt_jax.train`.
+
+`train` takes a run's `run_settings.RunSettings`, checks them against the
+model, tasks and devices (`_resolve`), locks MODEL_DIR, restores or
+initialises the state (`_restore_or_start`), and steps, logs, checkpoints
+and evaluates (`_StepLoop`) until TRAIN_STEPS, surviving preemption.
+"""
 
 import argparse
 import contextlib
@@ -49,22 +50,21 @@ class NonFiniteLossError(gin_utils.ReportedError):
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
-  """Evaluation during training (EVAL_PERIOD, KEEP_BEST_BY), as the step
-  loop calls it. The train command hands one to `train`
-  (`evaluation.during_training.EVALUATION`): the runner imports nothing of
-  the evaluation above it.
+  """Evaluation during training (EVAL_PERIOD, KEEP_BEST_BY), for the loop.
+
+  The train command hands one to `train` (`during_training.EVALUATION`): the
+  runner imports nothing of the evaluation above it.
 
   Attributes:
     check_settings: `(eval_period, examples_per_task, keep_best_by,
       batch_size)`: raises ValueError on a setting it cannot use.
-    check_tasks: `(mixture_or_task_name, keep_best_by)`: raises ValueError
-      if the run's tasks have nothing to evaluate or no KEEP_BEST_BY score.
+    check_tasks: `(mixture_or_task_name, keep_best_by)`: raises ValueError if
+      the run's tasks have nothing to evaluate or no KEEP_BEST_BY score.
     evaluator: `(model, mixture_or_task_name, task_feature_lengths, mesh,
-      model_dir, batch_size, examples_per_task, keep_best_by, use_cached)`
-      -> the run's evaluator: `evaluate(step, params)` -> an evaluation's
-      line, `evaluated(step)`, `resume(step)`, `best()`, `best_step()`,
-      `close()`.
-    keep_best: `(best_step)` -> the orbax preservation policy that keeps the
+      model_dir, batch_size, examples_per_task, keep_best_by, use_cached)` ->
+      an evaluator with `evaluate(step, params)` (an evaluation's line),
+      `evaluated(step)`, `resume(step)`, `best()`, `best_step()`, `close()`.
+    keep_best: `(best_step)` -> the orbax preservation policy keeping the
       checkpoint of `best_step()`.
     scalars: an evaluation's line -> its TensorBoard scalars.
     progress: an evaluation's line -> its log line.
@@ -79,8 +79,7 @@ class Evaluation:
 
 def _check_evaluation(evaluation: Optional[Evaluation],
                       settings: run_settings.RunSettings) -> None:
-  """The evaluation settings, checked by the evaluation handed in; without
-  one, EVAL_PERIOD and KEEP_BEST_BY must be off."""
+  """The evaluation settings; without an evaluation, both must be off."""
   eval_period, keep_best_by = settings.eval_period, settings.keep_best_by
   if evaluation is not None:
     evaluation.check_settings(eval_period, settings.eval_examples_per_task,
@@ -99,9 +98,7 @@ def _eta(seconds: float) -> str:
 
 
 def _first_new_task(model, settings: run_settings.RunSettings) -> int:
-  """The first task TRAIN_ONLY_NEW_TASKS trains: the number of tasks the
-  starting point was trained on (`initial_checkpoint.trained_tasks`; read
-  from metadata, no array loaded)."""
+  """The first task TRAIN_ONLY_NEW_TASKS trains: those trained before."""
   first = initial_checkpoint.trained_tasks(
       model, settings.initial_checkpoint_path, settings.task_params_path)
   if first >= model.config.num_tasks:
@@ -159,22 +156,7 @@ def train(model: Optional[network.Transformer] = None,
 
 @dataclasses.dataclass(frozen=True)
 class _Run:
-  """A run's settings and what they resolve to with its model, tasks and
-  devices, as `_train` and its parts take them.
-
-  Attributes:
-    settings: the run's settings, whole.
-    model: the network.
-    evaluation: what evaluates during training (None: EVAL_PERIOD is None).
-    mesh: the device mesh (MESH_DATA x MESH_MODEL).
-    optimizer: `settings.optimizer`; with TRAIN_ONLY_NEW_TASKS, restricted
-      to the new tasks' parameters.
-    balancing: MetaBalance's plan (None: the loss's gradient).
-    num_microbatches: the parts each batch's gradient is taken in (1:
-      whole batches).
-    first_new_task: with TRAIN_ONLY_NEW_TASKS, the first task whose
-      parameters train (the trained tasks' stay as loaded); else None.
-  """
+  """A run's settings, resolved with its model, tasks and devices."""
   settings: run_settings.RunSettings
   model: network.Transformer
   evaluation: Optional[Evaluation]
@@ -188,9 +170,7 @@ class _Run:
 def _resolve(settings: run_settings.RunSettings,
              model: Optional[network.Transformer],
              evaluation: Optional[Evaluation]) -> _Run:
-  """The run of `settings` with this model, these tasks and these devices:
-  raises ValueError, naming the macro, on a setting that does not fit them
-  (before anything is written, loaded or compiled)."""
+  """The run of `settings` here; ValueError, naming the macro, if it misfits."""
   _check_evaluation(evaluation, settings)
   model = model or gin.get_configurable(network.Transformer)()
   task_ids.check_num_tasks(model.config.num_tasks)
@@ -265,8 +245,7 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
   finally:
     # What a finished run still waits on is said, not silent: the last
     # save's commit, and the input pipeline, whose deletion waits for
-    # tf.data's threads to finish the elements in flight (seconds to a
-    # minute on a busy host).
+    # tf.data's threads to finish the elements in flight.
     with _said_if_slow('Waiting for the last checkpoint to commit'):
       manager.wait_until_finished()
       del loop, manager
@@ -279,8 +258,7 @@ def _train(lock: Optional[run_lock.RunLock], run: _Run) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _said_if_slow(what: str, after_s: float = 2.0):
-  """Logs `what ...` once the block has taken `after_s` seconds, and then
-  how long it took."""
+  """Logs `what ...` once the block takes `after_s` seconds, then its time."""
   began = time.time()
   timer = threading.Timer(after_s, log.info, ('%s ...', what))
   timer.daemon = True
@@ -313,9 +291,11 @@ def _data_record(run: _Run, rows: batches.RowFormat) -> dict[str, Any]:
 
 def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
                       dataset, data: Mapping[str, Any]) -> tuple[Any, Any]:
-  """`(state, data iterator)`: the newest checkpoint of MODEL_DIR that
-  restores (checked against the run's settings), else step 0 from
-  INITIAL_CHECKPOINT_PATH or fresh parameters."""
+  """`(state, data iterator)`: MODEL_DIR's newest checkpoint, else step 0.
+
+  The newest that restores, checked against the run's settings; else from
+  INITIAL_CHECKPOINT_PATH or fresh parameters.
+  """
   model, settings = run.model, run.settings
   layout = trainer.data_layout
 
@@ -359,9 +339,7 @@ def _restore_or_start(run: _Run, trainer: trainer_lib.Trainer, manager,
 
 
 class _StepLoop:
-  """The steps from `start` to TRAIN_STEPS: each steps the state, and at
-  its period logs (`_log`), saves (`_save`) and evaluates (`_evaluate`),
-  stopping at a step boundary on SIGTERM / SIGINT / preemption."""
+  """The steps from `start` to TRAIN_STEPS, logging, saving, evaluating."""
 
   def __init__(self, run: _Run, lock, trainer, manager, writer, evaluator,
                data, processes, rows, start: int):
@@ -427,8 +405,7 @@ class _StepLoop:
   # -- curves ----------------------------------------------------------------
 
   def _log(self, step: int, pending, elapsed: float, steps: int) -> float:
-    """Writes the scalars of the steps since the last log (`pending`: their
-    terms) and the progress line; returns their mean loss."""
+    """Writes the scalars and progress line since the last log; returns loss."""
     settings = self.settings
     metrics = _curves(pending, elapsed, settings.batch_size, self.task_list)
     schedule = settings.learning_rate_schedule
@@ -449,8 +426,7 @@ class _StepLoop:
   # -- evaluation ------------------------------------------------------------
 
   def _evaluate(self, step: int, state) -> None:
-    """Scores the state of `step` (its checkpoint, where one is saved, is
-    committed first: a stop during the evaluation keeps it)."""
+    """Scores the state of `step`, its checkpoint committed first."""
     if self.saved_step == step:
       self.manager.wait_until_finished()
     line = self.evaluator.evaluate(step, state['params'])
@@ -459,8 +435,7 @@ class _StepLoop:
     log.info('%s', self.evaluation.progress(line))
 
   def _evaluate_missing(self, step: int, state) -> None:
-    """A resumed run first scores its checkpoint if the run that saved it
-    stopped before (or while) evaluating it."""
+    """Scores a resumed checkpoint whose run stopped before scoring it."""
     if (self.evaluator and self.settings.due_eval(step)
         and not self.evaluator.evaluated(step)):
       self._evaluate(step, state)
@@ -524,8 +499,7 @@ class _StepLoop:
             'stopped_by': stopped_by}
 
   def _step(self, state, iterator):
-    """One optimizer step on the next batch (checked on the host):
-    `(state, terms)`."""
+    """One optimizer step on the next batch, checked on the host."""
     local = input_pipeline.as_numpy(next(iterator))
     # Inside jit an out-of-range task or token id would clamp silently.
     config = self.model.config
@@ -536,11 +510,11 @@ class _StepLoop:
 
 def _curves(pending, elapsed: float, batch_size: int,
             task_list) -> dict[str, float]:
-  """The scalars of the steps since the last log, from their terms: the
-  means of loss, cross_entropy, z_loss, accuracy and grad_norm; the
-  per-task loss and accuracy (`loss/<task>`, `accuracy/<task>`, tasks with
-  target tokens in those steps); tokens_per_sec (real tokens, inputs and
-  targets), packing_efficiency and examples_per_row."""
+  """The scalars of the steps since the last log, from their terms.
+
+  Means of the loss terms, accuracy and grad_norm; `loss/<task>` and
+  `accuracy/<task>`; tokens_per_sec, packing_efficiency, examples_per_row.
+  """
   metrics = {k: float(np.mean([float(t[k]) for t in pending]))
              for k in ('loss', 'cross_entropy', 'z_loss', 'accuracy',
                        'grad_norm')}
@@ -563,9 +537,11 @@ def _curves(pending, elapsed: float, batch_size: int,
 
 
 def _host_params(state) -> Optional[Any]:
-  """The parameters as host numpy, where this process holds all of them
-  (a model axis spanning processes leaves each a part: None, rather than
-  gathering a model the size of the pod onto every host)."""
+  """The parameters as host numpy, where this process holds all of them.
+
+  None where a model axis spans processes, rather than gathering a model the
+  size of the pod onto every host.
+  """
   if not multihost.fully_addressable(state['params']):
     return None
   return multihost.host_value(state['params'])
@@ -573,8 +549,7 @@ def _host_params(state) -> Optional[Any]:
 
 def run(args: argparse.Namespace,
         evaluation: Optional[Evaluation] = None) -> int:
-  """`python -m hyperprompt_jax.train` with its parsed flags and its
-  evaluation during training."""
+  """`python -m hyperprompt_jax.train` with its flags and evaluation."""
   gin_utils.log_to_stdout(log)
   gin_utils.parse_gin_flags(args)
   # Parsing gin computes nothing, so the hosts may join after it.

@@ -1,63 +1,46 @@
-"""Matmuls whose weights depend on each token's example in packed rows, as
-TPU kernels (Pallas): HyperGrid's gated kernel and the adapters' per-task
-weights.
+"""TPU kernels (Pallas) for packed rows' matmuls whose weights vary by example.
 
 In a packed row every example needs its own weights: HyperGrid's
 `x_t ((1 + psi(grid[s])) ⊙ W)` for the tokens of segment s, an adapter's
-`x_t W[task_t]`. XLA does that exactly only by materialising a per-token
-intermediate (HyperGrid's 'blockwise': 32 gated input copies a token at
-T5.1.1-Base, 4x MTL's bytes on TPU), per-example weights ('grouped'), or a
-permutation of the tokens into blocks of one task (`t5/task_blocks.py`, the
-adapters' bytes). These kernels keep the per-example weights on chip: for
-each tile of W they make an example's weights in VMEM and multiply only
-that example's rows, where they lie, so HBM sees x, W, y and small tables,
-as a plain matmul does.
+`x_t W[task_t]`. XLA does that exactly only through a per-token intermediate
+(HyperGrid's 'blockwise'), per-example weights ('grouped') or a permutation
+of the tokens (`task_blocks.py`), each paid in HBM bytes (docs/performance.md,
+"On a TPU slice, from this host"). These kernels make an example's weights
+for each tile of W in VMEM and multiply only that example's rows, where they
+lie, so HBM sees x, W, y and small tables, as a plain matmul does.
 
-Packed rows hold each example's tokens contiguously (the packers' layout),
-so a group of tokens (a segment; a task's tokens in a row) is one range:
-the kernels multiply it in windows of `_BIG` rows, then `_SMALL` rows,
-rounded out to whole `_SMALL`-row chunks with the other groups' rows
-masked to zero; a row of S segments costs at most `S * _SMALL` extra rows
-of MXU work. Any layout is still exact (every token of a group lies in its
-range; the rest are masked), only slower.
+A group of tokens (a segment; a task's tokens in a row) is one range, as
+packers lay examples out contiguously: the kernels multiply it in windows of
+`_BIG` rows, then `_SMALL` rows, rounded out to whole `_SMALL` chunks with
+other groups' rows masked to zero, at most `S * _SMALL` extra rows a row.
+Any layout stays exact, only slower.
 
-HyperGrid (`segment_gated_matmul`), three kernels a gated matmul:
-- `_gated_matmul`: `y = x (S_g ⊙ W)` per segment g (the forward pass; and
-  the input gradient, `dx = dy (S_g ⊙ W)^T`, contracting W's columns where
-  they lie);
-- `_gated_weight_grad`: `dW = sum_g (x_g^T dy_g) ⊙ S_g` and each segment's
-  gate gradient, the block sums of `(x_g^T dy_g) ⊙ W`;
-with `S_g = 1 + grid[g]` handed over as `[rows, S + 1, k_in, k_out]` (the
-last group the padding's, all ones) and block-repeated onto each tile in
-the kernel. The adapters (`per_task_matmul`): `_task_matmul` (forward and
-input gradient) and `_task_weight_grad` (`dW[t] = sum x_t^T dy_t`).
+HyperGrid (`segment_gated_matmul`): `_gated_matmul`, `y = x (S_g ⊙ W)` per
+segment g (also the input gradient, reading W where it lies), and
+`_gated_weight_grad`, `dW = sum_g (x_g^T dy_g) ⊙ S_g` and the gates'
+gradients, the block sums of `(x_g^T dy_g) ⊙ W`; `S_g = 1 + grid[g]` comes
+as `[rows, S + 1, k_in, k_out]`, the last group the padding's ones. The
+adapters (`per_task_matmul`): `_task_matmul` and `_task_weight_grad`
+(`dW[t] = sum x_t^T dy_t`).
 
-TPU v3's Mosaic multiplies no bfloat16 (`CompileTimeMosaicUnsupportedRhsType`),
-so there the tiles meet on the MXU in float32. XLA cannot count inside a
-kernel: each gives its own cost estimate (FLOPs of the rows it multiplies,
-bounded as above, and the bytes its blocks read and write). Off TPU the
-kernels run in Pallas's interpreter (tests; slow); `INTERPRET` runs them in
-its TPU interpreter anywhere.
+TPU v3's Mosaic multiplies no bfloat16, so there the tiles meet on the MXU
+in float32. XLA cannot count inside a kernel: each gives its own cost
+estimate. Off TPU the kernels run in Pallas's interpreter (slow);
+`INTERPRET` picks its TPU interpreter.
 
-Precision: the kernels' matmuls take the precision the XLA forms' take (none,
-but HyperFormer++'s variance: `per_task_matmul(precision=HIGHEST)`, as
-`adapters._inv_std`), so both multiply alike: bfloat16 tiles are exact products
-summed in float32 (`preferred_element_type`), as XLA's TPU matmul of bfloat16
-operands; float32 tiles (a float32 model; every model on TPU v3) are rounded to
-bfloat16 for one MXU pass, as XLA's DEFAULT precision does (Pallas's TPU docs,
-"Precision control"; not yet seen on a chip); and both follow
-`jax.default_matmul_precision` ('float32': Mosaic's fp32 contraction, XLA's
-HIGHEST). The sums cross tiles in float32 and are rounded to the output's dtype
-once, as XLA's are. Two selections are exact on purpose (HIGHEST: the 0/1
-matrices that place gates and sum gradient blocks). The one difference is where
-HyperGrid rounds: the kernel makes the gated weight `(1 + grid) ⊙ W` in float32
-and rounds it to the MXU's dtype once (relative 2^-8 in bfloat16), where
-'grouped' rounds `1 + grid` and the product, and 'blockwise' the gated
-inputs, each 2^-8 too; so an output of the kernel and of an XLA form differ by
-at most (3 * 2^-8 + 2 n 2^-24) sum_i |x_i w~_i| (n: the contracted values; w~:
-the exact gated weight). The adapters' kernels round nothing XLA's matmuls do
-not (their weights come in the activations' dtype): they differ by the float32
-summation order alone (`benchmarks/kernel_acceptance.py` checks both on a TPU).
+Precision: the kernels' matmuls take the XLA forms' precision (DEFAULT;
+HIGHEST for HyperFormer++'s variance) and follow
+`jax.default_matmul_precision`: bfloat16 tiles are exact products summed in
+float32; float32 tiles one bfloat16 MXU pass, as XLA's DEFAULT (Pallas's TPU
+docs, "Precision control"; not yet seen on a chip); sums are rounded to the
+output's dtype once. The 0/1 matrices that place gates and sum gradient
+blocks are exact (HIGHEST). Only HyperGrid rounds elsewhere: the kernel
+rounds the gated weight `(1 + grid) ⊙ W` once, where 'grouped' rounds
+`1 + grid` and the product and 'blockwise' the gated inputs, so a kernel's
+output and an XLA form's differ by at most (3 * 2^-8 + 2 n 2^-24) sum_i
+|x_i w~_i| in bfloat16 (n: the contracted values; w~: the exact gated
+weight). The adapters' kernels differ by the summation order alone
+(`benchmarks/kernel_acceptance.py` checks both on a TPU).
 """
 
 import functools
@@ -80,10 +63,9 @@ Array = jax.Array
 _SMALL = 8
 _BIG = 128
 # The most contracted values and output columns a kernel tile takes: a
-# row's tokens are read once an output tile, so once where d_model fits
-# (768 at Base). TPU v3's 16 MiB of VMEM also holds the tiles' float32
-# copies: there the forward tiles take at most 768 columns and the weight
-# gradients' (float32 sums) 512 (Large's 1024 overflow it).
+# row's tokens are read once an output tile, so once where d_model fits.
+# TPU v3's VMEM also holds the tiles' float32 copies: there the forward
+# tiles take at most 768 columns and the weight gradients' 512.
 _TILE_IN = 512
 _TILE_OUT = 1024
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -96,15 +78,15 @@ def _tile_out_most(weight_grad: bool = False) -> int:
 
 
 def segment_groups(segment_ids: Array, num_segments: int) -> Array:
-  """`[batch, length]` segment ids (1..S, 0 on padding) -> group ids
-  `[batch, length]`: segment s is group s - 1, padding group S."""
+  """Segment ids (1..S, 0: padding) -> group ids: s - 1, padding S."""
   return jnp.where(segment_ids > 0, segment_ids - 1, num_segments)
 
 
 def group_ranges(groups: Array, num_groups: int) -> tuple[Array, Array]:
-  """Each group's `[start, end)` token range in its row: `[batch * G]`
-  int32 each (flat, for the kernels' scalar memory); `start >= end` for a
-  group the row does not hold."""
+  """Each group's `[start, end)` token range in its row, flat `[batch * G]`.
+
+  int32, for the kernels' scalar memory; `start >= end` for an absent group.
+  """
   length = groups.shape[1]
   position = jnp.arange(length, dtype=jnp.int32)[None, :, None]
   member = groups[..., None] == jnp.arange(num_groups)
@@ -115,10 +97,11 @@ def group_ranges(groups: Array, num_groups: int) -> tuple[Array, Array]:
 
 
 def _tile(size: int, block: int, most: int) -> int:
-  """The kernel tile along an axis of `size` values gated in blocks of
-  `block`: the largest multiple of 128 and of `block` that divides `size`,
-  at most `most`; else the whole axis (Mosaic takes a block equal to the
-  array's dimension whatever its size)."""
+  """The kernel tile along `size` values gated in blocks of `block`.
+
+  The largest multiple of 128 and of `block` dividing `size`, at most `most`;
+  else the whole axis (Mosaic takes a block equal to the array's dimension).
+  """
   for tile in range(most, 0, -128):
     if size % tile == 0 and tile % block == 0:
       return tile
@@ -130,8 +113,7 @@ def _chunk(length: int) -> int:
 
 
 def _for_row_windows(start, end, length: int, body) -> None:
-  """Calls `body(offset, rows)` on windows covering `[start, end)` rounded
-  out to whole chunks: `_BIG`-row windows, then chunk-sized ones."""
+  """`body(offset, rows)` over `[start, end)` in whole chunks, big first."""
   chunk = _chunk(length)
   big = _BIG if length % _BIG == 0 and chunk == _SMALL else chunk
   lo = (start // chunk) * chunk
@@ -160,11 +142,11 @@ def _repeat_rows(scale: Array, block: int) -> Array:
 
 def _gate_tile(gates: Array, block_in: int, block_out: int, tile_out: int,
                column_tile) -> Array:
-  """A kernel tile's gates: `gates [k_in tile, k_out]` (a group's `1 +
-  grid` rows for the tile) -> `[k_in tile * block_in, tile_out]`, the
-  columns of tile `column_tile`. The columns are picked and repeated by a
-  0/1 matrix on the MXU (exact at HIGHEST): Mosaic cannot repeat lanes in
-  blocks of, e.g., 24."""
+  """A group's gates `[k_in tile, k_out]` -> its `[tile_in, tile_out]` tile.
+
+  The columns are picked and repeated by a 0/1 matrix on the MXU (exact at
+  HIGHEST): Mosaic cannot repeat lanes in blocks of, e.g., 24.
+  """
   k_out = gates.shape[1]
   shape = (k_out, tile_out)
   column = (jax.lax.broadcasted_iota(jnp.int32, shape, 1)
@@ -178,10 +160,11 @@ def _gate_tile(gates: Array, block_in: int, block_out: int, tile_out: int,
 
 def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
                     groups_ref, on_group) -> None:
-  """For each group g that row `row` holds, `on_group(g, at, windows)`:
-  `at` its index in the flat scalar arrays, `windows(body)` calls
-  `body(offset, size, x)` over the group's range with `x` the window's rows
-  of `x_ref` (the other groups' rows zero)."""
+  """`on_group(g, at, windows)` for each group g that row `row` holds.
+
+  `at` indexes the flat scalars; `windows(body)` calls `body(offset, size, x)`
+  over the group's range, other groups' rows of `x` zero.
+  """
   length = x_ref.shape[1]
 
   def group(g, carry):
@@ -204,11 +187,12 @@ def _for_each_group(row, num_groups: int, starts_ref, ends_ref, x_ref,
 def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
                      groups_ref, out_ref, acc_ref, weights_of, mxu_dtype,
                      transposed: bool = False, precision=None) -> None:
-  """The forward kernels' body (grid `(row blocks, output tiles, contracted
-  tiles, rows of a block)`, `_forward_grid`): each group's rows times
-  `weights_of(g, at)` (`[contracted, output]` tile; `[output, contracted]`
-  if `transposed`), accumulated over the contracted tiles in the row's
-  float32 sums and written at the last."""
+  """The forward kernels' body on `_forward_grid`'s grid.
+
+  Each group's rows times `weights_of(g, at)` (`[contracted, output]`, or
+  `[output, contracted]` if `transposed`), summed over the contracted tiles in
+  float32 and written at the last.
+  """
   k_step, i = pl.program_id(2), pl.program_id(3)
   row = pl.program_id(0) * acc_ref.shape[0] + i
 
@@ -235,26 +219,18 @@ def _matmul_by_group(num_groups: int, starts_ref, ends_ref, x_ref,
     out_ref[0] = acc_ref[i].astype(out_ref.dtype)
 
 
-# The forward kernels keep float32 sums for a block of rows, so that each
-# tile of the weights is read once a block (its rows visit the tile in
-# turn) rather than once a row; the block is the most rows whose sums fit
-# beside the tiles in this much VMEM, as `_vmem_bytes` counts it. One
-# budget for every generation, set by the least VMEM: 16 MiB a TensorCore
-# on v3 and v4 (64 on v5p, 128 on v5e and v6e); the kernels' own
-# temporaries and spills take the rest. Compiled at Base, 4 rows of 512 a
-# device (`benchmarks/kernel_acceptance.py --compile`, libtpu 0.0.42), the
-# largest kernel allocates 15.7 MiB on v3 (T5 v1.0 Base's `wo` forward, 4
-# rows, 11.6 MiB counted), 11.8 on v4, at most 10.6 on v5e, v5p and v6e;
-# on v3, T5.1.1-Base's `wo` forward at 4 rows (13.0 counted) needs 18.1.
+# The forward kernels keep float32 sums for a block of rows, so that a
+# weight tile is read once a block rather than once a row; the block is the
+# most rows whose sums fit beside the tiles in this much VMEM, as
+# `_vmem_bytes` counts it. One budget for every generation, set by the
+# least VMEM (v3, v4); the kernels' own temporaries and spills take the
+# rest (docs/performance.md, "Kernels on a TPU").
 _VMEM_BYTES = 12.5 * 2**20
 
 
 def _vmem_bytes(block: int, length: int, tile_in: int, tile_out: int,
                 itemsize: int, weight_tiles: int = 1) -> int:
-  """A forward kernel's VMEM as `_VMEM_BYTES` counts it: the block's float32
-  sums, the double-buffered x, W (`weight_tiles` tiles: a task's each) and
-  output blocks, and two float32 copies of a weights' tile (gated, and for
-  the MXU)."""
+  """A forward kernel's VMEM as `_VMEM_BYTES` counts it."""
   return (block * length * tile_out * 4
           + 2 * itemsize * (length * tile_in + weight_tiles * tile_in
                             * tile_out + length * tile_out)
@@ -264,9 +240,10 @@ def _vmem_bytes(block: int, length: int, tile_in: int, tile_out: int,
 def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
                   tile_in: int, tile_out: int, itemsize: int,
                   weight_tiles: int = 1):
-  """The forward kernels' grid `(row blocks, output tiles, contracted
-  tiles, rows of a block)`, the rows in a block, the row of block b's i-th
-  step (`row(b, i)`) and the output's index map."""
+  """The forward kernels' grid: row blocks, output, contracted tiles, rows.
+
+  Returns `(grid, block, row(b, i), output index map)`.
+  """
   tiles_in = d_in // tile_in
   block = max([r for r in range(1, rows + 1) if rows % r == 0 and _vmem_bytes(
       r, length, tile_in, tile_out, itemsize, weight_tiles) <= _VMEM_BYTES]
@@ -287,9 +264,7 @@ def _forward_grid(rows: int, length: int, d_in: int, d_out: int,
 
 def _weight_block(tile_in: int, tile_out: int, transposed: bool,
                   tasks: tuple[int, ...] = ()) -> pl.BlockSpec:
-  """A forward kernel's weights on its grid `(b, n, k, i)`: the `[tile_in,
-  tile_out]` tile at `(k, n)`, or transposed `[tile_out, tile_in]` at `(n,
-  k)`; `tasks` (`(T,)`) leads whole."""
+  """A forward kernel's weight tile on its grid, `tasks` leading whole."""
   lead = (0,) * len(tasks)
   if transposed:
     return pl.BlockSpec(tasks + (tile_out, tile_in),
@@ -299,8 +274,7 @@ def _weight_block(tile_in: int, tile_out: int, transposed: bool,
 
 
 def _products_by_group(dy_ref, mxu_dtype, precision=None):
-  """`windows -> x_g^T dy_g`'s accumulation step: `body(offset, size, x)`
-  returning the window's `[d_in, d_out]` float32 product."""
+  """A window's `x_g^T dy_g`, float32 `[d_in, d_out]`."""
   def product(offset, size, x):
     dy = dy_ref[0, pl.ds(offset, size), :].astype(mxu_dtype)
     return jax.lax.dot_general(x.astype(mxu_dtype), dy,
@@ -374,15 +348,13 @@ def _mxu_dtype(dtype) -> jnp.dtype:
   return jnp.float32 if traced_mesh.target_device_kind() == 'TPU v3' else dtype
 
 
-# How the kernels run. None: Mosaic on TPU, Pallas's plain interpreter
-# elsewhere (NaN in scratch and outputs until written, but the grid in order
-# on one core and every output block read and written back at every step, so
-# a revisit, a race or an order is never wrong there). A
-# `pltpu.InterpretParams` runs them in Pallas's TPU interpreter wherever they
-# are traced (tests; slow): output blocks written back as a TensorCore writes
-# them (a block revisited after another raises), the 'parallel' axes in a
-# random order (`random_seed`) and split over `num_cores_or_threads` cores,
-# with `detect_races`.
+# How the kernels run. None: Mosaic on TPU, else Pallas's plain interpreter
+# (the grid in order on one core, every output block written back at every
+# step: a revisit, a race or an order is never wrong there). A
+# `pltpu.InterpretParams` runs them in Pallas's TPU interpreter anywhere
+# (tests; slow): blocks written back as a TensorCore does (a block revisited
+# after another raises), 'parallel' axes in a random order over
+# `num_cores_or_threads` cores, with `detect_races`.
 INTERPRET: Optional[pltpu.InterpretParams] = None
 
 
@@ -394,9 +366,7 @@ def _interpret():
 
 def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
           in_specs, out_specs, cost: pl.CostEstimate, scratch=()):
-  """One of this module's kernels on a grid whose first two axes are
-  independent and the rest accumulated ('arbitrary'); its first `prefetch`
-  operands in scalar memory; in Pallas's interpreter off TPU."""
+  """A kernel on `grid`, its first two axes parallel, `prefetch` scalars."""
   return pl.pallas_call(
       kernel,
       out_shape=out_shape,
@@ -413,10 +383,7 @@ def _call(kernel, out_shape, grid: tuple[int, ...], prefetch: int, *,
 
 def _gated_tiles(w_shape: tuple[int, int], gate_blocks: tuple[int, int],
                  transposed: bool) -> tuple[int, int, int]:
-  """`_gated_matmul`'s output width and its tiles, contracted and output:
-  `(d_y, tile_in, tile_out)`. A tile along W's rows holds whole gate
-  blocks (`_tiled`); along its columns the gate tile picks any range
-  (`_gate_tile`)."""
+  """`_gated_matmul`'s output width and tiles `(d_y, tile_in, tile_out)`."""
   d_w_rows, d_w_columns = w_shape
   block_rows = d_w_rows // gate_blocks[0]
   if transposed:
@@ -429,14 +396,12 @@ def _gated_tiles(w_shape: tuple[int, int], gate_blocks: tuple[int, int],
 def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
                   starts: Array, ends: Array,
                   transposed: bool = False) -> Array:
-  """`x [rows, length, d_in]`, `w [d_in, d_out]`, `gates [rows, G, k_in,
-  k_out]` (float32 `1 + grid`), `groups [rows, length]` -> `[rows, length,
-  d_out]`: each token times `w` gated by its group's gates.
+  """Each token times `w` gated by its group's gates (float32 `1 + grid`).
 
-  `transposed`: each token times the gated `w` transposed (`x [rows,
-  length, d_out]` -> `[rows, length, d_in]`; the input gradient), `w` and
-  its gates read as they lie: a transposed copy of the kernel is a layout
-  change XLA makes in HBM every step."""
+  `x [rows, length, d_in]` -> `[rows, length, d_out]`. `transposed`: times the
+  gated `w` transposed (the input gradient), read as it lies: a transposed
+  copy of the kernel is a layout change XLA makes in HBM every step.
+  """
   rows, length, d_x = x.shape
   d_w_rows, d_w_columns = w.shape
   num_groups, k_rows, k_columns = gates.shape[1:]
@@ -485,9 +450,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
 def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
                        groups: Array, starts: Array,
                        ends: Array) -> tuple[Array, Array]:
-  """The gradients of `_gated_matmul` for `w` (float32 `[d_in, d_out]`)
-  and for its gates (float32 `[rows, G, k_in, k_out]`, each block's sum of
-  `(x_g^T dy_g) ⊙ w`)."""
+  """`_gated_matmul`'s float32 gradients for `w` and for its gates."""
   rows, length, d_in = x.shape
   d_out = w.shape[1]
   num_groups, k_in, k_out = gates.shape[1:]
@@ -537,16 +500,16 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
 
 
 def _tiled(gates: Array, tiles: int) -> Array:
-  """`[rows, G, k_in, k_out]` -> `[rows, G, tiles, k_in / tiles, k_out]`:
-  a kernel tile's gate rows as whole trailing blocks (Mosaic takes a
-  block's last two axes whole or in multiples of (8, 128))."""
+  """`[rows, G, k_in, k_out]` -> `[rows, G, tiles, k_in / tiles, k_out]`.
+
+  Mosaic takes a block's last two axes whole or in multiples of (8, 128).
+  """
   rows, groups, k_in, k_out = gates.shape
   return gates.reshape(rows, groups, tiles, k_in // tiles, k_out)
 
 
 def _gates(grid: Array) -> Array:
-  """Each group's `1 + grid` and the padding group's ones: `[rows, S,
-  k_in, k_out]` -> float32 `[rows, S + 1, k_in, k_out]`."""
+  """Each group's float32 `1 + grid`, plus the padding group's ones."""
   rows, _, k_in, k_out = grid.shape
   return jnp.concatenate(
       [1 + grid.astype(jnp.float32), jnp.ones((rows, 1, k_in, k_out))], axis=1)
@@ -584,8 +547,11 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
                          segment_ids: Array,
                          kernel_axes: Optional[tuple[str, str]] = None
                          ) -> Array:
-  """`x ((1 + psi(grid[s])) ⊙ kernel)` for each token of segment s + 1, on
-  chip (module docstring).
+  """`x ((1 + psi(grid[s])) ⊙ kernel)` for each token of segment s + 1, on chip.
+
+  Inside a mesh the kernels run on each device's part (`shard_map`: Mosaic
+  kernels are not partitioned automatically), split as GSPMD splits the plain
+  matmul; a split contraction's partial sums are added after the kernels.
 
   Args:
     x: `[batch, length, d_in]`, packed rows.
@@ -598,13 +564,6 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
 
   Returns:
     `[batch, length, d_out]` in x's dtype (padding: the ungated `x kernel`).
-
-  Inside a mesh the kernels run on each device's part (`shard_map` over
-  every mesh axis: Mosaic kernels are not partitioned automatically): the
-  rows split as the logical axis 'batch' is, the kernel as its axes are
-  (each grid block split with it), as GSPMD splits the plain matmul; where
-  the kernel's rows are split, each device's partial sums are added after
-  the kernels, as XLA adds a split contraction's.
   """
   mesh = traced_mesh.current_mesh()
   if mesh is None:
@@ -631,9 +590,7 @@ def segment_gated_matmul(x: Array, kernel: Array, grid: Array,
 
 
 def _kernel_split(mesh, kernel_axes, kernel_shape, grid_shape):
-  """The mesh axes the kernel's rows and columns are split over (None:
-  whole): those of its logical axes, where the split divides both the
-  kernel's axis and the grid's blocks along it."""
+  """The mesh axes splitting the kernel's rows and columns (None: whole)."""
   if kernel_axes is None:
     return None, None
   splits = []
@@ -649,22 +606,21 @@ def _kernel_split(mesh, kernel_axes, kernel_shape, grid_shape):
 
 # -- Per-task weights: the adapters' matmuls on packed rows -------------------
 #
-# A token goes through its own task's weights (`W[task]`). The kernels take
-# each task's rows of a packed row as one range, from its first token to its
-# last (the rows of other tasks inside it masked), and multiply them by the
-# task's weights, read from VMEM (all T tasks' weights of a tile fit there at
-# adapter sizes): no permutation of the tokens. The row's last run of one
-# task (its last example and the padding, whose task id is 0) is a group of
-# its own, so task 0's range does not reach the padding. A task that returns
-# later in a row costs the rows between; per-run ranges would not, but a
-# row's runs have no static bound and their scalars overflow TPU v3's 16 KiB
-# of scalar memory.
+# Each task's tokens of a packed row are one range, first to last (other
+# tasks' rows in it masked), multiplied by the task's weights from VMEM (all
+# T tasks' tiles fit at adapter sizes): no permutation of the tokens. The
+# row's last run of one task (its last example and the padding, task id 0)
+# is a group of its own, so task 0's range does not reach the padding. A
+# task that returns later in a row costs the rows between: per-run ranges
+# have no static bound, and their scalars overflow TPU v3's scalar memory.
 
 
 def task_groups(task_ids: Array, num_tasks: int) -> tuple[Array, Array]:
-  """`[rows, length]` task ids -> each token's group (its task, or T for
-  the row's last run of one task) and each group's task (`[rows * (T +
-  1)]`, flat for scalar memory)."""
+  """Task ids `[rows, length]` -> each token's group and each group's task.
+
+  A token's group is its task, or T for the row's last run of one task; the
+  groups' tasks are flat `[rows * (T + 1)]`, for scalar memory.
+  """
   rows, length = task_ids.shape
   change = jnp.concatenate(
       [jnp.ones((rows, 1), bool), task_ids[:, 1:] != task_ids[:, :-1]], 1)
@@ -717,10 +673,11 @@ def _task_weight_grad_kernel(starts_ref, ends_ref, group_tasks_ref,
 def _task_matmul(x: Array, w: Array, groups: Array,
                  ranges: tuple[Array, Array, Array],
                  transposed: bool = False, precision=None) -> Array:
-  """`x [rows, length, d_in]`, `w [T, d_in, d_out]` -> `[rows, length,
-  d_out]`: each token times its task's weights (`groups`: `task_groups`;
-  `ranges`: each group's start, end and task). `transposed`: `w [T, d_out,
-  d_in]`, each token times its task's `w` transposed, read as it lies."""
+  """Each token of `x [rows, length, d_in]` times its task's weights.
+
+  `w`: `[T, d_in, d_out]` (`transposed`: `[T, d_out, d_in]`, read as it
+  lies); `groups`: `task_groups`; `ranges`: each group's start, end, task.
+  """
   rows, length, d_in = x.shape
   num_tasks = w.shape[0]
   d_out = w.shape[1 if transposed else 2]
@@ -755,10 +712,10 @@ def _task_matmul(x: Array, w: Array, groups: Array,
 def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
                       ranges: tuple[Array, Array, Array], dtype,
                       precision=None) -> Array:
-  """The gradient of `_task_matmul` for its weights: `[T, d_in, d_out]` in
-  `dtype` (the weights'), each task's `sum x^T dy` over its tokens, summed
-  in float32 in VMEM (a float32 result for bfloat16 weights, HyperFormer++'s
-  generated ones, would be written, then read and written again converted)."""
+  """`_task_matmul`'s gradient for its weights, `[T, d_in, d_out]` in `dtype`.
+
+  Summed in float32 in VMEM and written once in the weights' dtype.
+  """
   rows, length, d_in = x.shape
   d_out = dy.shape[-1]
   tile_in = _tile(d_in, 1, _TILE_IN)
@@ -788,11 +745,11 @@ def _task_weight_grad(x: Array, dy: Array, num_tasks: int, groups: Array,
 
 
 def _task_rows_bound(rows: int, length: int, num_tasks: int) -> int:
-  """Rows the per-task kernels multiply, as the cost estimate counts them:
-  each row's tokens once, plus a chunk at each boundary between tasks,
-  plus, for a task that returns later in a row, the rows between (a
-  quarter of the row, on average, for rows of GLUE-length examples:
-  an estimate, not a bound)."""
+  """Rows the per-task kernels multiply, as their cost estimate counts them.
+
+  Each token once, a chunk per task boundary, and a quarter of the row for
+  tasks returning later in it: an estimate for GLUE-length rows, not a bound.
+  """
   return rows * (length + (num_tasks - 1) * _chunk(length) + length // 4)
 
 
@@ -834,26 +791,23 @@ def per_task_matmul(x: Array, weights: Array, task_ids: Array,
                     precision: Optional[jax.lax.Precision] = None) -> Array:
   """`x_t W[task_t]` for every token t of packed rows, on chip.
 
+  Inside a mesh the kernels run on each data shard's rows (`shard_map`), the
+  weights whole on every device (an adapter's are small).
+
   Args:
     x: `[batch, length, d_in]`.
     weights: `[T, d_in, d_out]`, one matrix a task; with `transposed`,
       `[T, d_out, d_in]` and `x_t W[task_t]^T`. A TPU lays an array's last
-      axis on its 128 lanes: weights of few columns (an adapter's down
-      projection, `[T, d, 24]`) take 5x their size there, and so do their
-      gradients; given with the wide side last, they and their gradients
-      stay as they are (a gradient comes in the weights' layout).
+      axis on its 128 lanes, so weights of few columns (an adapter's down
+      projection) are best given wide side last, and stay so with their
+      gradients.
     task_ids: `[batch, length]` int32, each token's task.
-    precision: the matmuls' (forward and gradients), as `jnp.einsum`'s:
-      None (DEFAULT: float32 tiles in one bfloat16 pass on a TPU) or
-      `jax.lax.Precision.HIGHEST` (float32 products, where the XLA form
-      asks for them: HyperFormer++'s variance).
+    transposed: see `weights`.
+    precision: the matmuls' (forward and gradients), as `jnp.einsum`'s: None
+      (DEFAULT) or `jax.lax.Precision.HIGHEST` (HyperFormer++'s variance).
 
   Returns:
     `[batch, length, d_out]` in x's dtype.
-
-  Inside a mesh the kernels run on each data shard's rows (`shard_map`
-  over every mesh axis), the weights whole on every device (an adapter's
-  are small).
   """
   mesh = traced_mesh.current_mesh()
   matmul = functools.partial(_per_task_matmul, transposed=transposed,

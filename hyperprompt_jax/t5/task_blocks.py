@@ -1,27 +1,21 @@
-"""Tokens laid out in blocks of one task each, for per-token task
-conditioning of packed rows.
+"""Tokens in blocks of one task each, for packed rows' task conditioning.
 
-A packed row holds examples of several tasks, and each token must be
-conditioned by its own example's task. Rather than run every token through
-all T tasks' weights, `task_blocks` sorts each data shard's tokens by task
-into blocks of one task each (`traced_mesh.batch_shards`, `block_size`); a block then
-costs one product with a copy of its task's weights (`take_tasks`), and
-the outputs go back to their tokens.
-Used by the adapters (`methods/adapters.py`, one adapter a token) and by
-HyperPrompt's packed attention (`layers.dot_product_attention`, each query
-scored against its own task's prompt columns only).
+Each token of a packed row must be conditioned by its own example's task.
+Rather than run every token through all T tasks' weights, `task_blocks`
+sorts each data shard's tokens by task into blocks of one task
+(`block_size`); a block costs one product with a copy of its task's weights
+(`take_tasks`), and the outputs go back to their tokens. Used by the
+adapters (`methods/adapters.py`) and HyperPrompt's packed attention
+(`layers.dot_product_attention`).
 
-Gradient forms (`T5Config.gradient_form`): 'written' takes the gradient of
-the block layout's permutation as a gather (`_permute_rows`), which XLA's
-CPU compiler runs far faster than the scatter-add of autodiff; 'autodiff'
-is JAX's own derivative of the plain gather, the form for TPUs and GPUs,
-whose compilers scatter large rows well; 'auto' picks 'written' on CPU and
-'autodiff' elsewhere (`resolve_gradient_form`). Both give the same values
-and gradients. Each block's copy of its task's weights (`take_tasks`) takes
-its gradient as a one-hot product in either form: a scatter-add into a
-table of T rows serialises its many updates of few rows (the shape that
-cost 127x on an H100, docs/performance.md) and runs element by element on
-a CPU.
+Gradient forms (`T5Config.gradient_form`; docs/performance.md, "Forms"):
+'written' takes the gradient of the layout's permutation as a gather
+(`_permute_rows`), which XLA:CPU runs far faster than autodiff's
+scatter-add; 'autodiff' is JAX's, for TPUs and GPUs, whose compilers scatter
+large rows well; 'auto' is 'written' on CPU. Values and gradients are the
+same. Either way `take_tasks` takes its gradient as a one-hot product: a
+scatter-add into T rows serialises its many updates of few rows on a GPU and
+runs element by element on a CPU.
 """
 
 import math
@@ -45,10 +39,7 @@ def check_gradient_form(form: str) -> None:
 
 
 def resolve_gradient_form(form: str) -> str:
-  """'written' or 'autodiff' for a `T5Config.gradient_form`: 'auto' is
-  'written' where the model is compiled for a CPU
-  (`traced_mesh.target_platform`),
-  else 'autodiff'."""
+  """'written' or 'autodiff'; 'auto' is 'written' compiled for a CPU."""
   check_gradient_form(form)
   if form == 'auto':
     return 'written' if traced_mesh.target_platform() == 'cpu' else 'autodiff'
@@ -57,18 +48,16 @@ def resolve_gradient_form(form: str) -> str:
 
 @struct.dataclass
 class TaskBlocks:
-  """Tokens laid out in blocks of one task each, per data shard
-  (`task_blocks`): S shards of n = N / S tokens, K blocks of `block`
-  positions a shard.
+  """Tokens laid out in blocks of one task each, per data shard.
+
+  S shards of n = N / S tokens, K blocks of `block` positions a shard.
 
   Attributes:
-    source: `[S, K * block]`: the token (of its shard's n) at each block
-      position; n at the blocks' padding, which reads a zero row.
-    destination: `[S, n]`: each token's block position in its shard.
-    block_tasks: `[S, K]`: each block's task (0 for a block of padding
-      only).
-    form: the gradient form of its gathers, 'written' or 'autodiff'
-      (module docstring).
+    source: `[S, K * block]`, the token (of its shard's n) at each block
+      position; n at the padding, which reads a zero row.
+    destination: `[S, n]`, each token's block position in its shard.
+    block_tasks: `[S, K]`, each block's task (0 for padding only).
+    form: the gathers' gradient form, 'written' or 'autodiff'.
   """
 
   source: Array
@@ -82,22 +71,21 @@ class TaskBlocks:
     return self.block_tasks.reshape(-1)
 
   def to_blocks(self, x: Array) -> Array:
-    """`x [N, d]` -> `[S * K, block, d]`, zeros at the padding; shard s's
-    blocks are `[s * K, (s + 1) * K)`."""
+    """`x [N, d]` -> `[S * K, block, d]`, zeros at the padding."""
     shards, per_shard = self.destination.shape
     out = jax.vmap(self._permute)(x.reshape(shards, per_shard, -1),
                                   self.source, self.destination)
     return out.reshape(self.tasks.shape[0], -1, x.shape[-1])
 
   def from_blocks(self, y: Array) -> Array:
-    """`y [S * K, block, d]` -> each token's row `[N, d]`."""
+    """`y [S * K, block, d]` -> each token's row, `[N, d]`."""
     shards = self.source.shape[0]
     out = jax.vmap(self._permute)(y.reshape(shards, -1, y.shape[-1]),
                                   self.destination, self.source)
     return out.reshape(-1, y.shape[-1])
 
   def take(self, a: Array) -> Array:
-    """`a [T, ...]` -> each block's task's `[S * K, ...]` (`take_tasks`)."""
+    """`a [T, ...]` -> each block's task's, `[S * K, ...]`."""
     return take_tasks(a, self.tasks)
 
   def _permute(self, x: Array, index: Array, back: Array) -> Array:
@@ -107,17 +95,13 @@ class TaskBlocks:
 
 
 def block_size(count: int, num_tasks: int, copied_rows: int) -> int:
-  """Positions per block for `count` tokens (a data shard's) of up to
-  `num_tasks` tasks, where a block costs a copy of `copied_rows` rows of
-  its task's weights (an adapter's W_down and W_up: 2 b; HyperPrompt's
-  prompt keys and values: 2 l).
+  """Positions per block for `count` tokens of up to `num_tasks` tasks.
 
-  Every block position is computed (the layout is static): K = N / c + T
-  blocks of c hold N tokens and up to c - 1 positions of padding a task,
-  so blocks of c cost about (N / c + T) w copied rows and N + T c
-  positions, least at c = sqrt(w N / T): 181 at N = 4,096, T = 8 for
-  HyperFormer++'s adapters (b = 32), 128 for the Vanilla adapter's (b =
-  16) and for HyperPrompt's prompts (l = 16).
+  A block costs a copy of w = `copied_rows` rows of its task's weights (an
+  adapter's W_down and W_up: 2 b; HyperPrompt's keys and values: 2 l). Every
+  position is computed (the layout is static): K = N / c + T blocks of c hold
+  N tokens and the padding, costing about (N / c + T) w copied rows and
+  N + T c positions, least at c = sqrt(w N / T).
   """
   return max(1, min(count, round(math.sqrt(copied_rows * count
                                            / num_tasks))))
@@ -125,18 +109,13 @@ def block_size(count: int, num_tasks: int, copied_rows: int) -> int:
 
 def task_blocks(task_ids: Array, num_tasks: int, block: int,
                 shards: int = 1) -> TaskBlocks:
-  """Lays the tokens of `task_ids` (`[rows, length]`) out by task, within
-  each of `shards` data shards (contiguous runs of rows): each task's
-  tokens of a shard (in their order) fill whole blocks of `block`
-  positions, the last one padded, so every block holds one task's
-  tokens. K = the blocks that the shard's n = N / S tokens and at most T
-  (block - 1) positions of padding take (static; `block_size`).
+  """Lays the tokens of `task_ids [rows, length]` out by task, per data shard.
 
-  Blocks per shard keep the layout on the shard's devices: laying out the
-  whole batch at once sorts across shards, and XLA then gathers the
-  batch's tokens and activations onto every device (all-gathers and
-  all-reduces of `[N, d]` in the compiled step on 8 simulated devices).
-  `block` is for a shard's n tokens (`batch_task_blocks` picks both).
+  `shards` splits the rows evenly (else ValueError). Each task's tokens of a
+  shard, in order, fill whole blocks of `block` positions, the last padded; K
+  is static (`block_size`). Blocks per shard keep the layout on the shard's
+  devices: one layout of the whole batch sorts across shards, and XLA then
+  gathers every token onto every device.
   """
   rows = task_ids.shape[0]
   if rows % shards:
@@ -147,10 +126,11 @@ def task_blocks(task_ids: Array, num_tasks: int, block: int,
 
 def batch_task_blocks(task_ids: Array, num_tasks: int, copied_rows: int,
                       gradient_form: str = 'auto') -> TaskBlocks:
-  """`task_blocks` of a batch (`task_ids [rows, length]`) where the model
-  runs: per data shard (`batch_shards`), in blocks of `block_size` for a
-  shard's tokens and `copied_rows` rows of weights a block; gathers of
-  `gradient_form` (`T5Config.gradient_form`)."""
+  """`task_blocks` of a batch where the model runs: per data shard.
+
+  Blocks of `block_size` for a shard's tokens and `copied_rows`, gathers of
+  `gradient_form` (`T5Config.gradient_form`).
+  """
   shards = traced_mesh.batch_shards(task_ids.shape[0])
   block = block_size(task_ids.size // shards, num_tasks, copied_rows)
   blocks = task_blocks(task_ids, num_tasks, block, shards)
@@ -158,7 +138,7 @@ def batch_task_blocks(task_ids: Array, num_tasks: int, copied_rows: int,
 
 
 def _one_shard(flat: Array, num_tasks: int, block: int) -> TaskBlocks:
-  """`task_blocks` of one shard's tokens (`flat [n]`)."""
+  """`task_blocks` of one shard's tokens, `flat [n]`."""
   count = flat.shape[0]
   num_blocks = -(-(count + num_tasks * (block - 1)) // block)
   order = jnp.argsort(flat, stable=True)  # token indices by task
@@ -179,11 +159,11 @@ def _one_shard(flat: Array, num_tasks: int, block: int) -> TaskBlocks:
 
 @jax.custom_vjp
 def _permute_rows(x: Array, index: Array, back: Array) -> Array:
-  """`x[index]`, zero rows where `index` is len(x) (the blocks' padding),
-  whose gradient is a gather too: `back` (`[len(x)]`) gives each row of `x`
-  its one place in `index`. XLA would scatter-add the cotangent of a plain
-  gather, which it cannot know to be a permutation (and a CPU scatters
-  slowly)."""
+  """`x[index]` (0 where `index` is len(x)), its gradient a gather by `back`.
+
+  `back` gives each row of `x` its one place in `index`. XLA would scatter-add
+  a plain gather's cotangent, not knowing it a permutation.
+  """
   return _gather_rows(x, index)
 
 
@@ -203,21 +183,22 @@ _permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
 def take_tasks(a: Array, tasks: Array) -> Array:
-  """`a[tasks]` (`a [T, ...]`, int `tasks` of any shape: `tasks.shape +
-  a.shape[1:]`), its gradient a product with the one-hot tasks
-  (`_take_tasks_written`), not a scatter-add into T rows. The gather of
-  every per-task table of the model."""
+  """`a[tasks]` for `a [T, ...]`, its gradient a product with the one-hot tasks.
+
+  The gather of every per-task table of the model: `tasks.shape +
+  a.shape[1:]`.
+  """
   out = _take_tasks_written(a, tasks.reshape(-1))
   return out.reshape(tasks.shape + a.shape[1:])
 
 
 @jax.custom_vjp
 def _take_tasks_written(a: Array, tasks: Array) -> Array:
-  """`a[tasks]` whose gradient is a product with the one-hot tasks: XLA
-  would scatter-add the cotangent of a plain gather, which its CPU compiler
-  runs element by element (fwd + bwd of a packed adapter, 4,096 tokens, b
-  32: 17.8 ms with it, 10.6 ms this) and a GPU serialises over the few
-  rows."""
+  """`a[tasks]`, its gradient a product with the one-hot tasks.
+
+  XLA would scatter-add a plain gather's cotangent, element by element on a
+  CPU and serialised over the few rows on a GPU.
+  """
   return jnp.take(a, tasks, axis=0)
 
 

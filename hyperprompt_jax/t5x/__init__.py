@@ -1,2 +1,1 @@
-"""The t5x runner's side: the models and trainer that t5x's own train / eval
-/ infer scripts build from `gin/t5x/` (`t5x_model`)."""
+"""The t5x runner's side: what t5x's scripts build from `gin/t5x/`."""

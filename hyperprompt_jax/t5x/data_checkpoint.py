@@ -1,11 +1,10 @@
 """Whether a t5x run saves its data iterator with each checkpoint.
 
-A t5x run that saves its iterator (`utils.SaveCheckpointConfig.save_dataset`)
-continues its data where a checkpoint left it when preempted; one that does
-not replays its data from the beginning. t5x restores the iterator from
-whatever checkpoint a run restores, though, the one it starts from included
-(`INITIAL_CHECKPOINT_PATH`), so saving is safe only where that start holds
-no iterator t5x would read: `saves_data_iterator` decides it per run, and
+A run that saves it (`SaveCheckpointConfig.save_dataset`) continues its data
+where a checkpoint left it; one that does not replays its data. t5x
+restores the iterator from whatever checkpoint a run restores, the one it
+starts from included, so saving is safe only where that start holds no
+iterator t5x would read: `saves_data_iterator` decides it, and
 `gin/t5x/train.gin` binds its answer to `SAVE_DATASET`.
 """
 
@@ -25,11 +24,9 @@ DATASET_ITEM = 'dataset'
 def restores_an_iterator(checkpoint_path: str) -> bool:
   """Whether t5x, starting a run from `checkpoint_path`, reads an iterator.
 
-  Mirrors `t5x.checkpoints.OrbaxCheckpointManager.restore`: a TensorFlow or
-  legacy t5x checkpoint (the public pretrained T5 ones) is read by t5x's
-  legacy Checkpointer, which skips the iterator; an Orbax checkpoint is read
-  with its `dataset` item when the run saves iterators (an error where it
-  holds none, another run's data position where it holds one).
+  As `OrbaxCheckpointManager.restore`: TensorFlow and legacy t5x checkpoints
+  (the public pretrained T5 ones) are read without it; an Orbax checkpoint
+  with its `dataset` item when the run saves iterators.
   """
   if gfile.exists(checkpoint_path + '.index'):
     return False
@@ -45,10 +42,9 @@ def saves_data_iterator(initial_checkpoint_path: Optional[str],
                         model_dir: str) -> bool:
   """`SAVE_DATASET`'s default: on unless the run's start forbids it.
 
-  A run resumes as it began (its newest checkpoint in `model_dir` holds an
-  iterator or not). A new run saves its iterator from scratch or from a
-  TensorFlow / legacy t5x checkpoint; from an Orbax checkpoint (a t5x run's
-  own, or `import_task_params`' output) it does not, and says so.
+  A run resumes as it began (its newest checkpoint holds an iterator or not).
+  A new run saves it unless it starts from an Orbax checkpoint (a t5x run's
+  own, or `import_task_params`' output), and then says so.
   """
   step = checkpoints.latest_step(model_dir) if gfile.isdir(model_dir) else None
   if step is not None:

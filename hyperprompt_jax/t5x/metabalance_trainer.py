@@ -1,5 +1,4 @@
-"""MetaBalance in t5x: a t5x `Trainer` taking MetaBalance's gradient
-(gin/t5x/metabalance.gin selects it as `train_script.train.trainer_cls`)."""
+"""MetaBalance in t5x: a t5x `Trainer` taking MetaBalance's gradient."""
 
 from typing import Any, Mapping, Optional
 
@@ -16,21 +15,15 @@ from hyperprompt_jax.training import trainer
 class MetaBalanceTrainer(t5x_trainer.Trainer):
   """t5x's `Trainer` taking MetaBalance's gradient (gin/t5x/metabalance.gin).
 
-  Same arguments as t5x's. The model is a `TaskIdsEncoderDecoderModel` with
-  a MetaBalance plan; each step splits t5x's loss by the task of each target
-  token into the target's and the auxiliaries' shares (`loss_shares`),
-  balances their gradients on the shared parameters
-  (`metabalance.balanced_gradient`) and applies the sum as t5x's trainer
-  does (`trainer.apply_grads`: learning rate, weight metrics). The moving
-  averages are the train state's flax mutables. A model without a plan
-  takes t5x's plain step.
-
-  With `num_microbatches` > 1, each share's gradient is the whole batch's,
-  summed over the parts (`metabalance.balanced_gradient_in_parts`, the
-  built-in runner's parts: `trainer.microbatches`, part i's dropout rng
-  `fold_in(rng, i)`, each part's loss over the whole batch's normalizing
-  factor), so the step is the one-batch step; the metrics are merged over
-  the parts as t5x's own microbatches do.
+  Same arguments as t5x's. With a `TaskIdsEncoderDecoderModel` holding a
+  plan, each step splits t5x's loss by each target token's task into shares
+  (`loss_shares`), balances their gradients on the shared parameters
+  (`metabalance.balanced_gradient`) and applies the sum as t5x does
+  (`trainer.apply_grads`); the moving averages are the train state's flax
+  mutables. Without a plan it takes t5x's plain step. With
+  `num_microbatches` > 1, each share's gradient is the whole batch's, summed
+  over the built-in runner's parts (`balanced_gradient_in_parts`), so the
+  step is the one-batch step.
   """
 
   def __init__(self, model: t5x_model.TaskIdsEncoderDecoderModel,

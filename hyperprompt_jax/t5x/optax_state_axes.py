@@ -1,6 +1,8 @@
-"""t5x's partitioner taught the state of the project's optax optimizer
-(Adafactor's `FactoredState`, `TaskParamsState`): registered on import, which
-`t5x_model` does, so every gin/t5x file has it."""
+"""t5x's partitioner taught the project's optax optimizer's state.
+
+Adafactor's `FactoredState` and `TaskParamsState`, registered on import,
+which `t5x_model` does, so every gin/t5x file has it.
+"""
 
 import functools
 from typing import Any
@@ -18,11 +20,9 @@ def _factored_state_axes(state: optax.FactoredState,
                          params_axes: PyTree) -> optax.FactoredState:
   """Logical axes of optax Adafactor's state, for t5x's partitioner.
 
-  An unfactored parameter's second moment `v` has the parameter's shape and
-  axes. The factored moments `v_row` / `v_col` are vectors, and `v` of a
-  factored parameter a `(1,)` placeholder: small, so replicated (None).
-  Parameters another group of `optax.multi_transform` owns are
-  `optax.MaskedNode`s and stay so.
+  An unfactored parameter's `v` has its axes; the factored moments (and a
+  factored parameter's `(1,)` `v`) are small and replicated.
+  `optax.MaskedNode`s of other groups stay so.
   """
 
   def leaf_axes(axes, value, keep_axes):
@@ -47,10 +47,9 @@ def _factored_state_axes(state: optax.FactoredState,
 def register_optax_partition_rules() -> None:
   """Teaches t5x's `OptaxStatePartitionRules` optax Adafactor's state.
 
-  t5x keeps its rules in a class-level table and has none for
-  `FactoredState` (it uses its own Adafactor); without one, partitioning an
-  `OptaxWrapper(make_optimizer())` state raises 'unregistered optax state
-  type FactoredState'. Idempotent.
+  t5x has no rule for `FactoredState` (it uses its own Adafactor), so an
+  `OptaxWrapper(make_optimizer())` state would raise 'unregistered optax
+  state type FactoredState'. Idempotent.
   """
   # pylint: disable-next=protected-access
   rules = optimizers.OptaxStatePartitionRules._RULES

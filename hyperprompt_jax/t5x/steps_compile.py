@@ -1,51 +1,24 @@
-r"""t5x's train, eval and predict steps of a t5x run file, compiled for a TPU
-slice on a CPU host.
+r"""t5x's train, eval and predict steps of a t5x run file, compiled for a TPU.
 
-    python -m hyperprompt_jax.benchmark --tpu_compile --topology=v3-32 \
+    python -m hyperprompt_jax.compile --topology=v3-32 \
         --gin_file=t5x/hypergrid_lg_glue_super_glue.gin [--gin.X=Y ...] \
         [--eval_batch_size=64] [--output_json=t5x_tpu.json]
 
-`benchmarks/tpu_compile.py` sends a `--gin_file` that includes t5x's run
-configuration here (`tpu_compile.t5x_script`). The files are parsed as
-`python -m t5x.train` parses them (t5x's `train` module as `__main__`, t5x's
-package root on the search paths), and what `t5x.train.train` builds from
+(docs/performance.md, "Sizing a t5x job"). The files are parsed as
+`python -m t5x.train` parses them, and what `t5x.train.train` builds from
 its bindings is built the same way, with no data read and nothing
-allocated:
+allocated: the model (`%MODEL`), t5x's `PjitPartitioner` as bound with its
+mesh made from the slice's devices (`slice_mesh`), the train state's
+shapes and axes (`utils.TrainStateInitializer`), the trainer
+(`train_script.train.trainer_cls`, its dropout key made as t5x.train makes
+it) and the batches of the model's feature converter (`batch_shapes`).
 
-- the model (`%MODEL`: `t5x_model.TaskIdsEncoderDecoderModel`, its
-  optimizer the `OptaxWrapper` around `make_optimizer` as t5x/model.gin
-  binds it);
-- t5x's `PjitPartitioner` as bound (`num_partitions = %MESH_MODEL` or
-  `model_parallel_submesh`, the project's logical axis rules), its mesh made
-  by t5x's own `default_mesh` from the slice's devices where t5x.train
-  would take the hosts' (`slice_mesh`);
-- the train state's shapes and axes (`utils.TrainStateInitializer`, as
-  bound: from the train batch's shapes);
-- the trainer (`train_script.train.trainer_cls`: t5x's `Trainer`, or
-  `MetaBalanceTrainer`, with its bound `num_microbatches` and learning-rate
-  function), its dropout key made as t5x.train makes it (hardware RNG
-  without RANDOM_SEED);
-- the batches: the model's feature converter (`FEATURE_CONVERTER_CLS`)
-  gives the features and their lengths for the dataset config's
-  `task_feature_lengths`, `pack` and `batch_size` (int32 `[rows, length]`,
-  `task_ids` `[rows]`): `train/` for the train step, `train_eval/` for the
-  eval step, unpacked rows at TASK_FEATURE_LENGTHS for predict.
-
-Programs, each as t5x partitions it (`partitioner.partition`, then
-`lower(...).compile()`, t5x's `partitioner.compile`): the trainer's train
-step (`Trainer._partitioned_train_step`: state and batch in, the state
-donated), its eval step (`_partitioned_eval_step`, on the train_eval
-batch; none where `train_eval_dataset_cfg` is None) and predict
-(`model.predict_batch_with_aux`, partitioned as `utils.get_infer_fn`
-partitions it for t5x's evaluators and t5x.infer: parameters, batch,
-row indices) at `--eval_batch_size` rows (default:
-`infer_eval/utils.DatasetConfig.batch_size` where bound, else 64, t5x/eval.gin's
-EVAL_BATCH_SIZE and t5x/infer.gin's INFER_BATCH_SIZE), with the model's
-decoder (beam search of `num_decodes` 1 unless bound).
-
-The figures are `tpu_compile.figures`' (memory per device against its HBM,
-FLOPs, bytes, collectives), with the memory per chip where a chip shows
-two devices (TPU v2 / v3), in `tpu_compile.compile_report`'s report.
+Each program is partitioned and compiled as t5x does: the trainer's train
+step (the state donated), its eval step (on the train_eval batch, if
+bound) and predict (`model.predict_batch_with_aux`, partitioned as
+`utils.get_infer_fn` does) at `--eval_batch_size` rows (default: the
+infer_eval batch size, else `PREDICT_BATCH_SIZE`). The figures are
+`tpu_compile.figures`', in `tpu_compile.compile_report`'s report.
 """
 
 import contextlib
@@ -77,9 +50,16 @@ PREDICT_BATCH_SIZE = 64
 
 @dataclasses.dataclass
 class T5xRun:
-  """A t5x run file and what the command adds: its gin files (the run file
-  first), `--gin.` bindings, search paths, and predict's rows (None: the
-  run's, `PREDICT_BATCH_SIZE`)."""
+  """A t5x run file and what the command adds.
+
+  Attributes:
+    name: the run's name in the report.
+    gin_files: its gin files, the run file first.
+    bindings: `--gin.` bindings.
+    search_paths: gin search paths.
+    predict_batch_size: predict's rows; None: the run's, else
+      `PREDICT_BATCH_SIZE`.
+  """
   name: str
   gin_files: Sequence[str]
   bindings: Sequence[str] = ()
@@ -88,18 +68,19 @@ class T5xRun:
 
 
 def t5x_root() -> str:
-  """The folder holding the t5x package: t5x's scripts search it for
-  `t5x/configs/runs/*.gin`, which the gin/t5x files include."""
+  """The folder holding the t5x package, which t5x's scripts search."""
   import t5x  # pylint: disable=g-import-not-at-top
   return os.path.dirname(os.path.dirname(t5x.__file__))
 
 
 @contextlib.contextmanager
 def parsed_as_t5x_train(run: T5xRun):
-  """gin holding `run`'s files and bindings as `python -m t5x.train` parses
-  them: t5x's run configuration binds `__main__.train` (`import __main__
-  as train_script`), so t5x's `train` module stands as `__main__` while
-  they are parsed. Yields that module; gin is cleared before and after."""
+  """gin holding `run`'s files and bindings as `python -m t5x.train` has them.
+
+  t5x's run configuration binds `__main__.train`, so t5x's `train` module
+  stands as `__main__` while they are parsed. Yields that module; gin is
+  cleared before and after.
+  """
   script = importlib.import_module('t5x.train')
   saved = sys.modules['__main__']
   gin.clear_config()
@@ -116,8 +97,7 @@ def parsed_as_t5x_train(run: T5xRun):
 
 
 def train_arguments(script, names: Sequence[str]) -> dict[str, Any]:
-  """`t5x.train.train`'s bound arguments of `names`, evaluated as the call
-  would evaluate them (only these: a run's MODEL_DIR may be left unset)."""
+  """`t5x.train.train`'s bound arguments `names`, evaluated as in the call."""
   bound = gin.get_bindings(script.train, resolve_references=False)
   missing = [n for n in names if n not in bound]
   required = [n for n in missing if n in ('model', 'train_dataset_cfg',
@@ -133,9 +113,7 @@ def train_arguments(script, names: Sequence[str]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def t5x_rng(random_seed: Optional[int], use_hardware_rng: bool):
-  """JAX's PRNG as t5x.train sets it: the hardware generator
-  (`utils.set_hardware_rng_ops`) without a seed or with use_hardware_rng;
-  the dropout key of the step is made under it. Restored afterwards."""
+  """JAX's PRNG as t5x.train sets it, restored afterwards."""
   saved = jax.config.jax_default_prng_impl
   if use_hardware_rng or random_seed is None:
     t5x_utils.set_hardware_rng_ops()
@@ -147,16 +125,16 @@ def t5x_rng(random_seed: Optional[int], use_hardware_rng: bool):
 
 def slice_mesh(partitioner, devices: Sequence[jax.Device]
                ) -> jax.sharding.Mesh:
-  """The partitioner's mesh as t5x makes it on the slice's hosts: its own
-  `mesh` (t5x's `default_mesh`: `num_partitions`' table, or
-  `model_parallel_submesh`) computed while `jax.devices()` lists the
-  slice's devices and `jax.local_devices()` host 0's, which is all it
-  reads; the mesh is kept on the partitioner.
+  """The partitioner's mesh as t5x makes it on the slice's hosts.
+
+  Its own `mesh` (t5x's `default_mesh`), computed while `jax.devices()` lists
+  the slice's devices and `jax.local_devices()` host 0's; kept on the
+  partitioner.
 
   Raises:
-    ValueError: t5x has no default mesh for the slice and `num_partitions`
-      (it has one for TPU v2 / v3 and megacore v4 only), or the submesh does
-      not tile the slice; the message names the binding that fixes it.
+    ValueError: t5x has no default mesh for the slice and `num_partitions`,
+      or the submesh does not tile the slice; the message names the binding
+      that fixes it.
   """
   def all_devices(backend=None):
     del backend
@@ -199,11 +177,12 @@ def slice_mesh(partitioner, devices: Sequence[jax.Device]
 def batch_shapes(model, lengths: dict[str, int], rows: int, pack: bool,
                  use_custom_packing_ops: bool = False
                  ) -> dict[str, jax.ShapeDtypeStruct]:
-  """The batch t5x feeds the model: the features of its feature converter
-  (`model.FEATURE_CONVERTER_CLS`, built as t5x's `utils.get_dataset` builds
-  it) at the converter's model lengths for the task lengths `lengths`,
-  `rows` rows: `[rows, length]`, or `[rows]` for a scalar feature
-  (`task_ids` unpacked), each of the converter's dtype (int32)."""
+  """The batch t5x feeds the model, as shapes.
+
+  The features of the model's feature converter (as t5x's
+  `utils.get_dataset` builds it) at its model lengths for task lengths
+  `lengths`: `[rows, length]`, or `[rows]` for a scalar feature, int32.
+  """
   converter = model.FEATURE_CONVERTER_CLS(
       pack=pack, use_custom_packing_ops=use_custom_packing_ops)
   # The pass-through features (unpacked `task_ids`, rank 0) have their spec
@@ -222,10 +201,8 @@ def batch_shapes(model, lengths: dict[str, int], rows: int, pack: bool,
 def eos_id(model) -> tuple[int, Optional[str]]:
   """The run's end-of-sequence id, and why it is a stand-in if it is.
 
-  Decoding stops at the output vocabulary's id, which reading the vocabulary
-  gives (the paper setups': T5's SentencePiece model on GCS). Where this host
-  cannot read it, predict compiles with 1, t5x's own fallback and T5's id: a
-  constant of the program, which changes none of its shapes or costs.
+  Where this host cannot read the vocabulary, predict compiles with 1, t5x's
+  fallback and T5's id: a constant that changes no shape or cost.
   """
   try:
     return model.output_vocabulary.eos_id or 1, None
@@ -234,9 +211,7 @@ def eos_id(model) -> tuple[int, Optional[str]]:
 
 
 def _infer_step_with_indices(infer_step: Callable[..., Any], eos: int):
-  """`utils.get_infer_fn`'s step around `infer_step`: the rng and the flax
-  mutables passed where it takes them, the rows' indices returned, the
-  decode's end-of-sequence id `eos`."""
+  """`utils.get_infer_fn`'s step around `infer_step`, with `eos`."""
   signature = inspect.signature(infer_step).parameters
 
   def step(params, batch, rng, indices, flax_mutables):
@@ -250,8 +225,7 @@ def _infer_step_with_indices(infer_step: Callable[..., Any], eos: int):
 
 
 def _rows(partitioner, rows: int, setting: str) -> None:
-  """t5x's check that `rows` split over the data shards, naming the
-  setting."""
+  """t5x's check that `rows` split over the data shards, naming the setting."""
   try:
     partitioner.get_data_layout(rows)
   except ValueError as e:
@@ -285,9 +259,18 @@ def _label(model, partitioner, num_microbatches: Optional[int],
 def compile_run(run: T5xRun, devices: Sequence[jax.Device],
                 log: Callable[[str], None] = lambda _: None,
                 hlo_dir: Optional[str] = None) -> dict[str, Any]:
-  """Compiles `run`'s train, eval and predict steps for `devices` (module
-  docstring); a program that does not compile gets its error instead of
-  figures. The report reads like `tpu_compile.compile_setup`'s.
+  """Compiles `run`'s train, eval and predict steps for `devices`.
+
+  A program that does not compile gets its error instead of figures.
+
+  Args:
+    run: the t5x run.
+    devices: the slice's devices.
+    log: takes each program's line.
+    hlo_dir: where to write the programs' HLO (None: nowhere).
+
+  Returns:
+    The report, read like `tpu_compile.compile_setup`'s.
 
   Raises:
     ValueError: the mesh or a batch does not fit the slice (the message
@@ -305,8 +288,7 @@ def compile_run(run: T5xRun, devices: Sequence[jax.Device],
 def _compile_bound(run: T5xRun, bound: dict[str, Any],
                    devices: Sequence[jax.Device], log, hlo_dir
                    ) -> dict[str, Any]:
-  """`compile_run` once the run's objects are built (gin still parsed: the
-  trainer's arguments are bound)."""
+  """`compile_run` once the run's objects are built, gin still parsed."""
   model, partitioner = bound['model'], bound['partitioner']
   train_cfg = bound['train_dataset_cfg']
   mesh = slice_mesh(partitioner, devices)
@@ -424,8 +406,7 @@ def _compile_bound(run: T5xRun, bound: dict[str, Any],
 
 
 def run(args, search_paths: Sequence[str]) -> int:
-  """`--tpu_compile` of a t5x run file (`--gin_file`s, `--gin.` bindings,
-  `--topology`, `--eval_batch_size`, `--output_json`)."""
+  """`--tpu_compile` of a t5x run file, with the command's flags."""
   name = '+'.join(os.path.splitext(os.path.basename(f))[0]
                   for f in args.gin_file)
   setup = T5xRun(name=name, gin_files=list(args.gin_file),

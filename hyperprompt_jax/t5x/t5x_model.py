@@ -1,36 +1,24 @@
 """The t5x adapter: an `EncoderDecoderModel` that carries `task_ids`.
 
 t5x's `models.EncoderDecoderModel` calls the network without task ids; this
-subclass passes each batch's `task_ids` (int32 `[batch]`, added by
-`hyperprompt_jax.tasks.TaskIdsEncDecFeatureConverter`, its
-`FEATURE_CONVERTER_CLS`; packed training rows carry per-token
-`encoder_task_ids` / `decoder_task_ids` instead) to every network call:
+subclass passes each batch's (int32 `[batch]`, added by its
+`FEATURE_CONVERTER_CLS`; per-token `encoder_task_ids` / `decoder_task_ids`
+on packed rows) to every network call: initialisation (task id 0), the
+loss, eval and scoring (`_compute_logits`), and prediction, whose cache is
+created with the real task ids (`_compute_kv_cache`: HyperPrompt's decoder
+prompts are made once and kept in it, beam-expanded like every batch-major
+cache leaf) and whose steps get the beam-expanded ids.
 
-- `get_initial_variables`: task id 0 per example (shapes only);
-- `loss_fn`, `eval_fn`, `score_batch`: through `_compute_logits`;
-- `predict_batch_with_aux`: the encoder; `_compute_kv_cache`, which creates
-  the decoding cache with the real task ids, so HyperPrompt's decoder prompts
-  are generated once there and kept in the cache (`cached_prefix_key` /
-  `cached_prefix_value`, `[batch, l, heads, head_dim]`, expanded by beam
-  search like every batch-major cache leaf); and `_compute_logits_from_slice`,
-  which gets the beam-expanded ids at every step (HyperGrid's decoder
-  recomputes its gate from `encoded` and the task at each step).
+MetaBalance (gin/t5x/metabalance.gin): the model holds the run's plan and
+its moving averages as the flax collection 'metabalance', kept in the train
+state's `flax_mutables` (so checkpoints hold it);
+`metabalance_trainer.MetaBalanceTrainer` takes the gradient of
+`loss_shares`. The optimizer is `OptaxWrapper` around `make_optimizer`
+(gin/t5x/model.gin); importing this module teaches t5x's partitioner its
+state (`optax_state_axes`).
 
-MetaBalance (GRADIENT_BALANCING = 'metabalance', gin/t5x/metabalance.gin):
-the model holds the run's plan and its moving averages as the flax
-collection 'metabalance' (t5x keeps it in the train state's
-`flax_mutables`, so its checkpoints hold it and a resumed run is exact);
-`metabalance_trainer.MetaBalanceTrainer`, a `t5x.trainer.Trainer`, takes its
-gradient from the loss split by task (`loss_shares`).
-
-The optimizer of t5x runs is `t5x.optimizers.OptaxWrapper` around
-`hyperprompt_jax.training.optimizers.make_optimizer` (gin/t5x/model.gin), so both
-runners optimise identically; importing this module teaches t5x's
-partitioner its state (`optax_state_axes`).
-
-t5x is imported in this folder only (and by `steps_compile.py`, the compile
-command's t5x path), and no module outside it imports them (the gin/t5x
-files do), so the package works without t5x.
+t5x is imported in this folder only (and by `steps_compile.py`), and no
+module outside it imports them, so the package works without t5x.
 """
 
 import functools
@@ -67,30 +55,22 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   """t5x's encoder-decoder model with per-example task ids.
 
   Takes `EncoderDecoderModel`'s arguments; `module` is a
-  `hyperprompt_jax.model.network.Transformer`. Batches carry `task_ids` (int32
-  `[batch]`) beside t5x's features, or, packed (`DatasetConfig.pack =
-  True`), per-token `encoder_task_ids` / `decoder_task_ids`; a
-  task-conditioned network refuses a batch without them. The default
-  feature converter reserves Prompt-Tuning's prompt positions in packed
-  rows (`input_prompt_length`).
+  `network.Transformer`. Batches carry `task_ids` (int32 `[batch]`) beside
+  t5x's features, or, packed, per-token `encoder_task_ids` /
+  `decoder_task_ids`; a task-conditioned network refuses a batch without
+  them. The default feature converter reserves Prompt-Tuning's prompt
+  positions in packed rows and checks task ids on the host, so the network's
+  in-graph check (`T5Config.check_traced_task_ids`, a host callback that would
+  only repeat it) is left out of t5x's steps; a `feature_converter_cls` that
+  does not check (`converter_checks_batches`) keeps it.
 
-  With `gradient_balancing='metabalance'` (gin/t5x/metabalance.gin), the
-  model holds the run's MetaBalance plan (`balancing`) and its initial
-  variables the moving averages; `MetaBalanceTrainer` steps it.
-
-  Task ids are checked on the host, where t5x's data comes from: the
-  default feature converter stops the input pipeline at an id outside
-  `[0, num_tasks)` with a message naming it (`TaskIdsEncDecFeatureConverter`
-  with `num_tasks`), so the network's own in-graph check of traced ids
-  (`T5Config.check_traced_task_ids`, a host callback that would only repeat
-  it, off JAX's fast dispatch) is left out of t5x's steps. With a
-  `feature_converter_cls` that does not check (`converter_checks_batches`)
-  the network keeps its configured check.
+  With `gradient_balancing='metabalance'`, the model holds the run's plan
+  (`balancing`) and its initial variables the moving averages;
+  `MetaBalanceTrainer` steps it.
 
   Raises:
-    ValueError: at construction, when the network's `num_tasks` (gin:
-      NUM_TASKS) is smaller than the run's task list, or MetaBalance's
-      settings do not fit the run (`balancing.run_plan`).
+    ValueError: at construction, when NUM_TASKS is smaller than the run's
+      task list, or MetaBalance's settings do not fit the run.
   """
 
   FEATURE_CONVERTER_CLS = feature_converter.TaskIdsEncDecFeatureConverter
@@ -146,11 +126,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         default_decoder_params=default_decoder_params)
 
   def _task_ids(self, batch: Mapping[str, jax.Array]) -> Optional[jax.Array]:
-    """The batch's `[batch]` task ids (None for a network that ignores them).
-
-    Raises:
-      ValueError: a task-conditioned network and no `task_ids` in the batch.
-    """
+    """The batch's task ids; ValueError if a conditioned network lacks them."""
     ids = batch.get(TASK_IDS)
     if ids is None and network.is_task_conditioned(self.module.config):
       raise ValueError(
@@ -163,8 +139,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
 
   def _task_id_inputs(self, batch: Mapping[str, jax.Array]
                       ) -> dict[str, Optional[jax.Array]]:
-    """The network's task-id arguments: per-token ids of packed rows, else
-    `task_ids`."""
+    """The network's task-id arguments, per token on packed rows."""
     if inputs.is_packed(batch):
       return {k: batch[k] for k in ('encoder_task_ids', 'decoder_task_ids')}
     return {'task_ids': self._task_ids(batch)}
@@ -177,10 +152,9 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   ) -> PyTree:
     """Initial variables from the input shapes (`[batch, length]` tokens).
 
-    `network.init_variables`, as the built-in runner: placeholder tokens of
-    the token shapes, task id 0 (the parameters depend only on the
-    configuration). t5x's own shape for `task_ids` is ignored (its evaluator
-    reports `[]` features with a length of 0).
+    `network.init_variables`, as the built-in runner: the parameters depend
+    only on the configuration. t5x's own shape for `task_ids` is ignored (its
+    evaluator reports `[]` features of length 0).
     """
     del input_types  # placeholder tokens are int32
     batch, input_length = input_shapes['encoder_input_tokens']
@@ -192,8 +166,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     return flax.core.freeze(variables)  # as t5x's
 
   def _initial_balance(self, params: PyTree) -> dict[str, Any]:
-    """MetaBalance's zero moving averages as a flax collection, with its
-    `_axes` collection (replicated: a few floats per parameter tensor)."""
+    """MetaBalance's zero moving averages as a collection, with its axes."""
     shapes = metabalance.shared_state_shapes(self.balancing, params)._asdict()
     zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
     flat = traverse_util.flatten_dict(shapes)
@@ -208,8 +181,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
     """t5x's loss and metrics (`EncoderDecoderModel.loss_fn`).
 
     Raises:
-      ValueError: t5x's plain trainer passes the train state's flax
-        mutables, which only MetaBalance's moving averages make non-empty.
+      ValueError: t5x's plain trainer steps a state holding MetaBalance's
+        moving averages (its flax mutables).
     """
     if flax_mutables:
       raise ValueError(
@@ -222,8 +195,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
 
   def eval_fn(self, params: PyTree, batch: Mapping[str, jax.Array],
               flax_mutables: Optional[PyTree] = None):
-    """t5x's eval loss and metrics. MetaBalance's moving averages (t5x
-    passes the train state's flax mutables) do not enter the loss."""
+    """t5x's eval loss and metrics; the flax mutables do not enter the loss."""
     del flax_mutables
     return super().loss_fn(params, batch, None)
 
@@ -233,9 +205,8 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
                   ) -> tuple[jax.Array, Any]:
     """t5x's loss split into shares: `([shares] losses, metrics)`.
 
-    Each share is t5x's weighted cross-entropy (label smoothing, z-loss,
-    loss normalizing factor as `loss_fn`) over its tokens only, so the
-    shares sum to `loss_fn`'s loss; the metrics are `loss_fn`'s.
+    Each share is t5x's weighted cross-entropy (as `loss_fn`) over its tokens
+    only, so the shares sum to `loss_fn`'s loss; the metrics are `loss_fn`'s.
 
     Args:
       params: the parameters.
@@ -245,6 +216,9 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         (`metabalance.group_masks`).
       loss_normalizing_factor: the factor the losses are divided by (None:
         `batch`'s; a microbatch takes its whole batch's, `batch_factor`).
+
+    Returns:
+      `([shares] losses, metrics)`.
     """
     logits = self._compute_logits(params, batch, dropout_rng)
     targets = batch['decoder_target_tokens']
@@ -281,8 +255,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
         self._loss_normalizing_factor, batch)[0]
 
   def token_task_ids(self, batch: Mapping[str, jax.Array]) -> jax.Array:
-    """`[batch, target_length]`: the task id of each target token (per
-    token in packed rows, else the row's)."""
+    """`[batch, target_length]`: the task id of each target token."""
     if 'decoder_task_ids' in batch:
       return batch['decoder_task_ids']
     return jnp.broadcast_to(self._task_ids(batch)[:, None],
@@ -296,8 +269,7 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
       mutable: Any = False,
       other_variables: Optional[PyTree] = None,
   ):
-    """Teacher-forced logits `[batch, target_length, vocab]` (and the mutable
-    collections when `mutable`), as t5x's, with the batch's task ids."""
+    """Teacher-forced logits as t5x's, with the batch's task ids."""
     rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
     return self.module.apply(
         {'params': params, **(other_variables or {})},
@@ -324,16 +296,9 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
       max_decode_length: int,
       task_ids: Optional[jax.Array] = None,
   ) -> tuple[jax.Array, PyTree]:
-    """One decode step: `[batch * beams, 1]` tokens -> `[batch * beams,
-    vocab]` logits and the updated cache.
+    """One decode step: `[batch * beams, 1]` tokens -> logits and the cache.
 
-    Args:
-      decoding_state: t5x's state (`cur_token`, `cache`).
-      params: the parameters.
-      encoded_inputs: `[batch * beams, input_length, embed]`.
-      raw_inputs: `[batch * beams, input_length]` tokens (padding mask).
-      max_decode_length: the cache length.
-      task_ids: `[batch * beams]`, beam-expanded like `encoded_inputs`.
+    `task_ids` are beam-expanded like `encoded_inputs`.
     """
     token = decoding_state.cur_token
     logits, new_vars = self.module.apply(
@@ -360,27 +325,13 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
       prefill_decoder_prompt: bool = False,
       task_ids: Optional[jax.Array] = None,
   ) -> tuple[PyTree, None]:
-    """The empty decoding cache, created with the real task ids.
+    """`(cache, None)`: the empty decoding cache, made with the real task ids.
 
-    `network.create_cache`, as the built-in decoder: one `decode` call over
-    the full target shape (t5x's convention) that also stores what depends
-    only on the task and `encoded` (HyperPrompt's decoder prompts as
-    `cached_prefix_key` / `cached_prefix_value`, HyperGrid's decoder gates).
-    Unlike t5x's, it goes through `decode` with `encoded_inputs`: re-running
-    the encoder on placeholder tokens, as t5x does, would need task ids for
-    its prompts too and is wasted work.
-
-    Args:
-      params: the parameters.
-      encoded_inputs: `[batch, input_length, embed]`.
-      encoder_input_tokens: `[batch, input_length]` (padding mask).
-      decoder_input_tokens: `[batch, max_decode_length]`: only its shape.
-      prefill_decoder_prompt: unsupported (the network's `decode` has no
-        `prefill`, so t5x never asks for it).
-      task_ids: `[batch]`.
-
-    Returns:
-      `(cache, None)`: t5x's `(cache, initial_index)` without prefill.
+    `network.create_cache`, as the built-in decoder: one `decode` call over the
+    full target shape that also stores what depends only on the task and
+    `encoded`. Unlike t5x's, it goes through `decode` with `encoded_inputs`:
+    t5x's re-run of the encoder on placeholder tokens would need task ids too
+    and is wasted work. No prefill (`decode` has none).
     """
     if prefill_decoder_prompt:
       raise ValueError(
@@ -404,10 +355,9 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
   ) -> tuple[jax.Array, Mapping[str, jax.Array]]:
     """Decodes a batch with the model's `decode_fn` (t5x: beam search).
 
-    Same arguments and results as `EncoderDecoderModel`'s (`num_decodes` is
-    the beam size); the task ids enter the encoder, the cache creation and,
-    beam-expanded (`[batch * num_decodes]`), every decode step. No prompt
-    prefill (t5x disables it for a `decode` without `prefill`).
+    Same arguments and results as `EncoderDecoderModel`'s (`num_decodes` is the
+    beam size); the task ids enter the encoder, the cache and, beam-expanded,
+    every decode step. No prompt prefill.
 
     Returns:
       `(decodes, {'scores': scores})`: `[batch, max_decode_length]` and
@@ -470,10 +420,11 @@ class TaskIdsEncoderDecoderModel(models.EncoderDecoderModel):
 
 def converter_checks_batches(feature_converter_cls: Any,
                              config: network.T5Config) -> bool:
-  """Whether every batch `feature_converter_cls` makes (t5x builds each
-  dataset of a run through it, `pack` as the run says) is checked on the
-  host for a network of `config`: task ids in `[0, num_tasks)`, and packed
-  rows within HyperGrid's bound on examples a row."""
+  """Whether every batch the converter makes is checked on the host.
+
+  For a network of `config`, packed or not: task ids in `[0, num_tasks)`,
+  and packed rows within HyperGrid's bound on examples a row.
+  """
   bound = batches.RowFormat.of(config, pack=True).max_examples
   for pack in (False, True):
     try:

@@ -1,35 +1,19 @@
 """Task parameters after training: their axes, the artifact, a grown task axis.
 
-What makes these methods attractive is a small set of task parameters on one
-shared backbone. Here they are:
+- The task-conditioned parameters are those under a method's scope
+  (`param_groups`); the task-indexed ones among them carry the logical axis
+  'tasks', one entry per task id, on the axis `task_axes` reads from the
+  model's `params_axes` (the adapters' is second).
+- An artifact (`write`, `read`) is one `.npz`: the task-conditioned arrays
+  and a JSON header (methods, model settings, task list, task axes, a
+  fingerprint of the backbone). npz, not an orbax checkpoint: one
+  self-describing file to ship; not safetensors: not a dependency.
+- `grow` appends new task ids' parameters by `NEW_TASK_INIT` ('mean',
+  'copy' or 'fresh'), keeping every trained task's and the backbone.
 
-- the task-conditioned parameters are those under a method's scope
-  (`param_groups`); the *task-indexed* ones among them carry the logical axis
-  name 'tasks' (each method's AXIS_NAMES): one entry per task id (a task's
-  parameters are its entries of every task-indexed array), on the axis
-  `task_axes` reads from the model's `params_axes` (not always the first:
-  the adapters' is second);
-- an artifact (`export`) is one `.npz` file: every task-conditioned array,
-  plus a JSON header with the methods, the model settings, the task list (id
-  order), the number of tasks, each array's task axis and a fingerprint
-  of the backbone the parameters were trained with. numpy's npz rather than
-  an orbax checkpoint because it is one self-describing file of a few MB to
-  ship, and rather than safetensors because that is not in the project's
-  dependencies (an npz is a zip of `.npy` files, readable anywhere);
-- `grow` appends the parameters of new task ids (`NUM_TASKS` raised, the
-  new tasks appended to the run's list, `tasks.add_task`), by a rule
-  (`NEW_TASK_INIT`): 'mean' of the trained tasks' parameters, 'copy' of a
-  named source task's (`NEW_TASK_SOURCE`), or 'fresh' (the model's own
-  initialisation, as for a new model). Every trained task's parameters and
-  the backbone are kept as they are;
-- the runner reads how many tasks a checkpoint trained and trains the new
-  tasks' parameters alone (`checkpointing/initial_checkpoint.py`:
-  `trained_tasks`, `only_new_task_params`); this module reads no checkpoint
-  and builds no optimizer.
-
-Shapes: a task-indexed array has `T` entries on its task axis, e.g. HyperPrompt-
-Global's task embeddings `[T, t']`, prompts `[T, l, d]`, the Vanilla
-Adapter's `[layers, T, d, b]`.
+Reading checkpoints and training only new tasks live in
+`checkpointing/initial_checkpoint.py`; the artifact's use and sizes:
+docs/task_params.md.
 """
 
 import dataclasses
@@ -61,8 +45,7 @@ Flat = dict[str, np.ndarray]
 
 
 class TaskParamsError(ValueError):
-  """Task parameters that do not fit the model or the run (each problem
-  named)."""
+  """Task parameters that do not fit the model or the run."""
 
 
 def task_axes(model: network.Transformer) -> dict[str, int]:
@@ -79,10 +62,11 @@ def task_conditioned(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def backbone_fingerprint(flat: Mapping[str, np.ndarray]) -> str:
-  """A sha256 of the backbone's names, shapes and a strided sample of each
-  array's values (at most 4096 a parameter): equal backbones match, a
-  further-trained or another one does not, at a cost of milliseconds even
-  for 11B parameters."""
+  """A sha256 of the backbone's names, shapes and a strided sample of values.
+
+  At most 4096 values a parameter: equal backbones match, another or a
+  further-trained one does not, and 11B parameters hash quickly.
+  """
   digest = hashlib.sha256()
   for path in sorted(flat):
     if param_groups.is_task_conditioned(path):
@@ -95,8 +79,7 @@ def backbone_fingerprint(flat: Mapping[str, np.ndarray]) -> str:
 
 
 def model_settings(model: network.Transformer) -> dict[str, str]:
-  """The T5Config fields that fix what the task parameters mean (all but
-  `_RUNTIME_FIELDS`), flattened as in the run record."""
+  """The T5Config fields that fix what the task parameters mean."""
   return {k: v for k, v in network.model_settings(model.config).items()
           if k not in _RUNTIME_FIELDS}
 
@@ -106,14 +89,23 @@ def method_names(model: network.Transformer) -> list[str]:
           for m, _ in methods.configured(model.config)]
 
 
-# -- the artifact ----------------------------------------------------------------
+# -- the artifact --------------------------------------------------------------
 
 
 def make_header(model: network.Transformer, flat: Mapping[str, np.ndarray],
                 task_list: Sequence[str], source: str) -> dict[str, Any]:
-  """The artifact's description of the arrays in `flat` (task-conditioned
-  only) cut from the checkpoint `source`, whose parameters (backbone
-  included) are `flat`."""
+  """The artifact's header for the task-conditioned arrays of `flat`.
+
+  Args:
+    model: the model the parameters are of.
+    flat: the checkpoint `source`'s parameters by '/'-path, backbone
+      included (for its fingerprint).
+    task_list: the run's task list, in id order.
+    source: the checkpoint's path.
+
+  Returns:
+    The header, JSON-serialisable.
+  """
   axes = task_axes(model)
   return {
       'format': FORMAT,
@@ -131,9 +123,11 @@ def make_header(model: network.Transformer, flat: Mapping[str, np.ndarray],
 
 
 def check_finite(arrays: Mapping[str, np.ndarray], where: str) -> None:
-  """Raises TaskParamsError naming every array of `where` that holds NaN or
-  Inf: such values would load silently and the run would later stop on a
-  non-finite loss, blamed on the learning rate."""
+  """Raises TaskParamsError naming every array of `where` with NaN or Inf.
+
+  Such values would load silently, and the run later stop on a non-finite
+  loss blamed on the learning rate.
+  """
   bad = [f'{k} ({int(np.size(v) - np.isfinite(v).sum())} of {np.size(v)} '
          'values)' for k, v in sorted(arrays.items())
          if np.issubdtype(np.asarray(v).dtype, np.floating)
@@ -147,8 +141,11 @@ def check_finite(arrays: Mapping[str, np.ndarray], where: str) -> None:
 
 def write(path: str, arrays: Mapping[str, np.ndarray],
           header: Mapping[str, Any]) -> int:
-  """Writes the artifact atomically (temporary file, then rename); returns
-  its size in bytes. Non-finite arrays are refused (`check_finite`)."""
+  """Writes the artifact atomically; returns its size in bytes.
+
+  Raises:
+    TaskParamsError: an array holds NaN or Inf.
+  """
 
   check_finite(arrays, f'The task parameters for {path}')
 
@@ -162,7 +159,13 @@ def write(path: str, arrays: Mapping[str, np.ndarray],
 
 
 def read(path: str) -> tuple[Flat, dict[str, Any]]:
-  """`(arrays, header)` of an artifact."""
+  """`(arrays, header)` of an artifact.
+
+  Raises:
+    FileNotFoundError: no artifact at `path`.
+    TaskParamsError: not an artifact, cut short, of another format, arrays
+      that differ from the header, or non-finite values.
+  """
 
   if not epath.Path(path).exists():
     raise FileNotFoundError(
@@ -245,17 +248,17 @@ def check(header: Mapping[str, Any], model: network.Transformer,
                           + '\n  '.join(problems))
 
 
-# -- growing the task axis -------------------------------------------------------
+# -- growing the task axis -----------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class Growth:
   """How the parameters of new task ids are initialised (`NEW_TASK_INIT`).
 
-  rule: 'mean' (of the trained tasks' parameters), 'copy' (of `source`'s)
-    or 'fresh' (the model's initialisation).
-  source: the task whose parameters 'copy' takes (a name of the run's task
-    list).
+  Attributes:
+    rule: 'mean' (of the trained tasks'), 'copy' (of `source`'s) or 'fresh'
+      (the model's initialisation).
+    source: the task 'copy' takes, a name of the run's task list.
   """
   rule: str = 'mean'
   source: Optional[str] = None
@@ -273,9 +276,10 @@ def grow(flat: Mapping[str, np.ndarray], abstract: Mapping[str, Any],
          axes: Mapping[str, int], growth: Growth, trained: int,
          task_list: Sequence[str] = (),
          fresh: Optional[Mapping[str, np.ndarray]] = None) -> Flat:
-  """Gives every task-indexed array of `flat` the model's tasks: the first
-  `trained` tasks' parameters kept, the others' (ids never trained, and
-  those appended up to the model's T + k) set by `growth`'s rule.
+  """Gives every task-indexed array of `flat` the model's tasks.
+
+  The first `trained` tasks' parameters are kept, the others' (ids never
+  trained, and those appended up to the model's T + k) set by `growth`.
 
   Args:
     flat: checkpoint (or artifact) arrays by '/'-path, T tasks each.

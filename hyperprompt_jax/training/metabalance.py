@@ -18,18 +18,14 @@ paper's best). Defaults r = 0.7, β = 0.9.
 Two choices the paper leaves open, for batches drawn from a proportional
 mixture: a task absent from the batch contributes nothing and keeps its
 moving average (a zero gradient would decay m_i and blow up m_tar / m_i);
-an auxiliary whose m_i is still 0 is not rescaled (no division by zero).
+an auxiliary whose m_i is still 0 is not rescaled.
 
-`add_share` (one share's gradient added to the running total) and
-`balance` (every share's at once) are pure, pytrees in, pytrees out;
-`balance_shares` takes the per-share gradients of a loss split by task
-one after the other and balances the shared parameters' with `add_share`;
-`balanced_gradient` (one batch) and `balanced_gradient_in_parts`
-(microbatches: each share's gradient summed over the parts) feed it, for
-both runners (`trainer.train_step`, and t5x's
-through `metabalance_trainer.MetaBalanceTrainer`). This module is the pure core (jax
-and flax only); `balancing.run_plan` makes a run's plan from its gin
-settings, task list and mixture.
+The pure core (jax and flax only): `add_share` / `balance` on gradient
+pytrees; `balance_shares` over the shares' gradients taken one by one, fed
+by `balanced_gradient` (one batch) and `balanced_gradient_in_parts`
+(microbatches), for `trainer.train_step` and t5x's
+`metabalance_trainer.MetaBalanceTrainer`. `metabalance_plan.run_plan` makes a
+run's plan from its settings, task list and mixture.
 """
 
 import dataclasses
@@ -48,8 +44,9 @@ AUXILIARIES = ('each', 'all')
 class State(NamedTuple):
   """The moving averages of the gradient norms, per parameter tensor.
 
-  target: a pytree of float32 scalars (m_tar of each leaf).
-  auxiliary: a pytree of float32 `[K]` (m_i of each leaf).
+  Attributes:
+    target: a pytree of float32 scalars, each leaf's m_tar.
+    auxiliary: a pytree of float32 `[K]`, each leaf's m_i.
   """
   target: Any
   auxiliary: Any
@@ -59,20 +56,18 @@ class State(NamedTuple):
 class Settings:
   """MetaBalance's settings (gin: `METABALANCE_*` in `runs/train.gin`).
 
-  target_task: the task trained for (a name of the run's task list, and a
-    task the mixture samples).
-  relax_factor: r in [0, 1]: 0 is plain multi-task training, 1 gives each
-    auxiliary the target's magnitude.
-  beta: β in [0, 1), the moving averages' decay.
-  strategy: 'shrink', 'enlarge' or 'both'.
-  auxiliaries: 'each' (K auxiliary gradients, the paper) or 'all' (one
-    auxiliary: every other task together; 2 backward passes).
-  max_auxiliaries: None (no bound), or the most auxiliaries 'each' may
-    take, a guard on the step's time: each auxiliary is one more backward
-    pass. Memory sets no bound: the step holds about three gradients of the
-    parameters whatever K (`balanced_gradient`); what grows with K is the
-    moving averages (K floats a tensor) and the loss shares' masks (a float
-    per target token and auxiliary).
+  Attributes:
+    target_task: the task trained for (in the run's task list and sampled by
+      the mixture).
+    relax_factor: r in [0, 1]: 0 is plain multi-task training, 1 gives each
+      auxiliary the target's magnitude.
+    beta: β in [0, 1), the moving averages' decay.
+    strategy: 'shrink', 'enlarge' or 'both'.
+    auxiliaries: 'each' (K auxiliary gradients, the paper) or 'all' (one
+      auxiliary: every other task together; 2 backward passes).
+    max_auxiliaries: the most auxiliaries 'each' may take (None: no bound), a
+      guard on the step's time: each is one more backward pass. Memory sets
+      no bound: the step holds about three gradients whatever K.
   """
   target_task: Optional[str] = None
   relax_factor: float = 0.7
@@ -109,8 +104,7 @@ class Settings:
 
 
 def init(target_grads: Any, num_auxiliary: int) -> State:
-  """Zero moving averages for the leaves of `target_grads` (a gradient
-  pytree, or its shapes) and `num_auxiliary` auxiliaries."""
+  """Zero moving averages for the leaves of `target_grads` and K auxiliaries."""
   return State(
       target=jax.tree.map(lambda _: jnp.zeros((), jnp.float32), target_grads),
       auxiliary=jax.tree.map(
@@ -119,8 +113,7 @@ def init(target_grads: Any, num_auxiliary: int) -> State:
 
 def _rescales(strategy: str, m_target: jax.Array, m_aux: jax.Array
               ) -> jax.Array:
-  """Where the strategy rescales an auxiliary (bool, `m_aux`'s shape),
-  never where its moving average is 0."""
+  """Where the strategy rescales an auxiliary, never where m_aux is 0."""
   if strategy == 'shrink':
     holds = m_aux > m_target
   elif strategy == 'enlarge':
@@ -142,19 +135,11 @@ def _add_leaf_share(share: jax.Array, g: jax.Array, total: jax.Array,
                     m_tar: jax.Array, m_aux: jax.Array, present: jax.Array,
                     *, relax_factor: float, beta: float, strategy: str
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Algorithm 2 for one share's gradient of one tensor: its moving average
-  updated, the gradient rescaled and added to the running total.
+  """Algorithm 2 for one share's gradient of one tensor.
 
-  Args:
-    share: int32 scalar, 0 the target, i in 1..K auxiliary i (the target
-      must come first: an auxiliary's scale reads the updated m_tar).
-    g: the share's gradient of the tensor (any shape, any float dtype).
-    total: the running total, float32, `g`'s shape.
-    m_tar: float32 scalar; m_aux: float32 `[K]`.
-    present: `[K + 1]` bool, the target first.
-
-  Returns:
-    `(total + G_share, m_tar, m_aux)`.
+  Updates the share's moving average, rescales `g` and adds it to `total`;
+  returns `(total, m_tar, m_aux)`. The target's share (0) must come first: an
+  auxiliary's scale reads the updated m_tar.
   """
   is_target = share == 0
   here = present[share]
@@ -176,20 +161,12 @@ def _add_leaf_share(share: jax.Array, g: jax.Array, total: jax.Array,
 def add_share(share: jax.Array, grads: Any, total: Any, state: State, *,
               relax_factor: float, beta: float, strategy: str,
               present: jax.Array) -> tuple[Any, State]:
-  """One share's step of Algorithm 2 on every leaf: `(total + G_share,
-  new_state)`.
+  """One share's step of Algorithm 2 on every leaf: `(total + G_share, state)`.
 
-  Args:
-    share: int scalar (may be traced): 0 the target, i in 1..K auxiliary i.
-      The target's share must be added first (its m_tar scales the others).
-    grads: the share's gradient pytree (∇L_tar or ∇L_aux,i).
-    total: the running total, a float32 pytree of `grads`' shapes (zeros
-      before the target's share).
-    state: the moving averages (`init`).
-    relax_factor: r. beta: β. strategy: 'shrink', 'enlarge' or 'both'.
-    present: `[K + 1]` bool, the target first: whether each task has tokens
-      in the batch. An absent task contributes nothing and keeps its moving
-      average.
+  `share` (int, may be traced): 0 the target, which must come first (its m_tar
+  scales the others), i in 1..K auxiliary i; `grads`: its gradient pytree;
+  `total`: the float32 running total (zeros before the target's share); the
+  rest as `balance`'s.
   """
   leaf = functools.partial(_add_leaf_share, jnp.asarray(share, jnp.int32),
                            relax_factor=relax_factor, beta=beta,
@@ -206,8 +183,7 @@ def add_share(share: jax.Array, grads: Any, total: Any, state: State, *,
 def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
             *, relax_factor: float, beta: float, strategy: str,
             present: Optional[jax.Array] = None) -> tuple[Any, State]:
-  """One step of Algorithm 2 on every leaf, from every share's gradient at
-  once (`add_share` for the target's, then each auxiliary's).
+  """One step of Algorithm 2 on every leaf, from every share's gradient at once.
 
   Args:
     target_grads: ∇L_tar, a gradient pytree.
@@ -217,8 +193,7 @@ def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
     beta: β.
     strategy: 'shrink', 'enlarge' or 'both'.
     present: `[K + 1]` bool, the target first: whether each task has tokens
-      in the batch (None: all). An absent task contributes nothing and keeps
-      its moving average.
+      in the batch (None: all).
 
   Returns:
     `(G_tar + Σ_i G_i, new_state)`, in `target_grads`' dtypes.
@@ -239,12 +214,13 @@ def balance(target_grads: Any, auxiliary_grads: Sequence[Any], state: State,
 class Plan:
   """What one run balances (static: part of the compiled step).
 
-  settings: the checked `Settings`.
-  groups: per task id, its gradient: 0 the target, i in 1..K auxiliary i,
-    -1 a task the mixture does not train.
-  num_auxiliary: K.
-  task_rows: '/'-joined paths of the parameters with a task axis: each row
-    sees one task's gradient, so they take the plain sum, unbalanced.
+  Attributes:
+    settings: the checked `Settings`.
+    groups: per task id, its gradient: 0 the target, i in 1..K auxiliary i,
+      -1 a task the mixture does not train.
+    num_auxiliary: K.
+    task_rows: '/'-paths of the parameters with a task axis: each row sees
+      one task's gradient, so they take the plain sum, unbalanced.
   """
   settings: Settings
   groups: tuple[int, ...]
@@ -255,13 +231,20 @@ class Plan:
 def make_plan(settings: Settings, task_list: Sequence[str],
               trained_tasks: Collection[str], task_rows: Collection[str]
               ) -> Plan:
-  """The plan of a run, or a ValueError naming what does not fit.
+  """The plan of a run.
 
   Args:
     settings: MetaBalance's settings.
     task_list: the run's task list (a task's id is its position).
     trained_tasks: the tasks the mixture samples (rate > 0), by name.
     task_rows: the parameters with a task axis (`task_params.task_axes`).
+
+  Returns:
+    The `Plan`.
+
+  Raises:
+    ValueError: a setting out of range, a target task not in the list or
+      not trained, no auxiliaries, or more than `max_auxiliaries`.
   """
   settings.check()
   task_list = list(task_list)
@@ -303,22 +286,17 @@ def make_plan(settings: Settings, task_list: Sequence[str],
 
 def group_masks(plan: Plan, token_task_ids: jax.Array, num_tasks: int
                 ) -> jax.Array:
-  """`[batch, length, K + 1]` float: which share each target token's loss
-  goes to (the target first); a task outside the plan's in none.
+  """`[batch, length, K + 1]` float: the share each target token's loss goes to.
 
-  Args:
-    plan: the run's plan.
-    token_task_ids: `[batch, length]`, the task id of each target token.
-    num_tasks: the network's task-id space (ids past the plan's list are in
-      no share).
+  The target first; a task outside the plan (`token_task_ids [batch, length]`
+  past its list, up to `num_tasks`) is in none.
   """
   groups = jnp.asarray(plan.groups + (-1,) * num_tasks, jnp.int32)
   return jax.nn.one_hot(groups[token_task_ids], plan.num_auxiliary + 1)
 
 
 def shared_state_shapes(plan: Plan, params: Any) -> State:
-  """The moving averages' shapes over the parameters `plan` balances
-  (`params`: arrays or shapes; task-indexed ones are left out)."""
+  """The moving averages' shapes over the parameters `plan` balances."""
   flat = traverse_util.flatten_dict(params, sep='/')
   shared = traverse_util.unflatten_dict(
       {k: v for k, v in flat.items() if k not in plan.task_rows}, sep='/')
@@ -329,26 +307,25 @@ def shared_state_shapes(plan: Plan, params: Any) -> State:
 def balance_shares(share_grads: Callable[[jax.Array], tuple[Any, Any]],
                    params: Any, state: State, plan: Plan, present: jax.Array
                    ) -> tuple[Any, State, Any]:
-  """Algorithm 2 over the K + 1 shares' gradients taken one after the other:
-  `(grads, new_state, aux of the target's share)`.
+  """Algorithm 2 over the K + 1 shares' gradients taken one after the other.
 
-  A `lax.scan` over the shares (the target's first): each share's gradient
-  is balanced and added to running totals as soon as it is taken
-  (`add_share`), so the loop holds about three gradients of the parameters
-  whatever K (the totals, the share's gradient, the updated totals), not
-  K + 1 as the shares' gradients stacked `[K + 1, ...]` would. Algorithm 2
-  allows the order: an auxiliary's scale needs only its own norm and the
-  target's moving average. Parameters with a task axis (`plan.task_rows`)
-  take the plain sum of the shares' gradients; the others are balanced.
+  A `lax.scan` over the shares, the target's first: each share's gradient is
+  added to running totals as soon as it is taken (`add_share`), so the loop
+  holds about three gradients whatever K, not the K + 1 gradients stacked.
+  Algorithm 2 allows the order: an auxiliary's scale needs only its own norm
+  and the target's average. Parameters with a task axis (`plan.task_rows`)
+  take the plain sum.
 
   Args:
-    share_grads: `share -> (gradient of that share's loss, aux)` (share an
-      int32 scalar, traced: 0 the target, i in 1..K auxiliary i); how the
-      gradient is taken (one batch's VJP, parts summed) is the caller's.
+    share_grads: `share -> (gradient of that share's loss, aux)`, share an
+      int32 scalar, traced (0 the target, i in 1..K auxiliary i).
     params: the parameters (a nested dict; arrays or shapes).
     state: the moving averages (`init` over the shared parameters).
     plan: the run's plan.
     present: `[K + 1]` bool, whether each share has tokens in the batch.
+
+  Returns:
+    `(grads, new_state, aux of the target's share)`.
   """
   settings = plan.settings
   flat = traverse_util.flatten_dict(params, sep='/')
@@ -384,16 +361,12 @@ def balance_shares(share_grads: Callable[[jax.Array], tuple[Any, Any]],
 def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
                       params: Any, state: State, plan: Plan,
                       present: jax.Array) -> tuple[Any, State, Any]:
-  """MetaBalance's gradient of a loss split into the target's and each
-  auxiliary's share: `(grads, new_state, aux)`.
+  """MetaBalance's gradient of a loss split into shares by task.
 
-  One forward pass (`jax.vjp`), then one backward pass per share, balanced
-  as it is taken (`balance_shares`: about three gradients of memory
-  whatever K).
-  Not `jax.vmap` over the cotangents: it would hold the K + 1 gradients at
-  once, and XLA:CPU (jaxlib 0.10.2) miscompiles such batched backward passes
-  (`tests/test_metabalance.py`, `test_xla_cpu_reduces_a_broadcast_operand_
-  rightly`).
+  One forward pass (`jax.vjp`), then one backward pass per share, balanced as
+  it is taken (`balance_shares`). Not `jax.vmap` over the cotangents: it would
+  hold the K + 1 gradients at once, and XLA:CPU (jaxlib 0.10.2) miscompiles
+  such batched backward passes (`tests/test_metabalance.py`).
 
   Args:
     shares_fn: `params -> ([K + 1] loss shares, aux)`.
@@ -401,6 +374,9 @@ def balanced_gradient(shares_fn: Callable[[Any], tuple[jax.Array, Any]],
     state: the moving averages (`init` over the shared parameters).
     plan: the run's plan.
     present: `[K + 1]` bool, whether each share has tokens in the batch.
+
+  Returns:
+    `(grads, new_state, aux)`.
   """
   loss_shares, vjp_fn, aux = jax.vjp(shares_fn, params, has_aux=True)
 
@@ -418,29 +394,27 @@ def balanced_gradient_in_parts(
     num_parts: int, params: Any, state: State, plan: Plan,
     present: jax.Array, merge_aux: Optional[Callable[[Any, Any], Any]] = None
     ) -> tuple[Any, State, Any]:
-  """MetaBalance's gradient of a batch taken in `num_parts` parts
-  (microbatches): `(grads, new_state, aux merged over the parts)`.
+  """MetaBalance's gradient of a batch taken in `num_parts` microbatches.
 
-  Each share's gradient is the WHOLE batch's (its parts' gradients summed
-  before `add_share` sees it), so the norms are Algorithm 2's and the step
-  is the one-batch step's. Shares outer, parts inner (`balance_shares` over
-  the shares; in each, a `lax.scan` over the parts): the step holds one
-  more gradient than the one-batch form (the share's accumulator) and one
-  part's activations, at the cost of (K + 1) x `num_parts` forward and
-  backward passes (parts outer would hold K + 1 accumulators).
+  Each share's gradient is the whole batch's (its parts' summed before
+  `add_share`), so the step is the one-batch step. Shares outer, parts inner:
+  one more gradient than the one-batch form and one part's activations in
+  memory, for (K + 1) x `num_parts` forward and backward passes (parts outer
+  would hold K + 1 accumulators).
 
   Args:
-    part_shares_fn: `(params, part index) -> ([K + 1] loss shares of the
-      part, aux)`, each share over the whole batch's normaliser so the
-      parts' shares sum to the batch's.
+    part_shares_fn: `(params, part index) -> ([K + 1] loss shares, aux)`,
+      each share over the whole batch's normaliser so the parts' sum to the
+      batch's.
     num_parts: the number of parts.
     params: the parameters (a nested dict).
     state: the moving averages (`init` over the shared parameters).
     plan: the run's plan.
-    present: `[K + 1]` bool, whether each share has tokens in the WHOLE
-      batch.
-    merge_aux: `(aux, aux) -> aux` over the parts (None: added leaf by
-      leaf, for sums).
+    present: `[K + 1]` bool, whether each share has tokens in the batch.
+    merge_aux: `(aux, aux) -> aux` over the parts (None: leafwise sums).
+
+  Returns:
+    `(grads, new_state, aux merged over the parts)`.
   """
   merge_aux = merge_aux or functools.partial(jax.tree.map, jnp.add)
 

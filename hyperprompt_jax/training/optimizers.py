@@ -1,38 +1,21 @@
-"""The optimizer both runners use: optax Adafactor (the papers: a constant
-rate; the built-in runner takes a schedule, `schedules`).
+"""The optimizer of both runners: optax Adafactor with parameter groups.
 
-The papers fine-tune with Adafactor at a constant learning rate of 1e-3 and
-update every parameter ("All" in HyperPrompt's Table 1). `make_optimizer`
-adds what the papers leave open: per-group learning-rate multipliers (the
-HyperPrompt paper suspects new prompt parameters may want another rate), a
-switch that trains only the task-conditioned parameters (Table 1's "Task"),
-the backbone then getting neither updates nor optimizer state, and Adafactor's
-parameter scaling per group or task-conditioning scope.
+The papers fine-tune every parameter with Adafactor at a constant rate of
+1e-3 ("All" in HyperPrompt's Table 1). `make_optimizer` adds what they leave
+open: per-group learning-rate multipliers, training only the task-conditioned
+parameters (Table 1's "Task": the backbone gets neither updates nor state),
+and Adafactor's parameter scaling per group or scope. The built-in runner
+calls it (with a schedule, `schedules`); t5x runs wrap it in
+`t5x.optimizers.OptaxWrapper`.
 
-Parameter scaling. T5's Adafactor takes relative steps: each
-update is multiplied by max(1e-3, RMS(theta)), so a parameter moves in
-proportion to its own scale. That is right for every parameter initialised
-at its working scale: the backbone, HyperPrompt's prompts, embeddings and
-(hyper)networks (fan-in scaled, its Global generators deliberately small as
-they generate fan-in-scaled matrices), HyperGrid's grids, the soft prompts,
-HyperFormer++'s generators. It starves the Vanilla Adapter (Houlsby et al.,
-2019): its near-identity start, weights N(0, 0.01^2) and zero biases, lies
-one to three orders below the scale the adapter must reach, and relative
-steps grow it by at most a factor (1 + rate) a step. Measured on the
-task-separation problem (tests/test_task_separation.py; docs/methods.md,
-Optimizer):
-on a frozen MTL backbone at the papers' rate 1e-3, the adapter stays at
-chance (0.25) under relative steps. So the default, `PARAMETER_SCALE`, gives
-the 'adapter' scope absolute steps of the learning rate (no parameter
-scaling, as prompt-tuning does for its prompts), keeping Houlsby's start; it
-then separates the tasks. The scope is the adapter's alone: the other
-task-conditioned parameters (HyperPrompt-Global's small generators) fail
-under absolute steps or a larger floor (docs/methods.md, Optimizer). Every
-other variant keeps T5's relative steps, and its training is bit-identical
-to optax's Adafactor.
-
-The built-in runner calls it directly; t5x runs wrap it in
-`t5x.optimizers.OptaxWrapper`, so both optimise identically.
+Parameter scaling: T5's Adafactor multiplies each update by max(1e-3,
+RMS(theta)), right for every parameter initialised at its working scale.
+The Vanilla Adapter's near-identity start lies far below it and, growing by
+at most a factor (1 + rate) a step, stays there at the papers' rate; so
+`PARAMETER_SCALE` gives the 'adapter' scope absolute steps of the rate (as
+prompt-tuning does for its prompts). The other task-conditioned parameters
+fail under absolute steps or a larger floor; every other variant trains
+bit-identically to optax's Adafactor (docs/methods.md, "Optimizer").
 """
 
 import types
@@ -52,9 +35,8 @@ TASK_CONDITIONED = 'task_conditioned'
 FROZEN = 'frozen'
 
 
-# Adafactor's parameter-scaled (relative) steps, per group (module
-# docstring): T5's for every parameter except the Vanilla Adapter's, whose
-# near-identity start is far below its working scale.
+# Adafactor's relative steps per group: T5's, except for the Vanilla
+# Adapter's near-identity start, far below its working scale.
 PARAMETER_SCALE = types.MappingProxyType({BACKBONE: True,
                                           TASK_CONDITIONED: True,
                                           'adapter': False})
@@ -66,9 +48,10 @@ EMBEDDING_SCOPE = 'token_embedder'
 
 def parameter_labels(params: Any, train_only_task_conditioned: bool,
                      freeze_embeddings: bool = False) -> Any:
-  """The tree of `params` with each leaf replaced by its group label, in the
-  same container type (t5x passes `FrozenDict`s; optax needs the label tree
-  to match the parameter tree exactly)."""
+  """`params` with each leaf replaced by its group label, same container type.
+
+  t5x passes `FrozenDict`s, and optax needs the label tree to match exactly.
+  """
   flat = traverse_util.flatten_dict(flax.core.unfreeze(params))
   labels = {}
   for path, _ in flat.items():
@@ -90,10 +73,8 @@ def scale_by_parameter_scale(
 ) -> optax.GradientTransformation:
   """Adafactor's relative step, with the floor chosen per parameter.
 
-  `optax.scale_by_param_block_rms` multiplies every update by
-  max(floor, RMS(parameter)) with one floor for all; here `floor(path)` gives
-  each parameter's (its path: a tuple of names), None meaning no scaling
-  (steps of the learning rate). Same arithmetic and (empty) state.
+  As `optax.scale_by_param_block_rms` (same arithmetic, empty state), but
+  `floor(path)` gives each parameter's floor, None for steps of the rate.
   """
 
   def update_fn(updates, state, params):
@@ -119,9 +100,8 @@ def adafactor(learning_rate: float | optax.Schedule,
               ) -> optax.GradientTransformation:
   """`optax.adafactor`'s chain with a per-parameter scale floor.
 
-  The same transformations in the same order as `optax.adafactor` with
-  `multiply_by_parameter_scale=True` (same state tree, same arithmetic where
-  `floor` gives 1e-3), which takes one floor for every parameter.
+  Its transformations in its order, with `multiply_by_parameter_scale=True`:
+  the same state tree, and the same arithmetic where `floor` gives 1e-3.
   """
   chain = [optax.scale_by_factored_rms(
       decay_rate=decay_rate, min_dim_size_to_factor=min_dim_size_to_factor)]
@@ -146,32 +126,27 @@ def make_optimizer(
     min_parameter_scale: float | Mapping[str, float] = T5_MIN_SCALE,
     min_dim_size_to_factor: int = 128,
 ) -> optax.GradientTransformation:
-  """Adafactor (T5's settings) at a constant or scheduled rate, with
-  parameter groups.
+  """Adafactor (T5's settings) at a constant or scheduled rate, with groups.
 
   The groups are 'backbone' and 'task_conditioned' (`param_groups`). The
-  parameter-scale settings take one value for every parameter or a mapping
-  whose keys are groups or task-conditioning scopes
-  (`param_groups.TASK_CONDITIONED_SCOPES`, e.g. 'adapter'); a scope's entry
-  overrides 'task_conditioned' for the parameters under it.
+  parameter-scale settings take one value or a mapping keyed by groups or
+  task-conditioning scopes (e.g. 'adapter'); a scope's entry overrides
+  'task_conditioned' for the parameters under it.
 
   Args:
     learning_rate: the constant rate (papers: 1e-3), or a schedule of the
-      update count (`schedules.create_learning_rate_scheduler`; the count
-      is saved in the optimizer state, so a resumed run continues it).
+      update count, which the optimizer state keeps across a resume.
     train_only_task_conditioned: freeze the backbone; only parameters under a
-      task-conditioning scope (`param_groups`) are updated.
-    freeze_embeddings: keep the token embedding fixed (the HyperGrid paper's
-      fine-tuning).
+      task-conditioning scope are updated.
+    freeze_embeddings: keep the token embedding fixed (the HyperGrid paper).
     learning_rate_multipliers: `{'backbone': x, 'task_conditioned': y}`
       scaling the rate per group (missing groups: 1.0).
     decay_rate: Adafactor's second-moment decay exponent (T5: 0.8).
     clipping_threshold: Adafactor's update clipping (T5: 1.0).
     multiply_by_parameter_scale: relative steps, scaled by max(floor,
-      RMS(parameter)) (T5: True); False: steps of the learning rate. Missing
-      keys: True. Default: `PARAMETER_SCALE` (module docstring).
-    min_parameter_scale: the floor, Adafactor's eps2 (T5: 1e-3; missing
-      keys: 1e-3).
+      RMS(parameter)) (T5: True); False: steps of the rate. Missing keys:
+      True. Default: `PARAMETER_SCALE`.
+    min_parameter_scale: the floor, Adafactor's eps2 (missing keys: 1e-3).
     min_dim_size_to_factor: factor second moments of larger dimensions.
 
   Returns:
@@ -227,8 +202,7 @@ def make_optimizer(
 
 def _check_number(name: str, value: Any, macro: Optional[str] = None
                   ) -> None:
-  """A positive real number, or a ValueError before any step is compiled
-  (a quoted gin value, `'1e-3'`, would otherwise fail in the first step)."""
+  """A positive real number, or a ValueError before any step compiles."""
   if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
       0 < value < float('inf')):
     hint = f' (--gin.{macro}=1e-3, unquoted)' if macro else ''
@@ -243,10 +217,7 @@ def _names(path) -> tuple[str, ...]:
 
 def _per_group(value: Any, missing: Any, name: str,
                scopes: bool = True) -> dict[str, Any]:
-  """A setting for every parameter, or a mapping from groups (and, with
-  `scopes`, task-conditioning scopes) to settings -> `{key: setting}` for
-  'backbone', 'task_conditioned' (and every scope: its own entry, else
-  'task_conditioned''s)."""
+  """A setting, or a mapping by group and scope -> `{group or scope: value}`."""
   groups = (BACKBONE, TASK_CONDITIONED)
   all_scopes = sorted(param_groups.TASK_CONDITIONED_SCOPES) if scopes else []
   if not isinstance(value, Mapping):
@@ -271,22 +242,21 @@ class TaskParamsState(NamedTuple):
 def only_task_params(inner: optax.GradientTransformation,
                      tasks: Mapping[str, tuple[int, int]]
                      ) -> optax.GradientTransformation:
-  """Trains only some tasks' parameters (slices of the task-indexed
-  arrays, along their task axis); everything else gets zero updates and
-  no optimizer state.
+  """Trains only some tasks' slices of the task-indexed arrays.
 
-  Adding a task to a trained model (`task_params`): the new tasks'
-  parameters learn, the backbone, the shared hypernetworks and the trained
-  tasks' parameters stay bit-identical. optax's `masked` /
-  `multi_transform` freeze whole arrays; here the frozen part is a slice of
-  one, so `inner` runs on the trainable slices alone (its state, e.g.
-  Adafactor's moments and its relative step's RMS, is over those slices
-  only).
+  Everything else gets zero updates and no optimizer state: adding a task to
+  a trained model leaves the backbone, the shared hypernetworks and the
+  trained tasks' parameters bit-identical. optax's `masked` freezes whole
+  arrays; here `inner` runs on the trainable slices alone, its state (e.g.
+  the RMS of the relative step) over them only.
 
   Args:
     inner: the optimizer of the trainable slices (`make_optimizer`'s).
-    tasks: `{'/'-path: (axis, first)}`: of the task-indexed parameter at
-      path, the tasks `first:` along its task axis `axis` train.
+    tasks: `{'/'-path: (axis, first)}`: the tasks `first:` along axis `axis`
+      of that parameter train.
+
+  Returns:
+    The optax transformation.
   """
   if not tasks:
     raise ValueError('only_task_params needs at least one trainable slice: '

@@ -1,8 +1,9 @@
-"""A training run's settings, as one object: `RunSettings`, bound by
-gin/runs/train.gin from t5x's macro names (MODEL_DIR, TRAIN_STEPS,
-BATCH_SIZE, ...) and checked when made, so that `train` and its parts take a
-settings object that is whole and valid. The checks that need the model or
-the devices (the task count, the mesh, MetaBalance's plan) are `train`'s."""
+"""A training run's settings as one object, `RunSettings`, checked when made.
+
+gin/runs/train.gin binds it from t5x's macro names (MODEL_DIR, TRAIN_STEPS,
+BATCH_SIZE, ...). The checks that need the model or the devices (the task
+count, the mesh, MetaBalance's plan) are `train`'s.
+"""
 
 import dataclasses
 import os
@@ -18,10 +19,11 @@ from hyperprompt_jax.training import schedules
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """The built-in runner's settings for one run (gin: the macros of
-  runs/train.gin; their docs there). Made only valid: each setting is
-  checked when the object is made, and a bad one raises ValueError naming
-  its macro and a fix, before anything is written, loaded or compiled.
+  """The built-in runner's settings for one run (gin: runs/train.gin's macros).
+
+  Each setting is checked when the object is made: a bad one raises
+  ValueError naming its macro and a fix, before anything is written, loaded
+  or compiled.
 
   Attributes:
     model_dir: checkpoints, summaries and the gin config go here.
@@ -36,46 +38,35 @@ class RunSettings:
     log_period: steps between progress lines and summaries.
     seed: parameters, dropout (`fold_in(seed, step)`) and data order.
     z_loss: t5x's z-loss coefficient.
-    mesh_data, mesh_model: the device mesh (-1: the remaining devices).
+    mesh_data: the mesh's data axis (-1: the remaining devices).
+    mesh_model: the mesh's model axis.
     pack: pack several examples per row (T5's fine-tuning default), each
-      token carrying its example's task id (HyperGrid, Output Gating: at
-      most MAX_SEGMENTS examples a row, each gated by its own weights).
+      token with its example's task id.
     use_cached_tasks: read seqio's offline cache.
-    task_params_path: a `task_params` artifact (export_task_params) placed
-      on the backbone of `initial_checkpoint_path`.
-    new_task_init: how the parameters of task ids the initial checkpoint
-      (or artifact) lacks start: 'mean' of its trained tasks', 'copy' of
-      `new_task_source`'s, or 'fresh' (`task_params.grow`).
+    task_params_path: a `task_params` artifact placed on the backbone of
+      `initial_checkpoint_path`.
+    new_task_init: how task ids the initial checkpoint lacks start: 'mean',
+      'copy' or 'fresh' (`task_params.grow`).
     new_task_source: the task 'copy' copies.
-    train_only_new_tasks: train only those new tasks' parameters
-      (`optimizers.only_task_params`): the backbone, shared hypernetworks
-      and the trained tasks' parameters stay bit-identical.
-    restart_data_on_layout_change: resuming with the data cut into another
-      number of shards (another process count or MESH_MODEL,
-      `multihost.data_layout`) restores the parameters and optimizer state
-      and starts the data stream afresh, instead of refusing.
-    gradient_balancing: None (the loss's gradient) or 'metabalance'
-      (auxiliary learning for one target task: `metabalance`).
-    metabalance_settings: MetaBalance's settings (gin: the METABALANCE_*
-      macros).
-    num_microbatches: take each batch's gradient in this many parts, summed
-      into one update (t5x's meaning; None or 1: whole batches): the
-      activations of one part in memory, the one-batch update (with
-      MetaBalance too: each share's gradient summed over the parts).
-    learning_rate_schedule: the schedule the optimizer follows (gin: the
-      same `@schedules.create_learning_rate_scheduler()` as
-      `make_optimizer.learning_rate`): recorded with each checkpoint (a
-      resume with another is refused) and logged as `learning_rate`. None:
-      neither (the optimizer's rate is its own).
-    eval_period: decode the validation sets of the run's tasks every this
-      many steps and at the last step (t5x's `eval_period`; the train
-      command's evaluation); None: never.
-    eval_examples_per_task: score the first this many examples of each
-      task (None: all, `eval`'s scores).
-    eval_batch_size: examples per decode call (as `eval`'s).
-    keep_best_by: a task or average (the evaluation's, e.g.
-      'glue_average'): its best-scoring checkpoint is kept beside the last
-      `keep_checkpoints`, and named in the run record; every evaluation
+    train_only_new_tasks: train only the new tasks' parameters
+      (`optimizers.only_task_params`).
+    restart_data_on_layout_change: resuming with the data in another number
+      of shards (`multihost.data_layout`) restarts the data stream instead of
+      refusing.
+    gradient_balancing: None (the loss's gradient) or 'metabalance'.
+    metabalance_settings: MetaBalance's (gin: the METABALANCE_* macros).
+    num_microbatches: each batch's gradient in this many parts, summed into
+      one update (t5x's meaning; None or 1: whole batches).
+    learning_rate_schedule: the optimizer's schedule (the same gin reference
+      as `make_optimizer.learning_rate`), recorded with each checkpoint (a
+      resume with another is refused) and logged; None: neither.
+    eval_period: decode the run's validation sets every this many steps and
+      at the last (t5x's `eval_period`); None: never.
+    eval_examples_per_task: score each task's first this many examples
+      (None: all).
+    eval_batch_size: examples per decode call.
+    keep_best_by: a task or average (e.g. 'glue_average') whose best
+      checkpoint is kept beside the last `keep_checkpoints`; every evaluation
       then saves a checkpoint.
   """
   model_dir: str = gin.REQUIRED
