@@ -304,14 +304,17 @@ def _gated_matmul_kernel(starts_ref, ends_ref, groups_ref, x_ref, w_ref,
 
 def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
                               w_ref, gates_ref, dw_ref, dgates_ref, part_ref,
-                              *, num_groups: int, block_in: int,
+                              acc_ref, *, num_groups: int, block_in: int,
                               block_out: int, mxu_dtype):
   column_tile, row = pl.program_id(1), pl.program_id(2)
   tile_in, tile_out = w_ref.shape
 
+  # `w`'s gradient is summed over the rows in float32 in VMEM and written
+  # once, in `w`'s dtype: the same bits as a float32 output cast after the
+  # kernel, without its float32 write and read in HBM.
   @pl.when(row == 0)
   def _():
-    dw_ref[...] = jnp.zeros_like(dw_ref)
+    acc_ref[...] = jnp.zeros_like(acc_ref)
 
   dgates_ref[...] = jnp.zeros_like(dgates_ref)
   w = w_ref[...].astype(jnp.float32)
@@ -331,8 +334,8 @@ def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
 
     windows(accumulate)
     part = part_ref[...]
-    dw_ref[...] += part * _gate_tile(gates_ref[0, g, 0], block_in, block_out,
-                                     tile_out, column_tile)
+    acc_ref[...] += part * _gate_tile(gates_ref[0, g, 0], block_in,
+                                      block_out, tile_out, column_tile)
     row_sums = jnp.sum(
         (part * w).reshape(tile_in // block_in, block_in, tile_out), axis=1)
     dgates_ref[0, 0, 0, g] = jnp.dot(
@@ -341,6 +344,10 @@ def _gated_weight_grad_kernel(starts_ref, ends_ref, groups_ref, x_ref, dy_ref,
 
   _for_each_group(row, num_groups, starts_ref, ends_ref, x_ref, groups_ref,
                   on_group)
+
+  @pl.when(row == pl.num_programs(2) - 1)
+  def _():
+    dw_ref[...] = acc_ref[...].astype(dw_ref.dtype)
 
 
 def _mxu_dtype(dtype) -> jnp.dtype:
@@ -450,7 +457,7 @@ def _gated_matmul(x: Array, w: Array, gates: Array, groups: Array,
 def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
                        groups: Array, starts: Array,
                        ends: Array) -> tuple[Array, Array]:
-  """`_gated_matmul`'s float32 gradients for `w` and for its gates."""
+  """`_gated_matmul`'s gradients: `w`'s in its dtype, the gates' float32."""
   rows, length, d_in = x.shape
   d_out = w.shape[1]
   num_groups, k_in, k_out = gates.shape[1:]
@@ -465,14 +472,16 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
       + 4 * rows * num_groups * d_in * d_out,
       transcendentals=0,
       bytes_accessed=(grid[1] * x.size + grid[0] * dy.size + w.size) * itemsize
-      + (grid[0] * grid[1] + 1) * gates.size * 4 + w.size * 4
+      # A row's gates of an input tile read once an output tile; their
+      # gradients written once.
+      + (grid[1] + 1) * gates.size * 4 + w.size * w.dtype.itemsize
       + rows * length * 4 * grid[0] * grid[1])
   kernel = functools.partial(
       _gated_weight_grad_kernel, num_groups=num_groups, block_in=block_in,
       block_out=block_out, mxu_dtype=_mxu_dtype(x.dtype))
   dw, dgates = _call(
       kernel,
-      (jax.ShapeDtypeStruct((d_in, d_out), jnp.float32),
+      (jax.ShapeDtypeStruct((d_in, d_out), w.dtype),
                  jax.ShapeDtypeStruct(
                      grid + (num_groups, tile_in // block_in,
                              tile_out // block_out), jnp.float32)), grid, 2,
@@ -491,7 +500,8 @@ def _gated_weight_grad(x: Array, dy: Array, w: Array, gates: Array,
                         tile_out // block_out),
                        lambda k, n, r, *_: (k, n, r, 0, 0, 0)),
       ],
-      scratch=[pltpu.VMEM((tile_in, tile_out), jnp.float32)],
+      scratch=[pltpu.VMEM((tile_in, tile_out), jnp.float32),
+               pltpu.VMEM((tile_in, tile_out), jnp.float32)],
       cost=cost)(starts, ends, groups[..., None], x, dy, w,
                  _tiled(gates, grid[0]))
   # [tiles in, tiles out, rows, G, in blocks a tile, out blocks a tile]
