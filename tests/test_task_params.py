@@ -527,3 +527,27 @@ def test_sizes_count_the_task_parameters_in_float32():
       v.size for k, v in params.items() if 'hyperprompt' in k)
   assert got['params'] == 4 * sum(v.size for v in params.values())
   assert 0 < got['optimizer_state'] < got['params']
+
+
+def test_a_missing_initial_checkpoint_is_refused_except_by_a_compile(
+    tmp_path):
+  """A run from a local INITIAL_CHECKPOINT_PATH that is not there stops at
+  its settings; the compile command, which reads no checkpoint, builds the
+  same settings (`COMPILE_ONLY`) on a host without the checkpoint."""
+  settings = dict(
+      mixture_or_task_name='fixture_glue_proportional',
+      task_feature_lengths={'inputs': 64, 'targets': 8}, train_steps=10,
+      batch_size=8, optimizer=optimizers.make_optimizer(),
+      initial_checkpoint_path=str(tmp_path / 'absent' / 'checkpoint_1000'),
+      train_only_new_tasks=True)
+  with pytest.raises(ValueError, match='INITIAL_CHECKPOINT_PATH .* does not '
+                     'exist'):
+    run_settings.RunSettings(model_dir=str(tmp_path / 'run'), **settings)
+  compiled = run_settings.RunSettings(model_dir=run_settings.COMPILE_ONLY,
+                                      **settings)
+  assert compiled.train_only_new_tasks
+  # TRAIN_ONLY_NEW_TASKS still needs a path set, compile or not.
+  settings['initial_checkpoint_path'] = None
+  with pytest.raises(ValueError, match='TRAIN_ONLY_NEW_TASKS needs '
+                     'INITIAL_CHECKPOINT_PATH'):
+    run_settings.RunSettings(model_dir=run_settings.COMPILE_ONLY, **settings)

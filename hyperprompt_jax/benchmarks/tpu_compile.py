@@ -839,12 +839,11 @@ def gin_setup(name: str, gin_files: Sequence[str],
   try:
     gin_utils.parse_gin(gin_files, bindings, search_paths)
     model = gin.get_configurable(network.Transformer)()
-    # A compile writes nothing: MODEL_DIR need not be set.
+    # A compile writes nothing and reads no checkpoint (COMPILE_ONLY).
     settings = gin.get_configurable(run_settings.RunSettings)(
-        model_dir='(compile only)')
-    setup = settings_setup(name, model, settings, metabalance_plan.run_plan(
-        settings.gradient_balancing, settings.metabalance_settings, model,
-        settings.mixture_or_task_name))
+        model_dir=run_settings.COMPILE_ONLY)
+    setup = settings_setup(name, model, settings,
+                           metabalance_plan.settings_plan(settings, model))
   finally:
     gin.clear_config()
   return setup

@@ -178,9 +178,7 @@ def _resolve(settings: run_settings.RunSettings,
   if settings.eval_period:
     evaluation.check_tasks(settings.mixture_or_task_name,
                            settings.keep_best_by)
-  balancing = metabalance_plan.run_plan(
-      settings.gradient_balancing, settings.metabalance_settings, model,
-      settings.mixture_or_task_name)
+  balancing = metabalance_plan.settings_plan(settings, model)
   mesh = partitioning.create_mesh(settings.mesh_data, settings.mesh_model)
   if settings.batch_size % mesh.shape['data']:
     data = mesh.shape['data']

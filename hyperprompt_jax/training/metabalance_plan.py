@@ -12,6 +12,7 @@ from hyperprompt_jax.common import input_pipeline
 from hyperprompt_jax.model import network
 from hyperprompt_jax.tasks import task_ids
 from hyperprompt_jax.training import metabalance
+from hyperprompt_jax.training import run_settings
 
 
 def run_plan(gradient_balancing: Optional[str],
@@ -46,3 +47,10 @@ def run_plan(gradient_balancing: Optional[str],
       [task_ids.canonical_task(t)
        for t in input_pipeline.sampled_tasks(mixture_or_task_name)],
       task_params.task_axes(model))
+
+
+def settings_plan(settings: run_settings.RunSettings,
+                  model: network.Transformer) -> Optional[metabalance.Plan]:
+  """`run_plan` of a built-in run's settings (the loop's and its compile's)."""
+  return run_plan(settings.gradient_balancing, settings.metabalance_settings,
+                  model, settings.mixture_or_task_name)

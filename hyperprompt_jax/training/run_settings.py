@@ -16,6 +16,12 @@ from hyperprompt_jax.training import metabalance
 from hyperprompt_jax.training import schedules
 
 
+# The MODEL_DIR of settings made only to compile a run for a slice (the
+# `compile` command): it writes nothing and reads no checkpoint, so a local
+# INITIAL_CHECKPOINT_PATH need not exist on the compiling host.
+COMPILE_ONLY = '(compile only)'
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
@@ -163,7 +169,8 @@ class RunSettings:
       if not isinstance(path, str):
         raise ValueError('INITIAL_CHECKPOINT_PATH must be a quoted path or '
                          f'None, got {path!r}.')
-      if '://' not in path and not os.path.isdir(path):
+      if ('://' not in path and self.model_dir != COMPILE_ONLY
+          and not os.path.isdir(path)):
         raise ValueError(f'INITIAL_CHECKPOINT_PATH {path!r} does not exist: '
                          'give a t5x checkpoint_<step> folder.')
     _ = self.growth  # raises on a bad NEW_TASK_INIT or NEW_TASK_SOURCE
