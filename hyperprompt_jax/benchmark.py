@@ -202,6 +202,9 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--peak_tflops', type=float, default=None,
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "
                            "from the device's kind; a CPU has none)")
+  parser.add_argument('--num_layers', type=int, default=None,
+                      help="--mfu: layers a stack (default: --model's); "
+                           'fewer for a quick run')
   parser.add_argument('--output_json', default=None,
                       help='--mfu, --tpu_compile: the JSON of the figures, '
                            'rewritten after each variant or setup')

@@ -20,8 +20,11 @@ needs_libtpu = conftest.needs_libtpu
 def _command(*flags: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1',
              ALLOW_MULTIPLE_LIBTPU_LOAD='1')
-  # TPU programs stay out of the session's cache of CPU programs.
-  env.pop('JAX_COMPILATION_CACHE_DIR', None)
+  if '--compile' in flags:
+    # TPU programs stay out of the session's cache of CPU programs; the
+    # CPU run shares it (its checks' and timed steps' parameters are one
+    # program, compiled once).
+    env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return subprocess.run(
       [sys.executable, '-m', 'hyperprompt_jax.benchmarks.kernel_acceptance',
        *flags], env=env, capture_output=True, text=True, timeout=900,
@@ -31,16 +34,19 @@ def _command(*flags: str) -> subprocess.CompletedProcess:
 def test_acceptance_runs_at_a_tiny_size(tmp_path):
   """(a) a kernel test in its own process, (b) the kernel form against the
   XLA form, (c) both forms' steps timed, (d) MFU (none on a CPU: no peak);
-  the JSON has them all."""
+  the JSON has them all. One layer a stack: HyperGrid's kernels run in an
+  encoder and a decoder layer, as in more."""
   out = tmp_path / 'kernels.json'
   run = _command(
-      '--model=t5_1_1_tiny', '--batch_size=2', '--input_length=32',
-      '--target_length=8', '--variants=hypergrid_lg', '--checks=float32',
-      '--steps=1', '--warmup_steps=0', f'--output_json={out}',
+      '--model=t5_1_1_tiny', '--num_layers=1', '--batch_size=2',
+      '--input_length=32', '--target_length=8', '--variants=hypergrid_lg',
+      '--checks=float32', '--steps=1', '--warmup_steps=0',
+      f'--output_json={out}',
       '--tests=per_task_matmul_matches_numpy_token_by_token and 20-32-24')
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   report = json.loads(out.read_text())
   assert report['passed'] and report['platform'] == 'cpu'
+  assert report['num_layers'] == 1
   assert report['tests']['status'] == 'passed', report['tests']
   assert '1 passed' in report['tests']['summary']
   entry = report['variants']['hypergrid_lg']

@@ -86,21 +86,23 @@ def test_totals_equal_the_formula(size):
   assert summary['ratio'] == 1.0
 
 
-def test_published_sizes():
-  # The usual names of these models: 77M / 248M / 783M / 2.85B / 11.1B.
-  millions = {f.stem: _table(str(f))['total_parameters'] / 1e6
-              for f in GIN_MODELS}
-  assert round(millions['t5_1_1_small']) == 77
-  assert round(millions['t5_1_1_base']) == 248
-  assert round(millions['t5_1_1_large']) == 783
-  assert round(millions['t5_1_1_xl'], -1) == 2850
-  assert round(millions['t5_1_1_xxl'], -2) == 11100
-  assert round(millions['t5_base']) == 223  # v1.0: tied logits, d_ff 3072
-  # T5 v1.0 Large / 3B / 11B (HyperGrid's larger models): the T5 paper's
-  # "770M", "3B", "11B" name them loosely; the tied-logits counts are these.
-  assert round(millions['t5_large']) == 738
-  assert round(millions['t5_3b'], -1) == 2850
-  assert round(millions['t5_11b'], -2) == 11300
+# The usual names of these models, in millions of parameters, and the
+# digits they are rounded to (`round`'s): 77M / 248M / 783M / 2.85B /
+# 11.1B; T5 v1.0 (tied logits, Base's d_ff 3072) Base 223M, and Large / 3B /
+# 11B (HyperGrid's larger models), which the T5 paper's "770M", "3B", "11B"
+# name loosely: the tied-logits counts are these. Checked by
+# `test_param_table_json_for_every_model_gin`, one model a test.
+PUBLISHED_MILLIONS = {
+    't5_1_1_small': (77, 0), 't5_1_1_base': (248, 0),
+    't5_1_1_large': (783, 0), 't5_1_1_xl': (2850, -1),
+    't5_1_1_xxl': (11100, -2), 't5_base': (223, 0), 't5_large': (738, 0),
+    't5_3b': (2850, -1), 't5_11b': (11300, -2),
+}
+
+
+def test_published_sizes_are_gin_models():
+  """Every published size is checked: its model has a gin file."""
+  assert set(PUBLISHED_MILLIONS) <= {f.stem for f in GIN_MODELS}
 
 
 # T5 v1.0 (t5x/examples/t5/t5_1_0/*.gin): d_model, heads, head_dim, d_ff,
@@ -140,6 +142,9 @@ def test_param_table_json_for_every_model_gin(gin_file):
   sizes = [int(np.prod(s)) for s in summary['parameters'].values()]
   assert sum(sizes) == summary['total_parameters']
   assert all(not k.startswith('params/') for k in summary['parameters'])
+  if gin_file.stem in PUBLISHED_MILLIONS:
+    millions, digits = PUBLISHED_MILLIONS[gin_file.stem]
+    assert round(summary['total_parameters'] / 1e6, digits) == millions
 
 
 def test_tiny_dims_shard_on_a_2x4_mesh():

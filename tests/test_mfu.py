@@ -135,8 +135,9 @@ for name in {blocked!r}:
 
 
 def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
-  """tools/device_benchmark.sh at the tiny model, one variant, as on a bare
-  accelerator image (TensorFlow, seqio, tfds, orbax and gin unimportable)."""
+  """tools/device_benchmark.sh at the tiny model (one layer a stack), one
+  variant, as on a bare accelerator image (TensorFlow, seqio, tfds, orbax
+  and gin unimportable)."""
   site = tmp_path / 'site'
   site.mkdir()
   (site / 'sitecustomize.py').write_text(_BLOCKER.format(blocked=(
@@ -147,12 +148,14 @@ def test_device_script_runs_on_a_cpu_without_tensorflow_or_gin(tmp_path):
          'PATH': f'{os.path.dirname(sys.executable)}:{os.environ["PATH"]}'}
   result = subprocess.run(
       ['bash', str(ROOT / 'tools' / 'device_benchmark.sh'),
-       '--model=t5_1_1_tiny', '--dtype=float32', '--batch_size=2',
-       '--input_length=32', '--target_length=8', '--variants=adapter',
-       '--warmup_steps=0', '--steps=1', '--peak_tflops=1'],
+       '--model=t5_1_1_tiny', '--num_layers=1', '--dtype=float32',
+       '--batch_size=2', '--input_length=32', '--target_length=8',
+       '--variants=adapter', '--warmup_steps=0', '--steps=1',
+       '--peak_tflops=1'],
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   report = json.loads((out / 'mfu.json').read_text())
+  assert report['num_layers'] == 1
   assert [(r['variant'], r['form'], r['rows'])
           for r in report['rows']] == [
               ('mtl', 'auto', 'packed'), ('adapter', 'written', 'packed'),

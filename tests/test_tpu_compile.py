@@ -6,10 +6,12 @@ compiles, for `v5e:2x2`, the built-in runner's training step and the
 evaluator's decode of the tiny model of every method, the batch split over
 'data' (and the parameters over a 'model' axis of 2); and t5x's train, eval
 and predict steps through t5x's partitioner (skipped without t5x). Each
-test compiles in one subprocess. libtpu allows one process at a time on a
-machine (`/tmp/libtpu_lockfile`) unless `ALLOW_MULTIPLE_LIBTPU_LOAD=1`:
-these processes set it, since they only compile (no TPU is opened), so
-pytest-xdist's workers, or another checkout's suite, may compile at once."""
+test compiles in one subprocess (the methods' programs in three parts,
+tests that pytest-xdist's workers run side by side). libtpu allows one
+process at a time on a machine (`/tmp/libtpu_lockfile`) unless
+`ALLOW_MULTIPLE_LIBTPU_LOAD=1`: these processes set it, since they only
+compile (no TPU is opened), so pytest-xdist's workers, or another
+checkout's suite, may compile at once."""
 
 import json
 import os
@@ -96,35 +98,58 @@ def _problems(key: str, program: dict, meshes: dict, batch: int
   return problems
 
 
-@needs_libtpu
-def test_every_method_compiles_for_a_tpu_slice(tmp_path):
-  report = _compile(tmp_path / 'tpu_programs.json')
-  controls = report['controls']
-  # The references: a program with a host callback shows one; the network
-  # checking its own task ids in the step compiles on a split batch too
-  # (on a TPU, a callback of the first device: `conditioning._call_on_host`).
-  assert controls['callback_found']
-  assert controls['in_graph_check_error'] is None
-  # Compiled for a TPU slice, 'auto' picks the TPU's forms, not the CPU's
-  # (the host's backend).
-  assert controls['auto_forms'] == {'platform': 'tpu',
-                                    'gradient_form': 'autodiff',
-                                    'packed_form': 'pallas',
-                                    'adapter_form': 'pallas',
-                                    'prompt_form': 'all_tasks'}
+# `tpu_programs.PARTS`, one test each.
+PARTS = ('mtl_hyperprompt', 'hypergrid', 'gates_adapters_prompts')
 
+
+def test_the_parts_hold_every_model_once():
+  """`test_every_method_compiles_for_a_tpu_slice` compiles the models in
+  parts (`tpu_programs.PARTS`): together, every model of `MODELS`, once."""
   import tpu_programs  # pylint: disable=g-import-not-at-top
+  assert sorted(tpu_programs.PARTS) == sorted(PARTS)
+  parts = [name for part in tpu_programs.PARTS.values() for name in part]
+  assert sorted(parts) == sorted(tpu_programs.MODELS)
+  assert 'mtl' in tpu_programs.PARTS[tpu_programs.CONTROLS_PART]
+
+
+@needs_libtpu
+@pytest.mark.parametrize('part', PARTS)
+def test_every_method_compiles_for_a_tpu_slice(tmp_path, part):
+  """Each part of the models (`tpu_programs.PARTS`, together every method:
+  `test_the_parts_hold_every_model_once`) in a process of its own."""
+  import tpu_programs  # pylint: disable=g-import-not-at-top
+  report = _compile(tmp_path / 'tpu_programs.json', f'--part={part}')
+  if part == tpu_programs.CONTROLS_PART:
+    controls = report['controls']
+    # The references: a program with a host callback shows one; the network
+    # checking its own task ids in the step compiles on a split batch too
+    # (on a TPU, a callback of the first device:
+    # `conditioning._call_on_host`).
+    assert controls['callback_found']
+    assert controls['in_graph_check_error'] is None
+    # Compiled for a TPU slice, 'auto' picks the TPU's forms, not the CPU's
+    # (the host's backend).
+    assert controls['auto_forms'] == {'platform': 'tpu',
+                                      'gradient_form': 'autodiff',
+                                      'packed_form': 'pallas',
+                                      'adapter_form': 'pallas',
+                                      'prompt_form': 'all_tasks'}
+  else:
+    assert 'controls' not in report
+
   programs = report['programs']
   assert sorted(programs) == sorted(
-      f'{name}/{kind}/{mesh}' for name, kind, mesh in tpu_programs.programs())
+      f'{name}/{kind}/{mesh}' for name, kind, mesh in tpu_programs.programs(
+          tpu_programs.PARTS[part]))
   problems = []
   for key, program in programs.items():
     problems += _problems(key, program, report['meshes'], report['batch'])
   assert not problems, '\n'.join(problems)
-  # Every feature of a packed training batch is an argument of the step.
-  step = programs['mtl/train/data4']['arguments']
-  assert {a['path'] for a in step if a['path'].startswith('[1]')} == {
-      f"[1]['{name}']" for name in inputs.PACKED_MODEL_FEATURES}
+  if 'mtl' in tpu_programs.PARTS[part]:
+    # Every feature of a packed training batch is an argument of the step.
+    step = programs['mtl/train/data4']['arguments']
+    assert {a['path'] for a in step if a['path'].startswith('[1]')} == {
+        f"[1]['{name}']" for name in inputs.PACKED_MODEL_FEATURES}
 
 
 @needs_libtpu
@@ -173,10 +198,14 @@ def test_mtl_costs_what_t5x_network_costs_on_a_tpu(tmp_path):
 def test_the_compile_command_compiles_a_run_as_it_would_train(tmp_path):
   """`python -m hyperprompt_jax.compile` of a built-in run file: the
   mesh, microbatches and rows are its RunSettings', and both programs are
-  there with their figures."""
+  there with their figures (one layer a stack: none of them depends on the
+  depth)."""
   out = tmp_path / 'tpu.json'
-  printed = _run(['-m', 'hyperprompt_jax.compile', '--topology=v5e:2x2', '--gin_file=runs/quickstart.gin',
+  printed = _run(['-m', 'hyperprompt_jax.compile', '--topology=v5e:2x2',
+                  '--gin_file=runs/quickstart.gin',
                   '--gin.MESH_MODEL=2', '--gin.NUM_MICROBATCHES=2',
+                  '--gin.network.T5Config.num_encoder_layers=1',
+                  '--gin.network.T5Config.num_decoder_layers=1',
                   f'--output_json={out}'], tmp_path)
   report = json.loads(out.read_text())
   assert (report['devices'], report['hbm_bytes']) == (4, 16 * 2**30)

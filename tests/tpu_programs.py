@@ -1,7 +1,8 @@
 """Compiles the tiny model of every method for TPU slices, without a TPU.
 
 Run as a script by `test_tpu_compile.py` (`python tests/tpu_programs.py
-OUT.json`, or `OUT.json --t5x` for t5x's steps), so that libtpu loads in a
+OUT.json` for every model, `OUT.json --part=NAME` for the models of one of
+`PARTS`, or `OUT.json --t5x` for t5x's steps), so that libtpu loads in a
 process of its own. With libtpu installed (the `[test]` and `[tpu]`
 extras), `jax.experimental.topologies` gives a slice's devices on a
 CPU-only machine and `jit(...).lower(...).compile()` compiles for them: the
@@ -107,12 +108,31 @@ DECODED = ('mtl', 'hyperprompt_global', 'hypergrid_lg',
 # Compiled on both meshes; every other program on 'data2_model2' only, whose
 # batch is split too (a TPU compile takes ~5-15 s a step here).
 BOTH_MESHES = ('mtl', 'hypergrid_lg', 'hypergrid_lg_grouped')
+# `MODELS` in parts of about equal compile time (~110 s each on a loaded
+# 2-core host), each compiled in a process of its own (`--part=NAME`), so
+# that a test of each part runs beside the others under pytest-xdist; the
+# controls are compiled with the part that holds MTL, whose step they take.
+PARTS = {
+    'mtl_hyperprompt': ('mtl', 'hyperprompt_share', 'hyperprompt_sep',
+                        'hyperprompt_global',
+                        'hyperprompt_global_task_blocks'),
+    'hypergrid': ('hypergrid_l', 'hypergrid_l2', 'hypergrid_lg',
+                  'hypergrid_gl', 'hypergrid_lg_blockwise',
+                  'hypergrid_lg_grouped'),
+    'gates_adapters_prompts': ('output_gating', 'adapter',
+                               'adapter_task_blocks', 'hyperformer_pp',
+                               'prompt_tuning'),
+}
+CONTROLS_PART = 'mtl_hyperprompt'
 
 
-def programs() -> list[tuple[str, str, str]]:
-  """`(model, 'train' | 'decode', mesh)` of every program compiled."""
+def programs(names=None) -> list[tuple[str, str, str]]:
+  """`(model, 'train' | 'decode', mesh)` of every program compiled (of the
+  models `names`, by default all)."""
   out = []
   for name in MODELS:
+    if names is not None and name not in names:
+      continue
     for mesh in (MESHES if name in BOTH_MESHES else ('data2_model2',)):
       out.append((name, 'train', mesh))
       if name in DECODED:
@@ -395,11 +415,17 @@ def main(out_path: str, names=None) -> None:
       json.dump({'topology': TOPOLOGY, names[0][2:]: build(devices)}, f,
                 indent=1)
     return
+  # `--part=NAME`: the models of `PARTS[NAME]` (the controls with
+  # `CONTROLS_PART`'s); model names: those; nothing: every model.
+  part = None
+  if names and names[0].startswith('--part='):
+    part = names[0][len('--part='):]
+    names = list(PARTS[part])
   report = {'topology': TOPOLOGY, 'meshes': MESHES, 'batch': BATCH,
-            'controls': controls(devices), 'programs': {}}
-  for name, kind, mesh_name in programs():
-    if names and name not in names:
-      continue
+            'programs': {}}
+  if part in (None, CONTROLS_PART):
+    report['controls'] = controls(devices)
+  for name, kind, mesh_name in programs(names):
     key = f'{name}/{kind}/{mesh_name}'
     build = train_step if kind == 'train' else decode
     try:

@@ -157,11 +157,12 @@ def run_tests(select: str, log: Callable[[str], None] = print
 # -- (b) the kernel form against the XLA form ---------------------------------
 
 
-def form_config(backbone: str, variant: str, dtype: str, form: str
-                ) -> network.T5Config:
+def form_config(backbone: str, variant: str, dtype: str, form: str,
+                num_layers: Optional[int] = None) -> network.T5Config:
   """`mfu.model_config`'s `variant` with its packed rows in `form` ('pallas'
-  or its XLA form, `KERNEL_VARIANTS`)."""
-  cfg = mfu.model_config(backbone, variant, dtype)
+  or its XLA form, `KERNEL_VARIANTS`), `num_layers` a stack (None: the
+  backbone's)."""
+  cfg = mfu.model_config(backbone, variant, dtype, num_layers=num_layers)
   field = KERNEL_VARIANTS[variant][0]
   return cfg.replace(**{field: getattr(cfg, field).replace(packed_form=form)})
 
@@ -205,22 +206,24 @@ def differences(loss: float, grads: Any, want_loss: float, want_grads: Any
 def compare_forms(backbone: str, variant: str, batch: dict[str, Any],
                   input_length: int, target_length: int,
                   checks: Sequence[str] = tuple(CHECKS),
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  log: Callable[[str], None] = print,
+                  num_layers: Optional[int] = None) -> dict[str, Any]:
   """(b): the kernel form's loss and gradients against the XLA form's, in
   each activation dtype of `checks` (`CHECKS`), on the same parameters."""
   xla_form = KERNEL_VARIANTS[variant][1]
   params = timing.fresh_params(
-      network.Transformer(form_config(backbone, variant, 'float32', xla_form)),
+      network.Transformer(form_config(backbone, variant, 'float32', xla_form,
+                                      num_layers)),
       input_length, target_length)
   out = {}
   for dtype in checks:
     precision, loss_bound, which, bound = CHECKS[dtype]
     want_loss, want_grads = _gradients(
-        form_config(backbone, variant, dtype, xla_form), params, batch,
-        precision)
+        form_config(backbone, variant, dtype, xla_form, num_layers), params,
+        batch, precision)
     loss, grads = _gradients(
-        form_config(backbone, variant, dtype, KERNEL_FORM), params, batch,
-        precision)
+        form_config(backbone, variant, dtype, KERNEL_FORM, num_layers),
+        params, batch, precision)
     diff = differences(loss, grads, want_loss, want_grads)
     diff.update(kernel_loss=loss, xla_loss=want_loss, gradient=diff[which],
                 judged=which, bounds=(loss_bound, bound),
@@ -241,14 +244,16 @@ def compare_forms(backbone: str, variant: str, batch: dict[str, Any],
 
 def time_forms(backbone: str, variant: str, dtype: str, batch: dict[str, Any],
                warmup_steps: int, steps: int, peak: Optional[float],
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print,
+               num_layers: Optional[int] = None) -> dict[str, Any]:
   """(c), (d): each form's training step timed (`mfu.measure`), and MFU of
   the XLA form's FLOPs over each form's time."""
   rows = {}
   for form in (KERNEL_VARIANTS[variant][1], KERNEL_FORM):
     log(f'{time.strftime("%H:%M:%S")} {variant} [{form}]: compiling the step')
-    rows[form] = mfu.measure(form_config(backbone, variant, dtype, form),
-                             batch, warmup_steps, steps)
+    rows[form] = mfu.measure(
+        form_config(backbone, variant, dtype, form, num_layers), batch,
+        warmup_steps, steps)
   xla = rows[KERNEL_VARIANTS[variant][1]]
   flops = xla['xla_flops'] or xla['six_nd_flops']
   for form, row in rows.items():
@@ -271,6 +276,8 @@ def acceptance(args: argparse.Namespace,
   report = {'model': args.model, 'batch_size': args.batch_size,
             'input_length': args.input_length,
             'target_length': args.target_length, 'variants': {}}
+  if args.num_layers is not None:  # a smaller model than the backbone's
+    report['num_layers'] = args.num_layers
   # Before this process opens the chip.
   report['tests'] = (run_tests(args.tests, log) if args.tests != 'none'
                      else {'status': 'skipped'})
@@ -290,10 +297,12 @@ def acceptance(args: argparse.Namespace,
     entry = {'rows': stats}
     entry['forms'] = compare_forms(args.model, variant, batch,
                                    args.input_length, args.target_length,
-                                   args.checks.split(','), log)
+                                   args.checks.split(','), log,
+                                   args.num_layers)
     if args.steps:
       entry['timing'] = time_forms(args.model, variant, args.dtype, batch,
-                                   args.warmup_steps, args.steps, peak, log)
+                                   args.warmup_steps, args.steps, peak, log,
+                                   args.num_layers)
     report['variants'][variant] = entry
     if args.output_json:
       files.write_atomically(args.output_json, json.dumps(report, indent=1))
@@ -305,7 +314,9 @@ def acceptance(args: argparse.Namespace,
 
 def format_report(report: dict[str, Any]) -> str:
   """The checks as a table: one row per variant and form."""
-  lines = [f'{report["model"]}, batch {report["batch_size"]} rows of '
+  layers = (f' (--num_layers={report["num_layers"]})'
+            if 'num_layers' in report else '')
+  lines = [f'{report["model"]}{layers}, batch {report["batch_size"]} rows of '
            f'{report["input_length"]} / {report["target_length"]}; '
            f'{report["device"]}; tests: {report["tests"]["status"]}',
            f'{"variant":<28}{"f32 loss/grad":>16}{"bf16 loss/grad":>16}'
@@ -551,6 +562,9 @@ PROG = 'python -m hyperprompt_jax.benchmarks.kernel_acceptance'
 def add_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--model', default='t5_1_1_base',
                       help='the backbone, a gin/models file name')
+  parser.add_argument('--num_layers', type=int, default=None,
+                      help="layers a stack (default: --model's); fewer for "
+                      'a quick run')
   parser.add_argument('--dtype', default='bfloat16',
                       help='activations of the timed steps')
   parser.add_argument('--batch_size', type=int, default=4,

@@ -143,10 +143,12 @@ def method_settings(variant_file: str) -> dict[str, Any]:
 
 
 def model_config(backbone: str, variant: str, dtype: str = 'bfloat16',
-                 form: str = 'auto') -> network.T5Config:
+                 form: str = 'auto', num_layers: Optional[int] = None
+                 ) -> network.T5Config:
   """The `network.T5Config` of `variant` ('mtl' or a key of `VARIANTS`) on
   `backbone` (a key of `BACKBONES`), activations in `dtype`, in `form`
-  for a variant of `FORMS` ('auto': the default).
+  for a variant of `FORMS` ('auto': the default), `num_layers` a stack
+  (None: the backbone's).
 
   HyperGrid's grid is cut to divide d_model and d_ff where they are
   smaller than the paper's (t5_1_1_tiny). Traced task ids are not checked
@@ -160,6 +162,11 @@ def model_config(backbone: str, variant: str, dtype: str = 'bfloat16',
     raise ValueError(f'Unknown variant {variant!r} for --mfu: choose from '
                      f'{list(VARIANTS)}.')
   size = BACKBONES[backbone]
+  if num_layers is not None:
+    if num_layers < 1:
+      raise ValueError(f'--num_layers={num_layers}: at least 1 a stack.')
+    size = dict(size, num_encoder_layers=num_layers,
+                num_decoder_layers=num_layers)
   method = method_settings(VARIANTS[variant]) if VARIANTS[variant] else {}
   if 'hypergrid' in method:  # the grid's blocks must divide a tiny model's
     method['hypergrid'] = dataclasses.replace(
@@ -451,10 +458,12 @@ def mfu_benchmark(backbone: str, variants: Sequence[str], dtype: str,
                   forms: str = 'both',
                   output_json: Optional[str] = None,
                   log=print, profile: Sequence[str] = (),
-                  profile_dir: Optional[str] = None) -> dict[str, Any]:
+                  profile_dir: Optional[str] = None,
+                  num_layers: Optional[int] = None) -> dict[str, Any]:
   """Every variant's figures (module docstring), the JSON's content; the
   variants named in `profile` (or 'all') are traced into `profile_dir` after
-  timing and their device time broken down by op."""
+  timing and their device time broken down by op; `num_layers` a stack
+  (None: the backbone's)."""
   device = jax.devices()[0]
   tflops_peak = peak_tflops(device, peak)
   report = {
@@ -464,11 +473,13 @@ def mfu_benchmark(backbone: str, variants: Sequence[str], dtype: str,
       'input_length': input_length, 'target_length': target_length,
       'warmup_steps': warmup_steps, 'steps': steps,
       'peak_tflops': tflops_peak, 'rows': []}
+  if num_layers is not None:  # a smaller model than the backbone's
+    report['num_layers'] = num_layers
   log(f'device: {device.device_kind} ({device.platform}, '
       f'{jax.device_count()} devices; the step runs on one), jax '
       f'{jax.__version__}; peak {tflops_peak} TFLOP/s bf16')
   for name, form in runs(variants, forms):
-    cfg = model_config(backbone, name, dtype, form)
+    cfg = model_config(backbone, name, dtype, form, num_layers)
     packed = True  # every variant packs (`synthetic_rows` can do without)
     slots = prompt_tuning.prompt_length(cfg.prompt_tuning)
     batch, stats = synthetic_rows(batch_size, input_length, target_length,
@@ -531,7 +542,9 @@ def _write_json(path: str, report: dict) -> None:
 
 def format_report(report: dict) -> str:
   """The table of `mfu_benchmark`'s rows."""
-  lines = [f'{report["model"]}, {report["dtype"]} activations, batch '
+  layers = (f' (--num_layers={report["num_layers"]})'
+            if 'num_layers' in report else '')
+  lines = [f'{report["model"]}{layers}, {report["dtype"]} activations, batch '
            f'{report["batch_size"]} rows of {report["input_length"]} / '
            f'{report["target_length"]}, {report["steps"]} timed steps after '
            f'{report["warmup_steps"]}; {report["device"]}, jax '
@@ -582,7 +595,8 @@ def run(args: argparse.Namespace) -> int:
       args.target_length, args.warmup_steps, args.steps, args.peak_tflops,
       args.forms, args.output_json,
       log=lambda line: print(line, flush=True),
-      profile=profile, profile_dir=profile_dir if profile else None)
+      profile=profile, profile_dir=profile_dir if profile else None,
+      num_layers=args.num_layers)
   print(format_report(report))
   if args.output_json:
     print(f'JSON: {args.output_json}')
