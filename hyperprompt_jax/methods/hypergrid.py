@@ -524,7 +524,10 @@ class OutputGate(nn.Module):
     u = _param(self, 'gate_projection',
                nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'),
                (self.emb_dim, n), ('embed', 'mlp'))
-    gate = jax.nn.sigmoid(c.astype(jnp.float32) @ u)
+    # The projection in the activations' dtype, as t5x's dense layers
+    # compute (a bfloat16 run's `[batch, S, d_ff]` gate and its gradient are
+    # half the bytes), the sigmoid in float32.
+    gate = jax.nn.sigmoid((c @ jnp.asarray(u, c.dtype)).astype(jnp.float32))
     return jnp.repeat(gate, self.mlp_dim // n, axis=-1)
 
 
