@@ -4,18 +4,16 @@ process fed the same data; plus the data layout and the resume rule on their
 own.
 
 The runs that several tests read are made once per session, whichever
-xdist worker needs them first (`multiprocess.made_once`); every process is
+xdist worker needs them first (`multiprocess.made_once`), by three
+processes that each run several commands (`cluster_runs`); every process is
 bounded by a timeout.
 """
 
 import json
 import os
-import pathlib
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import types
 
@@ -39,11 +37,19 @@ TRAIN = 'hyperprompt_jax.train'
 # share does not depend on the mixture, and each process builds its input
 # pipeline in ~1 s instead of ~10 s for the quickstart's 16 tasks.
 ONE_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
+# The quickstart's model with one encoder and one decoder layer: what the
+# hosts share does not depend on the depth, and each process compiles half
+# the layers.
+ONE_LAYER = ['--gin.network.T5Config.num_encoder_layers=1',
+             '--gin.network.T5Config.num_decoder_layers=1']
 # The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4, no
 # evaluation.
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
          '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
-         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None', *ONE_TASK]
+         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None', *ONE_TASK,
+         *ONE_LAYER]
+# A resume of a QUICK run that would train on.
+LONGER = [a for a in QUICK if 'TRAIN_STEPS' not in a] + ['--gin.TRAIN_STEPS=6']
 # Evaluation during training at the last step: 16 examples, two batches.
 EVAL_DURING = ['--gin.EVAL_PERIOD=4', '--gin.EVAL_EXAMPLES_PER_TASK=16',
                '--gin.EVAL_BATCH_SIZE=8']
@@ -88,48 +94,103 @@ def _assert_same_run(got, want, steps=4) -> None:
     assert error <= limit, (k, error, limit)
 
 
+EVAL = 'hyperprompt_jax.eval'
+INFER = 'hyperprompt_jax.infer'
+
+
+def _eval_args(run, out) -> list[str]:
+  """eval of every checkpoint of `run` into `out`."""
+  return ['--gin_file=runs/quickstart_eval.gin', *ONE_TASK, *ONE_LAYER,
+          f'--gin.CHECKPOINT_PATH="{run}"', '--gin.EVAL_BATCH_SIZE=8',
+          f'--gin.EVAL_OUTPUT_DIR="{out}"']
+
+
+def _infer_args(run, out) -> list[str]:
+  """infer of `run`'s checkpoint_4 into `out`."""
+  return ['--gin_file=runs/quickstart_infer.gin', *ONE_TASK, *ONE_LAYER,
+          f'--gin.CHECKPOINT_PATH="{run}/checkpoint_4"',
+          '--gin.INFER_BATCH_SIZE=8', f'--gin.INFER_OUTPUT_DIR="{out}"']
+
+
 @pytest.fixture(scope='session')
-def two_process_run(tmp_path_factory):
-  """4 steps of the quickstart as 2 processes x 2 devices (MESH_MODEL=1),
-  each process reading its data shard; beside it (started at the same time)
-  the parameters of 1 process x 4 devices fed the same global batches
-  (shard 0's rows, then shard 1's): `(run, reference)`."""
+def cluster_runs(tmp_path_factory):
+  """The runs and refusals the real-process tests read, made once per
+  session by three processes (`multiprocess.start_chain`: each runs several
+  commands, as a process start costs seconds), at the same time:
+
+  - 2 processes x 2 devices, started as a cluster for the first command:
+    0. `train`: 4 steps of the quickstart, MESH_MODEL=1 (each process reads
+       its data shard), evaluating during training: `run`;
+    1. `train`, MESH_MODEL=4 (the model axis spans both): `model_axis_two`;
+    2. `eval` of `run`'s checkpoints: `eval2`;
+    3. `infer` of `run`'s checkpoint_4: `infer2`;
+    4. (once the one process has made `model_axis_one`) nothing: wait;
+    5. `train` resuming `model_axis_one` (data in 1 shard, now 2): refused
+       (exit 2);
+    6. `train` in `held`, whose lock the process making this fixture holds
+       (its pid: `held.pid`): refused (exit 2);
+  - 1 process x 4 devices:
+    0. the parameters of the same model fed the global batches of `run`
+       (shard 0's rows, then shard 1's): `reference.npz`;
+    1. `train`, MESH_MODEL=4: `model_axis_one`;
+    2. (once both processes have made `run`) nothing: wait;
+    3. `eval` and 4. `infer` of `run`, as 2 and 3 above: `eval1`, `infer1`;
+    5. `train` resuming `run` (data in 2 shards, now 1): refused (exit 2).
+
+  Returns the folder; the logs: `logs/two-<process>.log`, `logs/one-0.log`.
+  """
   def make(root):
-    with open(root / 'reference.log', 'w') as log:
-      one = subprocess.Popen(
-          [sys.executable, str(pathlib.Path(multiprocess.__file__)),
-           str(root / 'reference.npz'), '2', '4', *QUICK],
-          env=multiprocess.env(4), stdout=log, stderr=subprocess.STDOUT)
-    multiprocess.run(TRAIN, QUICK + [_model_dir(root / 'run')] + EVAL_DURING,
-                     root / 'logs', timeout=300)
-    assert one.wait(300) == 0, (root / 'reference.log').read_text()[-3000:]
+    run, axis = root / 'run', QUICK + ['--gin.MESH_MODEL=4']
+    held = root / 'held'
+    held.mkdir()
+    (root / 'held.pid').write_text(str(os.getpid()))
+    with run_lock.RunLock(str(held)):
+      two = multiprocess.start_chain([
+          (TRAIN, QUICK + [_model_dir(run)] + EVAL_DURING, 0),
+          (TRAIN, axis + [_model_dir(root / 'model_axis_two')], 0),
+          (EVAL, _eval_args(run, root / 'eval2'), 0),
+          (INFER, _infer_args(run, root / 'infer2'), 0),
+          ('wait', [f'{root / "logs" / "one-0.log"}:1'], 0),
+          (TRAIN, LONGER + [_model_dir(root / 'model_axis_one')], 2),
+          (TRAIN, QUICK + [_model_dir(held)], 2),
+      ], root / 'logs', name='two')
+      one = multiprocess.start_chain([
+          ('reference', [str(root / 'reference.npz'), '2', '4', *QUICK], 0),
+          (TRAIN, axis + [_model_dir(root / 'model_axis_one')], 0),
+          multiprocess.wait_for(two, 0),
+          (EVAL, _eval_args(run, root / 'eval1'), 0),
+          (INFER, _infer_args(run, root / 'infer1'), 0),
+          (TRAIN, LONGER + [_model_dir(run)], 2),
+      ], root / 'logs', num_processes=1, devices=4, name='one')
+      assert multiprocess.wait(two + one, 600) == [0, 0, 0], (
+          multiprocess.outputs(two + one))
 
-  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
-                                'two_process_run', make)
-  return root / 'run', dict(np.load(root / 'reference.npz'))
+  return multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'cluster_runs', make)
+
+
+def _log(root, name) -> str:
+  return (root / 'logs' / f'{name}.log').read_text(errors='replace')
 
 
 @pytest.fixture(scope='session')
-def model_axis_runs(tmp_path_factory):
+def two_process_run(cluster_runs):
+  """`run` of `cluster_runs` (4 steps of the quickstart as 2 processes x 2
+  devices, MESH_MODEL=1) and the reference parameters of 1 process x 4
+  devices fed the same global batches: `(run, reference)`."""
+  return (cluster_runs / 'run',
+          dict(np.load(cluster_runs / 'reference.npz')))
+
+
+@pytest.fixture(scope='session')
+def model_axis_runs(cluster_runs):
   """The quickstart with MESH_MODEL=4 as 2 processes x 2 devices (the model
-  axis spans both) and as 1 process x 4 devices, at the same time:
-  `(two, one)` run directories."""
-  def make(root):
-    args = QUICK + ['--gin.MESH_MODEL=4']
-    two = multiprocess.start(TRAIN, args + [_model_dir(root / 'two')],
-                             root / 'logs', name='two')
-    one = multiprocess.start(TRAIN, args + [_model_dir(root / 'one')],
-                             root / 'logs', num_processes=1, devices=4,
-                             name='one')
-    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
-        multiprocess.outputs(two + one))
-    for p in two:
-      assert 'reads data shard 0 of 1 (8 rows of the global batch of 8)' in (
-          p.output())
-
-  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
-                                'model_axis_runs', make)
-  return root / 'two', root / 'one'
+  axis spans both) and as 1 process x 4 devices: `(two, one)` run
+  directories."""
+  for i in (0, 1):
+    assert 'reads data shard 0 of 1 (8 rows of the global batch of 8)' in (
+        multiprocess.command_output(_log(cluster_runs, f'two-{i}'), 1))
+  return cluster_runs / 'model_axis_two', cluster_runs / 'model_axis_one'
 
 
 # -- the data layout ----------------------------------------------------------
@@ -234,9 +295,8 @@ def test_two_processes_take_the_steps_of_one_fed_the_same_batches(
   (line,) = (run / 'eval_during_training.jsonl').read_text().splitlines()
   assert json.loads(line)['step'] == 4
   assert list(json.loads(line)['task_scores']) == ['glue_rte']
-  said = [re.findall(r'eval at step 4: [^(]*', (run.parent / 'logs' /
-                                              f'run-{i}.log').read_text())
-          for i in (0, 1)]
+  said = [re.findall(r'eval at step 4: [^(]*', multiprocess.command_output(
+      _log(run.parent, f'two-{i}'), 0)) for i in (0, 1)]
   assert said[0] and said[0] == said[1]
 
 
@@ -249,37 +309,16 @@ def test_a_model_axis_across_processes_equals_one_process(model_axis_runs):
                    _params(one / 'checkpoint_4'))
 
 
-def test_eval_and_infer_as_two_processes_equal_one(two_process_run,
-                                                   tmp_path):
+def test_eval_and_infer_as_two_processes_equal_one(cluster_runs):
   """Each process decodes its rows and gets every prediction back; process
   0 writes: the same summary.json and predictions, byte for byte."""
-  two_process_run, _ = two_process_run
-  eval_args = ['--gin_file=runs/quickstart_eval.gin', *ONE_TASK,
-               f'--gin.CHECKPOINT_PATH="{two_process_run}"',
-               '--gin.EVAL_BATCH_SIZE=8']
-  infer_args = ['--gin_file=runs/quickstart_infer.gin', *ONE_TASK,
-                f'--gin.CHECKPOINT_PATH="{two_process_run}/checkpoint_4"',
-                '--gin.INFER_BATCH_SIZE=8']
-  logs = tmp_path / 'logs'
-  for module, args, out_macro in (
-      ('hyperprompt_jax.eval', eval_args, 'EVAL_OUTPUT_DIR'),
-      ('hyperprompt_jax.infer', infer_args, 'INFER_OUTPUT_DIR')):
-    name = module.rsplit('.', 1)[1]
-    two = multiprocess.start(
-        module, args + [f'--gin.{out_macro}="{tmp_path / name}2"'], logs,
-        name=f'{name}2')
-    one = multiprocess.start(
-        module, args + [f'--gin.{out_macro}="{tmp_path / name}1"'], logs,
-        num_processes=1, devices=4, name=f'{name}1')
-    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
-        multiprocess.outputs(two + one))
-  summary = (tmp_path / 'eval2' / 'summary.json').read_bytes()
-  assert summary == (tmp_path / 'eval1' / 'summary.json').read_bytes()
+  summary = (cluster_runs / 'eval2' / 'summary.json').read_bytes()
+  assert summary == (cluster_runs / 'eval1' / 'summary.json').read_bytes()
   assert set(json.loads(summary)['selection']['tasks']) == {'glue_rte'}
-  (written,) = os.listdir(tmp_path / 'infer2')
+  (written,) = os.listdir(cluster_runs / 'infer2')
   assert written == 'fixture_glue_rte-4.jsonl'
-  predictions = (tmp_path / 'infer2' / written).read_bytes()
-  assert predictions == (tmp_path / 'infer1' / written).read_bytes()
+  predictions = (cluster_runs / 'infer2' / written).read_bytes()
+  assert predictions == (cluster_runs / 'infer1' / written).read_bytes()
   assert len(predictions.splitlines()) > 8  # more than one batch
 
 
@@ -296,49 +335,43 @@ def _copy_run(run, target, keep_step=None):
 
 
 def test_resume_with_another_data_layout_is_refused_on_every_process(
-    two_process_run, model_axis_runs, tmp_path):
+    cluster_runs):
   """2 -> 1 process and 1 -> 2 processes (data in 2 shards, then 1; and
   back): every process refuses at once, with one message naming the
-  change and the switch."""
-  two_saved = _copy_run(two_process_run[0], tmp_path / 'two_saved')
-  longer = [a for a in QUICK if 'TRAIN_STEPS' not in a] + [
-      '--gin.TRAIN_STEPS=6']
-  tick = time.time()
-  one = multiprocess.run(TRAIN, longer + [_model_dir(two_saved)],
-                         tmp_path / 'logs', num_processes=1, devices=4,
-                         name='two_to_one', timeout=60, expect=2)
-  assert time.time() - tick < 60
+  change and the switch (`cluster_runs`' last commands: the one process
+  resuming `run`, the two resuming `model_axis_one`)."""
+  one = _log(cluster_runs, 'one-0')
+  status, seconds = multiprocess.command_end(one, 5)
+  assert status == 2 and seconds < 60
   assert ('checkpoint_4 was written with the data in 2 shard(s) over 2 '
-          'process(es); this run cuts it into 1 over 1') in one[0].output()
-  # A run of one process with the data in one shard, resumed by two
-  # (MESH_MODEL=1: two shards).
-  one_saved = _copy_run(model_axis_runs[1], tmp_path / 'one_saved')
-  tick = time.time()
-  two = multiprocess.run(TRAIN, longer + [_model_dir(one_saved)],
-                         tmp_path / 'logs', name='one_to_two', timeout=60,
-                         expect=2)
-  assert time.time() - tick < 60
-  for p in two:
+          'process(es); this run cuts it into 1 over 1') in (
+              multiprocess.command_output(one, 5))
+  for i in (0, 1):
+    two = _log(cluster_runs, f'two-{i}')
+    status, seconds = multiprocess.command_end(two, 5)
+    assert status == 2 and seconds < 60
+    said = multiprocess.command_output(two, 5)
     assert ('checkpoint_4 was written with the data in 1 shard(s) over 1 '
-            'process(es); this run cuts it into 2 over 2') in p.output()
-    assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in p.output()
+            'process(es); this run cuts it into 2 over 2') in said
+    assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in said
 
 
-def test_a_held_lock_is_refused_by_every_process_with_one_message(tmp_path):
-  """Process 0 finds MODEL_DIR held by a live trainer (this test); both
-  processes stop at once with its message, before anything is compiled."""
-  model_dir = tmp_path / 'held'
-  model_dir.mkdir()
-  with run_lock.RunLock(str(model_dir)):
-    tick = time.time()
-    procs = multiprocess.run(TRAIN, QUICK + [_model_dir(model_dir)],
-                             tmp_path / 'logs', name='locked', timeout=60,
-                             expect=2)
-    assert time.time() - tick < 60
-  messages = [[line for line in p.output().splitlines()
-               if line.startswith('error:')] for p in procs]
+def test_a_held_lock_is_refused_by_every_process_with_one_message(
+    cluster_runs):
+  """Process 0 finds MODEL_DIR held by a live trainer (the process that
+  made `cluster_runs`, holding the lock while they ran); both processes
+  stop at once with its message, before anything is compiled (their
+  command 6)."""
+  messages = []
+  for i in (0, 1):
+    log = _log(cluster_runs, f'two-{i}')
+    status, seconds = multiprocess.command_end(log, 6)
+    assert status == 2 and seconds < 60
+    messages.append([line for line in multiprocess.command_output(
+        log, 6).splitlines() if line.startswith('error:')])
   assert messages[0] == messages[1] and len(messages[0]) == 1, messages
-  assert f'in use by another trainer: pid {os.getpid()}' in messages[0][0]
+  holder = (cluster_runs / 'held.pid').read_text()
+  assert f'in use by another trainer: pid {holder}' in messages[0][0]
 
 
 def test_a_killed_process_ends_the_other_and_a_restart_resumes_exactly(
