@@ -5,8 +5,10 @@ own.
 
 The runs that several tests read are made once per session, whichever
 xdist worker needs them first (`multiprocess.made_once`), by three
-processes that each run several commands (`cluster_runs`); every process is
-bounded by a timeout.
+processes that each run several commands in sequence (`cluster_runs`: train,
+then eval and infer of the run, as a user runs them); a resume, a refusal
+and a restart start fresh processes. Every process is bounded by a
+timeout.
 """
 
 import json
@@ -38,8 +40,9 @@ TRAIN = 'hyperprompt_jax.train'
 # pipeline in ~1 s instead of ~10 s for the quickstart's 16 tasks.
 ONE_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
 # The quickstart's model with one encoder and one decoder layer: what the
-# hosts share does not depend on the depth, and each process compiles half
-# the layers.
+# hosts share (data shards, the model axis, checkpoints, the equalities
+# between 1 and 2 processes) does not depend on the depth, and each process
+# traces and compiles half the layers.
 ONE_LAYER = ['--gin.network.T5Config.num_encoder_layers=1',
              '--gin.network.T5Config.num_decoder_layers=1']
 # The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4, no
@@ -48,8 +51,6 @@ QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
          '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
          '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None', *ONE_TASK,
          *ONE_LAYER]
-# A resume of a QUICK run that would train on.
-LONGER = [a for a in QUICK if 'TRAIN_STEPS' not in a] + ['--gin.TRAIN_STEPS=6']
 # Evaluation during training at the last step: 16 examples, two batches.
 EVAL_DURING = ['--gin.EVAL_PERIOD=4', '--gin.EVAL_EXAMPLES_PER_TASK=16',
                '--gin.EVAL_BATCH_SIZE=8']
@@ -114,9 +115,10 @@ def _infer_args(run, out) -> list[str]:
 
 @pytest.fixture(scope='session')
 def cluster_runs(tmp_path_factory):
-  """The runs and refusals the real-process tests read, made once per
-  session by three processes (`multiprocess.start_chain`: each runs several
-  commands, as a process start costs seconds), at the same time:
+  """The runs the real-process tests read, made once per session by three
+  processes that each run several commands in sequence
+  (`multiprocess.start_chain`: a process start costs seconds), at the same
+  time:
 
   - 2 processes x 2 devices, started as a cluster for the first command:
     0. `train`: 4 steps of the quickstart, MESH_MODEL=1 (each process reads
@@ -124,46 +126,32 @@ def cluster_runs(tmp_path_factory):
     1. `train`, MESH_MODEL=4 (the model axis spans both): `model_axis_two`;
     2. `eval` of `run`'s checkpoints: `eval2`;
     3. `infer` of `run`'s checkpoint_4: `infer2`;
-    4. (once the one process has made `model_axis_one`) nothing: wait;
-    5. `train` resuming `model_axis_one` (data in 1 shard, now 2): refused
-       (exit 2);
-    6. `train` in `held`, whose lock the process making this fixture holds
-       (its pid: `held.pid`): refused (exit 2);
   - 1 process x 4 devices:
     0. the parameters of the same model fed the global batches of `run`
        (shard 0's rows, then shard 1's): `reference.npz`;
     1. `train`, MESH_MODEL=4: `model_axis_one`;
     2. (once both processes have made `run`) nothing: wait;
-    3. `eval` and 4. `infer` of `run`, as 2 and 3 above: `eval1`, `infer1`;
-    5. `train` resuming `run` (data in 2 shards, now 1): refused (exit 2).
+    3. `eval` and 4. `infer` of `run`, as 2 and 3 above: `eval1`, `infer1`.
 
   Returns the folder; the logs: `logs/two-<process>.log`, `logs/one-0.log`.
   """
   def make(root):
     run, axis = root / 'run', QUICK + ['--gin.MESH_MODEL=4']
-    held = root / 'held'
-    held.mkdir()
-    (root / 'held.pid').write_text(str(os.getpid()))
-    with run_lock.RunLock(str(held)):
-      two = multiprocess.start_chain([
-          (TRAIN, QUICK + [_model_dir(run)] + EVAL_DURING, 0),
-          (TRAIN, axis + [_model_dir(root / 'model_axis_two')], 0),
-          (EVAL, _eval_args(run, root / 'eval2'), 0),
-          (INFER, _infer_args(run, root / 'infer2'), 0),
-          ('wait', [f'{root / "logs" / "one-0.log"}:1'], 0),
-          (TRAIN, LONGER + [_model_dir(root / 'model_axis_one')], 2),
-          (TRAIN, QUICK + [_model_dir(held)], 2),
-      ], root / 'logs', name='two')
-      one = multiprocess.start_chain([
-          ('reference', [str(root / 'reference.npz'), '2', '4', *QUICK], 0),
-          (TRAIN, axis + [_model_dir(root / 'model_axis_one')], 0),
-          multiprocess.wait_for(two, 0),
-          (EVAL, _eval_args(run, root / 'eval1'), 0),
-          (INFER, _infer_args(run, root / 'infer1'), 0),
-          (TRAIN, LONGER + [_model_dir(run)], 2),
-      ], root / 'logs', num_processes=1, devices=4, name='one')
-      assert multiprocess.wait(two + one, 600) == [0, 0, 0], (
-          multiprocess.outputs(two + one))
+    two = multiprocess.start_chain([
+        (TRAIN, QUICK + [_model_dir(run)] + EVAL_DURING, 0),
+        (TRAIN, axis + [_model_dir(root / 'model_axis_two')], 0),
+        (EVAL, _eval_args(run, root / 'eval2'), 0),
+        (INFER, _infer_args(run, root / 'infer2'), 0),
+    ], root / 'logs', name='two')
+    one = multiprocess.start_chain([
+        ('reference', [str(root / 'reference.npz'), '2', '4', *QUICK], 0),
+        (TRAIN, axis + [_model_dir(root / 'model_axis_one')], 0),
+        multiprocess.wait_for(two, 0),
+        (EVAL, _eval_args(run, root / 'eval1'), 0),
+        (INFER, _infer_args(run, root / 'infer1'), 0),
+    ], root / 'logs', num_processes=1, devices=4, name='one')
+    assert multiprocess.wait(two + one, 600) == [0, 0, 0], (
+        multiprocess.outputs(two + one))
 
   return multiprocess.made_once(tmp_path_factory.getbasetemp(),
                                 'cluster_runs', make)
@@ -335,43 +323,49 @@ def _copy_run(run, target, keep_step=None):
 
 
 def test_resume_with_another_data_layout_is_refused_on_every_process(
-    cluster_runs):
+    two_process_run, model_axis_runs, tmp_path):
   """2 -> 1 process and 1 -> 2 processes (data in 2 shards, then 1; and
   back): every process refuses at once, with one message naming the
-  change and the switch (`cluster_runs`' last commands: the one process
-  resuming `run`, the two resuming `model_axis_one`)."""
-  one = _log(cluster_runs, 'one-0')
-  status, seconds = multiprocess.command_end(one, 5)
-  assert status == 2 and seconds < 60
+  change and the switch."""
+  two_saved = _copy_run(two_process_run[0], tmp_path / 'two_saved')
+  longer = [a for a in QUICK if 'TRAIN_STEPS' not in a] + [
+      '--gin.TRAIN_STEPS=6']
+  tick = time.time()
+  one = multiprocess.run(TRAIN, longer + [_model_dir(two_saved)],
+                         tmp_path / 'logs', num_processes=1, devices=4,
+                         name='two_to_one', timeout=60, expect=2)
+  assert time.time() - tick < 60
   assert ('checkpoint_4 was written with the data in 2 shard(s) over 2 '
-          'process(es); this run cuts it into 1 over 1') in (
-              multiprocess.command_output(one, 5))
-  for i in (0, 1):
-    two = _log(cluster_runs, f'two-{i}')
-    status, seconds = multiprocess.command_end(two, 5)
-    assert status == 2 and seconds < 60
-    said = multiprocess.command_output(two, 5)
+          'process(es); this run cuts it into 1 over 1') in one[0].output()
+  # A run of one process with the data in one shard, resumed by two
+  # (MESH_MODEL=1: two shards).
+  one_saved = _copy_run(model_axis_runs[1], tmp_path / 'one_saved')
+  tick = time.time()
+  two = multiprocess.run(TRAIN, longer + [_model_dir(one_saved)],
+                         tmp_path / 'logs', name='one_to_two', timeout=60,
+                         expect=2)
+  assert time.time() - tick < 60
+  for p in two:
     assert ('checkpoint_4 was written with the data in 1 shard(s) over 1 '
-            'process(es); this run cuts it into 2 over 2') in said
-    assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in said
+            'process(es); this run cuts it into 2 over 2') in p.output()
+    assert 'RESTART_DATA_ON_LAYOUT_CHANGE=True' in p.output()
 
 
-def test_a_held_lock_is_refused_by_every_process_with_one_message(
-    cluster_runs):
-  """Process 0 finds MODEL_DIR held by a live trainer (the process that
-  made `cluster_runs`, holding the lock while they ran); both processes
-  stop at once with its message, before anything is compiled (their
-  command 6)."""
-  messages = []
-  for i in (0, 1):
-    log = _log(cluster_runs, f'two-{i}')
-    status, seconds = multiprocess.command_end(log, 6)
-    assert status == 2 and seconds < 60
-    messages.append([line for line in multiprocess.command_output(
-        log, 6).splitlines() if line.startswith('error:')])
+def test_a_held_lock_is_refused_by_every_process_with_one_message(tmp_path):
+  """Process 0 finds MODEL_DIR held by a live trainer (this test); both
+  processes stop at once with its message, before anything is compiled."""
+  model_dir = tmp_path / 'held'
+  model_dir.mkdir()
+  with run_lock.RunLock(str(model_dir)):
+    tick = time.time()
+    procs = multiprocess.run(TRAIN, QUICK + [_model_dir(model_dir)],
+                             tmp_path / 'logs', name='locked', timeout=60,
+                             expect=2)
+    assert time.time() - tick < 60
+  messages = [[line for line in p.output().splitlines()
+               if line.startswith('error:')] for p in procs]
   assert messages[0] == messages[1] and len(messages[0]) == 1, messages
-  holder = (cluster_runs / 'held.pid').read_text()
-  assert f'in use by another trainer: pid {holder}' in messages[0][0]
+  assert f'in use by another trainer: pid {os.getpid()}' in messages[0][0]
 
 
 def test_a_killed_process_ends_the_other_and_a_restart_resumes_exactly(
