@@ -10,8 +10,7 @@ given by gin (`features.sentencepiece_model_file.path`). Then:
 - built-in runner: `python -m hyperprompt_jax.train` trains a tiny
   HyperPrompt-Global model on the mixture (packed rows), `eval` scores the
   16 tasks on the validation splits, `leaderboard` writes the 17 test-server
-  files, one row per test example written (the three commands one after the
-  other in one process, as a process start costs seconds);
+  files, one row per test example written;
 - t5x (where it is importable): `t5x.train` (which refuses to start when the
   model's and the tasks' vocabularies differ) and `t5x.eval`, whose metrics
   `hyperprompt_jax.eval --metrics_dir` summarises, then the test-server
@@ -89,7 +88,7 @@ def prepared(tmp_path_factory):
   """(data dir, SentencePiece model): the 17 datasets prepared by TFDS's
   builders from raw files, and a tiny SentencePiece model of their text.
   Made once for the test session (`multiprocess.made_once`: xdist's workers
-  share it, and the runs made from it)."""
+  that run this module's tests share it)."""
   def make(root):
     sources = tfds_sources.write_sources(root / 'download')
     tfds_sources.prepare_all(sources, str(root / 'tensorflow_datasets'))
@@ -146,49 +145,23 @@ def test_the_mixtures_datasets_are_prepared_by_tfds(prepared):
 # ------------------------------------------------------ built-in runner --
 
 @pytest.fixture(scope='module')
-def builtin_commands(prepared, tmp_path_factory):
-  """The built-in runner's commands on the real mixture, one after the
-  other in one process (a process start costs seconds:
-  `multiprocess.start_chain`), made once for the test session:
-
-    0. `train`: a tiny HyperPrompt-Global model, 2 steps (packed rows):
-       `run`;
-    1. `eval` of `run`'s checkpoints: `eval`;
-    2. `leaderboard` of `run`'s checkpoint_2: `leaderboard`.
-
-  Returns the folder; the commands' output: `logs/builtin-0.log`.
-  """
+def builtin_run(prepared, tmp_path_factory):
+  """A tiny HyperPrompt-Global model trained 2 steps on the real mixture
+  by the built-in runner; its MODEL_DIR. Trained once for the test session
+  (`multiprocess.made_once`: xdist's workers share it; the tests only read
+  it)."""
   data_dir, spm_model = prepared
-  data = [f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
-          f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}']
 
   def make(root):
-    run = root / 'run'
-    procs = multiprocess.start_chain([
-        ('hyperprompt_jax.train', [
-            '--gin_file=runs/train.gin', *SETUP, f"--gin.MODEL_DIR='{run}'",
-            *data, '--gin.TRAIN_STEPS=2', '--gin.SAVE_PERIOD=2',
-            '--gin.BATCH_SIZE=4', '--gin.PACK=True', '--gin.LOG_PERIOD=1'],
-         0),
-        ('hyperprompt_jax.eval', [
-            '--gin_file=runs/eval.gin', *SETUP,
-            f"--gin.CHECKPOINT_PATH='{run}'",
-            f"--gin.EVAL_OUTPUT_DIR='{root / 'eval'}'", *data,
-            '--gin.EVAL_BATCH_SIZE=4'], 0),
-        ('hyperprompt_jax.leaderboard',
-         _leaderboard_args(run / 'checkpoint_2', root / 'leaderboard',
-                           data_dir, spm_model), 0),
-    ], root / 'logs', num_processes=1, devices=1, name='builtin')
-    assert multiprocess.wait(procs, 900) == [0], multiprocess.outputs(procs)
+    _run('hyperprompt_jax.train', '--gin_file=runs/train.gin', *SETUP,
+         f"--gin.MODEL_DIR='{root / 'run'}'",
+         f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
+         '--gin.TRAIN_STEPS=2', '--gin.SAVE_PERIOD=2', '--gin.BATCH_SIZE=4',
+         '--gin.PACK=True', '--gin.LOG_PERIOD=1',
+         f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}')
 
   return multiprocess.made_once(tmp_path_factory.getbasetemp(),
-                                'real_mixture_builtin', make)
-
-
-@pytest.fixture(scope='module')
-def builtin_run(builtin_commands):
-  """The MODEL_DIR of `builtin_commands`' training run."""
-  return builtin_commands / 'run'
+                                'real_mixture_builtin', make) / 'run'
 
 
 def _config_records(config: pathlib.Path, spm_model: str) -> None:
@@ -243,13 +216,17 @@ def _check_summary(summary_dir: pathlib.Path, stdout: str, step: int) -> None:
     assert task in stdout
 
 
-def test_builtin_eval_scores_the_16_tasks(prepared, builtin_commands):
+def test_builtin_eval_scores_the_16_tasks(prepared, builtin_run, tmp_path):
   """eval: every validation example of the 17 evaluation tasks decoded,
   16 task scores and the three benchmark averages."""
-  _, spm_model = prepared
-  out = builtin_commands / 'eval'
-  stdout = multiprocess.command_output(
-      (builtin_commands / 'logs' / 'builtin-0.log').read_text(), 1)
+  data_dir, spm_model = prepared
+  out = tmp_path / 'eval'
+  stdout = _run('hyperprompt_jax.eval', '--gin_file=runs/eval.gin', *SETUP,
+                f"--gin.CHECKPOINT_PATH='{builtin_run}'",
+                f"--gin.EVAL_OUTPUT_DIR='{out}'",
+                f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
+                '--gin.EVAL_BATCH_SIZE=4',
+                f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}')
   _check_validation_inferences(out, spm_model, 2)
   _check_summary(out, stdout, 2)
   for average in ('glue average', 'super_glue average'):
@@ -287,24 +264,23 @@ def _check_server_files(out: pathlib.Path) -> None:
       'super_glue': ['AX-b.jsonl', 'AX-g.jsonl']}
 
 
-def _leaderboard_args(checkpoint, out, data_dir, spm_model) -> list[str]:
-  return [*SETUP, '--gin_file=runs/leaderboard.gin',
-          f"--gin.CHECKPOINT_PATH='{checkpoint}'",
-          f"--gin.LEADERBOARD_OUTPUT_DIR='{out}'",
-          f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
-          '--gin.LEADERBOARD_BATCH_SIZE=4',
-          f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}']
-
-
 def _leaderboard(checkpoint, out, data_dir, spm_model) -> None:
-  _run('hyperprompt_jax.leaderboard',
-       *_leaderboard_args(checkpoint, out, data_dir, spm_model))
+  _run('hyperprompt_jax.leaderboard', *SETUP, '--gin_file=runs/leaderboard.gin',
+       f"--gin.CHECKPOINT_PATH='{checkpoint}'",
+       f"--gin.LEADERBOARD_OUTPUT_DIR='{out}'",
+       f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
+       '--gin.LEADERBOARD_BATCH_SIZE=4',
+       f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}')
 
 
-def test_builtin_leaderboard_writes_the_17_server_files(builtin_commands):
+def test_builtin_leaderboard_writes_the_17_server_files(
+    prepared, builtin_run, tmp_path):
   """leaderboard: the GLUE and SuperGLUE servers' files of the test splits,
   from the built-in runner's checkpoint."""
-  _check_server_files(builtin_commands / 'leaderboard')
+  data_dir, spm_model = prepared
+  _leaderboard(builtin_run / 'checkpoint_2', tmp_path / 'out', data_dir,
+               spm_model)
+  _check_server_files(tmp_path / 'out')
 
 
 # ------------------------------------------------------------------ t5x --
