@@ -28,9 +28,7 @@ from hyperprompt_jax.training import optimizers
 NUM_TASKS = 4
 LENGTH, WORDS, BATCH = 6, 32, 32
 LEARNING_RATE = 1e-2  # the quickstart's rate
-# Budgets measured with these seeds: each variant that must separate ends
-# at an exact match of 0.96 or more (asked: 0.9), MTL at 0.30 (bound: 0.4).
-STEPS = {'backbone': 600, 'all': 100, 'task': 250, 'paper_rate': 400}
+STEPS = {'backbone': 600, 'all': 150, 'task': 300, 'paper_rate': 400}
 MODEL = 'models/t5_1_1_tiny.gin'
 BINDINGS = (  # the quickstart's widths, one decoder layer, a small vocabulary
     'network.T5Config.vocab_size = 128',
@@ -53,10 +51,9 @@ SEPARATED = 0.9  # mean exact match over the tasks
 CHANCE_BOUND = 0.4  # chance is 1 / NUM_TASKS
 # The slower learners (HyperGrid's gates, Share's and Sep's prompts on a
 # frozen backbone) take more steps than their setting's.
-MORE_STEPS = {('all', v): 200 for v in GATED} | {
-    ('task', v): 300 for v in GATED} | {
-        ('task', 'hyperprompt_share'): 600, ('task', 'hyperprompt_sep'): 450,
-        ('task', 'hypergrid_l'): 600}
+MORE_STEPS = {('all', v): 250 for v in GATED} | {
+    ('task', 'hyperprompt_share'): 600, ('task', 'hyperprompt_sep'): 450,
+    ('task', 'hypergrid_l'): 600}
 
 
 def _model(variant: str) -> network.Transformer:
