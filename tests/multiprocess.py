@@ -185,9 +185,9 @@ CHAIN_USAGE = """python tests/multiprocess.py chain PLAN.json [distributed flags
 Runs the plan's commands one after the other in this process: each a list
 [module, args, expected exit status]; the distributed flags go to the first
 command only, a command module's (it joins the cluster, as a host starts
-it; the next ones run in the joined processes). Module 'reference' is `reference` above; module
-'wait' waits until the logs named by its args hold their command's end
-(`PATH:INDEX`, exit 0). Each command's output lies between the lines
+it; the next ones run in the joined processes). Module 'reference' is
+`reference` above; module 'wait' waits until the logs named by its args
+hold their command's end (`PATH:INDEX`, exit 0). Each command's output lies between the lines
 `[chain] I start MODULE` and `[chain] I end STATUS SECONDS`; a status other
 than the expected one ends the chain (exit 3)."""
 
@@ -219,14 +219,6 @@ def command_output(log_text: str, index: int) -> str:
       log_text, start_line.end())
   assert end, f'command {index} did not end:\n{log_text[-3000:]}'
   return log_text[start_line.end():end.start()]
-
-
-def command_end(log_text: str, index: int) -> tuple[int, float]:
-  """`(exit status, seconds)` of chain command `index` in a process's log."""
-  end = re.search(rf'^\[chain\] {index} end (-?\d+) ([\d.]+)s$', log_text,
-                  re.M)
-  assert end, f'command {index} did not end:\n{log_text[-3000:]}'
-  return int(end[1]), float(end[2])
 
 
 def _run_command(module: str, argv: list[str]) -> int:
