@@ -4,12 +4,20 @@ Each process is a command-line tool started as a host of a cluster would
 start it (`--coordinator_address`, `--num_processes`, `--process_id`), with
 its own CPU devices (`--xla_force_host_platform_device_count`); JAX's CPU
 collectives between them go over gloo on loopback.
+
+A process start costs seconds (TensorFlow's import, the input pipeline's
+tracing), so a run that several tests read may be a chain (`start_chain`):
+processes started as a cluster starts them for the first command, which
+then run the next commands' `main` in the same processes, still joined.
 """
 
 import dataclasses
 import fcntl
+import importlib
+import json
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
@@ -70,9 +78,10 @@ class Process:
 
 def start(module: str, args: Sequence[str], log_dir: pathlib.Path,
           num_processes: int = 2, devices: int = 2, name: str = 'run',
-          ) -> list[Process]:
-  """Starts `python -m module args` as `num_processes` processes with
-  `devices` CPU devices each (one process: no distributed flags)."""
+          script: bool = False) -> list[Process]:
+  """Starts `python -m module args` (with `script`: `python -u module
+  args`, unbuffered) as `num_processes` processes with `devices` CPU
+  devices each (one process: no distributed flags)."""
   port = free_port()
   log_dir.mkdir(parents=True, exist_ok=True)
   procs = []
@@ -83,7 +92,8 @@ def start(module: str, args: Sequence[str], log_dir: pathlib.Path,
     log = log_dir / f'{name}-{i}.log'
     with open(log, 'w') as out:
       popen = subprocess.Popen(
-          [sys.executable, '-m', module, *args, *flags], env=env(devices),
+          [sys.executable, *(['-u'] if script else ['-m']), module, *args,
+           *flags], env=env(devices),
           stdout=out, stderr=subprocess.STDOUT, text=True)
     procs.append(Process(popen, log))
   return procs
@@ -168,7 +178,107 @@ def reference(out: str, shards: int, steps: int, gin_args: Sequence[str]
   np.savez(out, **{k: np.asarray(v) for k, v in flat.items()})
 
 
+# -- several commands in the same processes ---------------------------------
+
+CHAIN_USAGE = """python tests/multiprocess.py chain PLAN.json [distributed flags]
+
+Runs the plan's commands one after the other in this process: each a list
+[module, args, expected exit status]; the distributed flags go to the first
+command only, a command module's (it joins the cluster, as a host starts
+it; the next ones run in the joined processes). Module 'reference' is
+`reference` above; module 'wait' waits until the logs named by its args
+hold their command's end (`PATH:INDEX`, exit 0). Each command's output lies between the lines
+`[chain] I start MODULE` and `[chain] I end STATUS SECONDS`; a status other
+than the expected one ends the chain (exit 3)."""
+
+
+def start_chain(commands: Sequence[tuple[str, Sequence[str], int]],
+                log_dir: pathlib.Path, num_processes: int = 2,
+                devices: int = 2, name: str = 'chain') -> list[Process]:
+  """Starts `num_processes` processes (`start`) that each run `commands`,
+  `(module, args, expected exit status)`, in order (CHAIN_USAGE)."""
+  log_dir.mkdir(parents=True, exist_ok=True)
+  plan = log_dir / f'{name}.plan.json'
+  plan.write_text(json.dumps([[m, list(a), e] for m, a, e in commands]))
+  return start(__file__, ['chain', str(plan)], log_dir, num_processes,
+               devices, name, script=True)
+
+
+def wait_for(procs: Sequence[Process], index: int
+             ) -> tuple[str, list[str], int]:
+  """The chain command that waits until every process of `procs` has ended
+  its command `index` with exit status 0."""
+  return ('wait', [f'{p.log}:{index}' for p in procs], 0)
+
+
+def command_output(log_text: str, index: int) -> str:
+  """The output of chain command `index` in a process's log."""
+  start_line = re.search(rf'^\[chain\] {index} start .*$', log_text, re.M)
+  assert start_line, f'command {index} did not start:\n{log_text[-3000:]}'
+  end = re.compile(rf'^\[chain\] {index} end ', re.M).search(
+      log_text, start_line.end())
+  assert end, f'command {index} did not end:\n{log_text[-3000:]}'
+  return log_text[start_line.end():end.start()]
+
+
+def _run_command(module: str, argv: list[str]) -> int:
+  """`python -m module argv`'s exit status, run in this process."""
+  if module == 'reference':
+    reference(argv[0], int(argv[1]), int(argv[2]), argv[3:])
+    return 0
+  if module == 'wait':
+    deadline = time.time() + 600
+    for log_and_index in argv:
+      log, index = log_and_index.rsplit(':', 1)
+      while True:
+        text = pathlib.Path(log).read_text(errors='replace')
+        ended = re.search(rf'^\[chain\] {index} end (-?\d+) ', text, re.M)
+        if ended:
+          if int(ended[1]) != 0:
+            return 1
+          break
+        if re.search(r'^\[chain\] stop', text, re.M) or (
+            time.time() > deadline):
+          return 1
+        time.sleep(0.2)
+    return 0
+  from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
+  main = importlib.import_module(module).main
+  saved, sys.argv = sys.argv, [module, *argv]  # what `gin_utils.run` reads
+  try:
+    gin_utils.run(lambda: main(argv))
+  except SystemExit as e:
+    return 0 if e.code is None else int(e.code)
+  finally:
+    sys.argv = saved
+  return 0
+
+
+def _chain(plan: str, flags: list[str]) -> int:
+  commands = json.loads(pathlib.Path(plan).read_text())
+  for i, (module, args, expected) in enumerate(commands):
+    print(f'[chain] {i} start {module}', flush=True)
+    began = time.time()
+    try:
+      status = _run_command(module, list(args) + (flags if i == 0 else []))
+    except BaseException:
+      print('[chain] stop: an exception (its traceback follows)', flush=True)
+      raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    print(f'[chain] {i} end {status} {time.time() - began:.1f}s', flush=True)
+    if status != expected:
+      print(f'[chain] stop: exit status {status}, expected {expected}',
+            flush=True)
+      return 3
+  return 0
+
+
 if __name__ == '__main__':
+  if sys.argv[1:2] == ['chain']:
+    if len(sys.argv) < 3:
+      sys.exit(CHAIN_USAGE)
+    sys.exit(_chain(sys.argv[2], sys.argv[3:]))
   if len(sys.argv) < 4:
     sys.exit(REFERENCE_USAGE)
   reference(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])

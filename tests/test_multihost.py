@@ -4,18 +4,18 @@ process fed the same data; plus the data layout and the resume rule on their
 own.
 
 The runs that several tests read are made once per session, whichever
-xdist worker needs them first (`multiprocess.made_once`); every process is
-bounded by a timeout.
+xdist worker needs them first (`multiprocess.made_once`), by three
+processes that each run several commands in sequence (`cluster_runs`: train,
+then eval and infer of the run, as a user runs them); a resume, a refusal
+and a restart start fresh processes. Every process is bounded by a
+timeout.
 """
 
 import json
 import os
-import pathlib
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import types
 
@@ -39,11 +39,18 @@ TRAIN = 'hyperprompt_jax.train'
 # share does not depend on the mixture, and each process builds its input
 # pipeline in ~1 s instead of ~10 s for the quickstart's 16 tasks.
 ONE_TASK = ["--gin.MIXTURE_OR_TASK_NAME='fixture_glue_rte'"]
+# The quickstart's model with one encoder and one decoder layer: what the
+# hosts share (data shards, the model axis, checkpoints, the equalities
+# between 1 and 2 processes) does not depend on the depth, and each process
+# traces and compiles half the layers.
+ONE_LAYER = ['--gin.network.T5Config.num_encoder_layers=1',
+             '--gin.network.T5Config.num_decoder_layers=1']
 # The quickstart, tiny: 4 steps of 8 rows, checkpoints at 2 and 4, no
 # evaluation.
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.TRAIN_STEPS=4',
          '--gin.BATCH_SIZE=8', '--gin.SAVE_PERIOD=2', '--gin.LOG_PERIOD=2',
-         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None', *ONE_TASK]
+         '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None', *ONE_TASK,
+         *ONE_LAYER]
 # Evaluation during training at the last step: 16 examples, two batches.
 EVAL_DURING = ['--gin.EVAL_PERIOD=4', '--gin.EVAL_EXAMPLES_PER_TASK=16',
                '--gin.EVAL_BATCH_SIZE=8']
@@ -88,48 +95,90 @@ def _assert_same_run(got, want, steps=4) -> None:
     assert error <= limit, (k, error, limit)
 
 
-@pytest.fixture(scope='session')
-def two_process_run(tmp_path_factory):
-  """4 steps of the quickstart as 2 processes x 2 devices (MESH_MODEL=1),
-  each process reading its data shard; beside it (started at the same time)
-  the parameters of 1 process x 4 devices fed the same global batches
-  (shard 0's rows, then shard 1's): `(run, reference)`."""
-  def make(root):
-    with open(root / 'reference.log', 'w') as log:
-      one = subprocess.Popen(
-          [sys.executable, str(pathlib.Path(multiprocess.__file__)),
-           str(root / 'reference.npz'), '2', '4', *QUICK],
-          env=multiprocess.env(4), stdout=log, stderr=subprocess.STDOUT)
-    multiprocess.run(TRAIN, QUICK + [_model_dir(root / 'run')] + EVAL_DURING,
-                     root / 'logs', timeout=300)
-    assert one.wait(300) == 0, (root / 'reference.log').read_text()[-3000:]
+EVAL = 'hyperprompt_jax.eval'
+INFER = 'hyperprompt_jax.infer'
 
-  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
-                                'two_process_run', make)
-  return root / 'run', dict(np.load(root / 'reference.npz'))
+
+def _eval_args(run, out) -> list[str]:
+  """eval of every checkpoint of `run` into `out`."""
+  return ['--gin_file=runs/quickstart_eval.gin', *ONE_TASK, *ONE_LAYER,
+          f'--gin.CHECKPOINT_PATH="{run}"', '--gin.EVAL_BATCH_SIZE=8',
+          f'--gin.EVAL_OUTPUT_DIR="{out}"']
+
+
+def _infer_args(run, out) -> list[str]:
+  """infer of `run`'s checkpoint_4 into `out`."""
+  return ['--gin_file=runs/quickstart_infer.gin', *ONE_TASK, *ONE_LAYER,
+          f'--gin.CHECKPOINT_PATH="{run}/checkpoint_4"',
+          '--gin.INFER_BATCH_SIZE=8', f'--gin.INFER_OUTPUT_DIR="{out}"']
 
 
 @pytest.fixture(scope='session')
-def model_axis_runs(tmp_path_factory):
-  """The quickstart with MESH_MODEL=4 as 2 processes x 2 devices (the model
-  axis spans both) and as 1 process x 4 devices, at the same time:
-  `(two, one)` run directories."""
+def cluster_runs(tmp_path_factory):
+  """The runs the real-process tests read, made once per session by three
+  processes that each run several commands in sequence
+  (`multiprocess.start_chain`: a process start costs seconds), at the same
+  time:
+
+  - 2 processes x 2 devices, started as a cluster for the first command:
+    0. `train`: 4 steps of the quickstart, MESH_MODEL=1 (each process reads
+       its data shard), evaluating during training: `run`;
+    1. `train`, MESH_MODEL=4 (the model axis spans both): `model_axis_two`;
+    2. `eval` of `run`'s checkpoints: `eval2`;
+    3. `infer` of `run`'s checkpoint_4: `infer2`;
+  - 1 process x 4 devices:
+    0. the parameters of the same model fed the global batches of `run`
+       (shard 0's rows, then shard 1's): `reference.npz`;
+    1. `train`, MESH_MODEL=4: `model_axis_one`;
+    2. (once both processes have made `run`) nothing: wait;
+    3. `eval` and 4. `infer` of `run`, as 2 and 3 above: `eval1`, `infer1`.
+
+  Returns the folder; the logs: `logs/two-<process>.log`, `logs/one-0.log`.
+  """
   def make(root):
-    args = QUICK + ['--gin.MESH_MODEL=4']
-    two = multiprocess.start(TRAIN, args + [_model_dir(root / 'two')],
-                             root / 'logs', name='two')
-    one = multiprocess.start(TRAIN, args + [_model_dir(root / 'one')],
-                             root / 'logs', num_processes=1, devices=4,
-                             name='one')
-    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
+    run, axis = root / 'run', QUICK + ['--gin.MESH_MODEL=4']
+    two = multiprocess.start_chain([
+        (TRAIN, QUICK + [_model_dir(run)] + EVAL_DURING, 0),
+        (TRAIN, axis + [_model_dir(root / 'model_axis_two')], 0),
+        (EVAL, _eval_args(run, root / 'eval2'), 0),
+        (INFER, _infer_args(run, root / 'infer2'), 0),
+    ], root / 'logs', name='two')
+    one = multiprocess.start_chain([
+        ('reference', [str(root / 'reference.npz'), '2', '4', *QUICK], 0),
+        (TRAIN, axis + [_model_dir(root / 'model_axis_one')], 0),
+        multiprocess.wait_for(two, 0),
+        (EVAL, _eval_args(run, root / 'eval1'), 0),
+        (INFER, _infer_args(run, root / 'infer1'), 0),
+    ], root / 'logs', num_processes=1, devices=4, name='one')
+    assert multiprocess.wait(two + one, 600) == [0, 0, 0], (
         multiprocess.outputs(two + one))
-    for p in two:
-      assert 'reads data shard 0 of 1 (8 rows of the global batch of 8)' in (
-          p.output())
 
-  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
-                                'model_axis_runs', make)
-  return root / 'two', root / 'one'
+  return multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'cluster_runs', make)
+
+
+def _log(root, name) -> str:
+  return (root / 'logs' / f'{name}.log').read_text(errors='replace')
+
+
+@pytest.fixture(scope='session')
+def two_process_run(cluster_runs):
+  """`run` of `cluster_runs` (4 steps of the quickstart as 2 processes x 2
+  devices, MESH_MODEL=1) and the reference parameters of 1 process x 4
+  devices fed the same global batches: `(run, reference)`."""
+  return (cluster_runs / 'run',
+          dict(np.load(cluster_runs / 'reference.npz')))
+
+
+@pytest.fixture(scope='session')
+def model_axis_runs(cluster_runs):
+  """The quickstart with MESH_MODEL=4 as 2 processes x 2 devices (the model
+  axis spans both) and as 1 process x 4 devices: `(two, one)` run
+  directories."""
+  for i in (0, 1):
+    assert 'reads data shard 0 of 1 (8 rows of the global batch of 8)' in (
+        multiprocess.command_output(_log(cluster_runs, f'two-{i}'), 1))
+  return cluster_runs / 'model_axis_two', cluster_runs / 'model_axis_one'
 
 
 # -- the data layout ----------------------------------------------------------
@@ -234,9 +283,8 @@ def test_two_processes_take_the_steps_of_one_fed_the_same_batches(
   (line,) = (run / 'eval_during_training.jsonl').read_text().splitlines()
   assert json.loads(line)['step'] == 4
   assert list(json.loads(line)['task_scores']) == ['glue_rte']
-  said = [re.findall(r'eval at step 4: [^(]*', (run.parent / 'logs' /
-                                              f'run-{i}.log').read_text())
-          for i in (0, 1)]
+  said = [re.findall(r'eval at step 4: [^(]*', multiprocess.command_output(
+      _log(run.parent, f'two-{i}'), 0)) for i in (0, 1)]
   assert said[0] and said[0] == said[1]
 
 
@@ -249,37 +297,16 @@ def test_a_model_axis_across_processes_equals_one_process(model_axis_runs):
                    _params(one / 'checkpoint_4'))
 
 
-def test_eval_and_infer_as_two_processes_equal_one(two_process_run,
-                                                   tmp_path):
+def test_eval_and_infer_as_two_processes_equal_one(cluster_runs):
   """Each process decodes its rows and gets every prediction back; process
   0 writes: the same summary.json and predictions, byte for byte."""
-  two_process_run, _ = two_process_run
-  eval_args = ['--gin_file=runs/quickstart_eval.gin', *ONE_TASK,
-               f'--gin.CHECKPOINT_PATH="{two_process_run}"',
-               '--gin.EVAL_BATCH_SIZE=8']
-  infer_args = ['--gin_file=runs/quickstart_infer.gin', *ONE_TASK,
-                f'--gin.CHECKPOINT_PATH="{two_process_run}/checkpoint_4"',
-                '--gin.INFER_BATCH_SIZE=8']
-  logs = tmp_path / 'logs'
-  for module, args, out_macro in (
-      ('hyperprompt_jax.eval', eval_args, 'EVAL_OUTPUT_DIR'),
-      ('hyperprompt_jax.infer', infer_args, 'INFER_OUTPUT_DIR')):
-    name = module.rsplit('.', 1)[1]
-    two = multiprocess.start(
-        module, args + [f'--gin.{out_macro}="{tmp_path / name}2"'], logs,
-        name=f'{name}2')
-    one = multiprocess.start(
-        module, args + [f'--gin.{out_macro}="{tmp_path / name}1"'], logs,
-        num_processes=1, devices=4, name=f'{name}1')
-    assert multiprocess.wait(two + one, 300) == [0, 0, 0], (
-        multiprocess.outputs(two + one))
-  summary = (tmp_path / 'eval2' / 'summary.json').read_bytes()
-  assert summary == (tmp_path / 'eval1' / 'summary.json').read_bytes()
+  summary = (cluster_runs / 'eval2' / 'summary.json').read_bytes()
+  assert summary == (cluster_runs / 'eval1' / 'summary.json').read_bytes()
   assert set(json.loads(summary)['selection']['tasks']) == {'glue_rte'}
-  (written,) = os.listdir(tmp_path / 'infer2')
+  (written,) = os.listdir(cluster_runs / 'infer2')
   assert written == 'fixture_glue_rte-4.jsonl'
-  predictions = (tmp_path / 'infer2' / written).read_bytes()
-  assert predictions == (tmp_path / 'infer1' / written).read_bytes()
+  predictions = (cluster_runs / 'infer2' / written).read_bytes()
+  assert predictions == (cluster_runs / 'infer1' / written).read_bytes()
   assert len(predictions.splitlines()) > 8  # more than one batch
 
 

@@ -30,6 +30,7 @@ import pytest
 
 from hyperprompt_jax import paths
 import conftest
+import multiprocess
 import tfds_sources
 
 # Short rows: the model and the data are tiny; this is about the plumbing.
@@ -85,23 +86,28 @@ def _run(module: str, *args: str, timeout: int = 900) -> str:
 @pytest.fixture(scope='module')
 def prepared(tmp_path_factory):
   """(data dir, SentencePiece model): the 17 datasets prepared by TFDS's
-  builders from raw files, and a tiny SentencePiece model of their text."""
-  root = tmp_path_factory.mktemp('real_mixture')
-  sources = tfds_sources.write_sources(root / 'download')
-  data_dir = str(root / 'tensorflow_datasets')
-  tfds_sources.prepare_all(sources, data_dir)
+  builders from raw files, and a tiny SentencePiece model of their text.
+  Made once for the test session (`multiprocess.made_once`: xdist's workers
+  that run this module's tests share it)."""
+  def make(root):
+    sources = tfds_sources.write_sources(root / 'download')
+    tfds_sources.prepare_all(sources, str(root / 'tensorflow_datasets'))
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    corpus = root / 'corpus.txt'
+    corpus.write_text(sources.corpus() + '\n' + T5_WORDS + '\n',
+                      encoding='utf-8')
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(root / 'spm'),
+        vocab_size=SPM_VOCAB_SIZE, model_type='unigram', pad_id=0, eos_id=1,
+        unk_id=2, bos_id=-1, hard_vocab_limit=False)
+
+  root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'real_mixture', make)
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  corpus = root / 'corpus.txt'
-  corpus.write_text(sources.corpus() + '\n' + T5_WORDS + '\n',
-                    encoding='utf-8')
-  spm.SentencePieceTrainer.train(
-      input=str(corpus), model_prefix=str(root / 'spm'),
-      vocab_size=SPM_VOCAB_SIZE, model_type='unigram', pad_id=0, eos_id=1,
-      unk_id=2, bos_id=-1, hard_vocab_limit=False)
   model = str(root / 'spm.model')
   pieces = spm.SentencePieceProcessor(model_file=model).vocab_size()
   assert pieces + 100 <= MODEL_VOCAB_SIZE
-  return data_dir, model
+  return str(root / 'tensorflow_datasets'), model
 
 
 def _vocab(spm_model: str) -> str:
@@ -141,15 +147,21 @@ def test_the_mixtures_datasets_are_prepared_by_tfds(prepared):
 @pytest.fixture(scope='module')
 def builtin_run(prepared, tmp_path_factory):
   """A tiny HyperPrompt-Global model trained 2 steps on the real mixture
-  by the built-in runner; its MODEL_DIR."""
+  by the built-in runner; its MODEL_DIR. Trained once for the test session
+  (`multiprocess.made_once`: xdist's workers share it; the tests only read
+  it)."""
   data_dir, spm_model = prepared
-  model_dir = tmp_path_factory.mktemp('builtin') / 'run'
-  _run('hyperprompt_jax.train', '--gin_file=runs/train.gin', *SETUP,
-       f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TFDS_DATA_DIR='{data_dir}'",
-       _vocab(spm_model), '--gin.TRAIN_STEPS=2', '--gin.SAVE_PERIOD=2',
-       '--gin.BATCH_SIZE=4', '--gin.PACK=True', '--gin.LOG_PERIOD=1',
-       f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}')
-  return model_dir
+
+  def make(root):
+    _run('hyperprompt_jax.train', '--gin_file=runs/train.gin', *SETUP,
+         f"--gin.MODEL_DIR='{root / 'run'}'",
+         f"--gin.TFDS_DATA_DIR='{data_dir}'", _vocab(spm_model),
+         '--gin.TRAIN_STEPS=2', '--gin.SAVE_PERIOD=2', '--gin.BATCH_SIZE=4',
+         '--gin.PACK=True', '--gin.LOG_PERIOD=1',
+         f'--gin.TASK_FEATURE_LENGTHS={LENGTHS}')
+
+  return multiprocess.made_once(tmp_path_factory.getbasetemp(),
+                                'real_mixture_builtin', make) / 'run'
 
 
 def _config_records(config: pathlib.Path, spm_model: str) -> None:

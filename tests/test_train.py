@@ -36,14 +36,18 @@ import conftest
 import multiprocess
 
 LENGTHS = {'inputs': 128, 'targets': 16}
-# A quick run of the quickstart: tiny model, small batch, frequent saves,
-# no evaluation (tests/test_train_loop.py evaluates), GLUE's 8 tasks (a
-# mixture, whose sampling a resume must continue exactly; each process
-# builds its input pipeline in half the time of the 16 tasks').
+# A quick run of the quickstart: tiny model (one encoder and one decoder
+# layer: a resume restores every layer alike, and each process traces and
+# steps half the layers), small batch, frequent saves, no evaluation
+# (tests/test_train_loop.py evaluates), GLUE's 8 tasks (a mixture, whose
+# sampling a resume must continue exactly; each process builds its input
+# pipeline in half the time of the 16 tasks').
 QUICK = ['--gin_file=runs/quickstart.gin', '--gin.BATCH_SIZE=4',
          '--gin.LOG_PERIOD=4', '--gin.SAVE_PERIOD=4',
          '--gin.KEEP_CHECKPOINTS=None', '--gin.EVAL_PERIOD=None',
-         "--gin.MIXTURE_OR_TASK_NAME='fixture_glue_proportional'"]
+         "--gin.MIXTURE_OR_TASK_NAME='fixture_glue_proportional'",
+         '--gin.network.T5Config.num_encoder_layers=1',
+         '--gin.network.T5Config.num_decoder_layers=1']
 
 
 def _train_cmd(model_dir, steps, *extra):
