@@ -187,9 +187,9 @@ Runs the plan's commands one after the other in this process: each a list
 command only, a command module's (it joins the cluster, as a host starts
 it; the next ones run in the joined processes). Module 'reference' is
 `reference` above; module 'wait' waits until the logs named by its args
-hold their command's end (`PATH:INDEX`, exit 0). Each command's output lies between the lines
-`[chain] I start MODULE` and `[chain] I end STATUS SECONDS`; a status other
-than the expected one ends the chain (exit 3)."""
+hold their command's end (`PATH:INDEX`, exit 0). Command i's output lies
+between the lines `[chain] i start MODULE` and `[chain] i end STATUS
+SECONDSs`; a status other than the expected one ends the chain (exit 3)."""
 
 
 def start_chain(commands: Sequence[tuple[str, Sequence[str], int]],
@@ -221,27 +221,30 @@ def command_output(log_text: str, index: int) -> str:
   return log_text[start_line.end():end.start()]
 
 
+def _wait_for_logs(logs_and_indices: list[str]) -> int:
+  """0 once every `PATH:INDEX` log holds its command's end with exit 0; 1
+  as soon as one ended otherwise or its chain stopped, or after 600 s."""
+  deadline = time.time() + 600
+  for log_and_index in logs_and_indices:
+    log, index = log_and_index.rsplit(':', 1)
+    ended = re.compile(rf'^\[chain\] {index} end (-?\d+) ', re.M)
+    while not (end := ended.search(
+        text := pathlib.Path(log).read_text(errors='replace'))):
+      if re.search(r'^\[chain\] stop', text, re.M) or time.time() > deadline:
+        return 1
+      time.sleep(0.2)
+    if int(end[1]) != 0:
+      return 1
+  return 0
+
+
 def _run_command(module: str, argv: list[str]) -> int:
   """`python -m module argv`'s exit status, run in this process."""
   if module == 'reference':
     reference(argv[0], int(argv[1]), int(argv[2]), argv[3:])
     return 0
   if module == 'wait':
-    deadline = time.time() + 600
-    for log_and_index in argv:
-      log, index = log_and_index.rsplit(':', 1)
-      while True:
-        text = pathlib.Path(log).read_text(errors='replace')
-        ended = re.search(rf'^\[chain\] {index} end (-?\d+) ', text, re.M)
-        if ended:
-          if int(ended[1]) != 0:
-            return 1
-          break
-        if re.search(r'^\[chain\] stop', text, re.M) or (
-            time.time() > deadline):
-          return 1
-        time.sleep(0.2)
-    return 0
+    return _wait_for_logs(argv)
   from hyperprompt_jax.common import gin_utils  # pylint: disable=g-import-not-at-top
   main = importlib.import_module(module).main
   saved, sys.argv = sys.argv, [module, *argv]  # what `gin_utils.run` reads

@@ -89,10 +89,11 @@ def prepared(tmp_path_factory):
   builders from raw files, and a tiny SentencePiece model of their text.
   Made once for the test session (`multiprocess.made_once`: xdist's workers
   that run this module's tests share it)."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
   def make(root):
     sources = tfds_sources.write_sources(root / 'download')
     tfds_sources.prepare_all(sources, str(root / 'tensorflow_datasets'))
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     corpus = root / 'corpus.txt'
     corpus.write_text(sources.corpus() + '\n' + T5_WORDS + '\n',
                       encoding='utf-8')
@@ -103,7 +104,6 @@ def prepared(tmp_path_factory):
 
   root = multiprocess.made_once(tmp_path_factory.getbasetemp(),
                                 'real_mixture', make)
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   model = str(root / 'spm.model')
   pieces = spm.SentencePieceProcessor(model_file=model).vocab_size()
   assert pieces + 100 <= MODEL_VOCAB_SIZE
