@@ -367,8 +367,12 @@ def test_slice_names_as_users_write_them(name):
   tpu_slice = tpu_compile.parse_slice(name)
   assert (tpu_slice.topology, tpu_slice.chips) == SLICE_NAMES[name]
   assert tpu_slice.given == name
-  # A one-chip host: libtpu's default host bounds are 2x2.
-  assert bool(tpu_slice.options) == (tpu_slice.chips == 1)
+  # A one-chip host: libtpu's default host bounds are 2x2; a v4 chip is
+  # one megacore device, as a v4 pod runs.
+  options = dict(tpu_slice.options)
+  assert ('chips_per_host_bounds' in options) == (tpu_slice.chips == 1)
+  assert (options.get('chip_config_name') == 'megacore') == (
+      tpu_slice.topology.startswith('v4'))
 
 
 @pytest.mark.parametrize('name', ['v3-16', 'v5e-2', 'v4-6', 'v7-8', 'v3',
@@ -457,13 +461,15 @@ def test_slice_names_give_libtpu_s_devices(tmp_path):
   """A few mappings against the devices libtpu gives (no compile)."""
   printed = _run(['-c', '''
 from hyperprompt_jax.benchmarks import tpu_compile
-for name in ('v3-32', 'v4-16', 'v5p-8', 'v5litepod-1', 'v6e-4', 'v3:2x2'):
+for name in ('v3-32', 'v4-16', 'v5p-8', 'v5litepod-1', 'v6e-4', 'v3:2x2',
+             'v4:2x2x1'):
   devices = tpu_compile.topology_devices(name)
   print('RESULT', name, len(devices), tpu_compile.devices_per_chip(devices))
 '''], tmp_path)
   assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
-      'RESULT v3-32 32 2', 'RESULT v4-16 16 2', 'RESULT v5p-8 4 1',
-      'RESULT v5litepod-1 1 1', 'RESULT v6e-4 4 1', 'RESULT v3:2x2 8 2']
+      'RESULT v3-32 32 2', 'RESULT v4-16 8 1', 'RESULT v5p-8 4 1',
+      'RESULT v5litepod-1 1 1', 'RESULT v6e-4 4 1', 'RESULT v3:2x2 8 2',
+      'RESULT v4:2x2x1 4 1']
 
 
 def _parameters_split(program: dict) -> int:

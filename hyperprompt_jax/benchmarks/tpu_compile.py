@@ -62,9 +62,10 @@ compiled; each optimized module's text is written beside it
 (`<json>_hlo/<setup>.<program>.hlo.txt`).
 
 A TPU v3 chip shows its two TensorCores as two devices, each with half the
-chip's HBM: `v3:4x4` (`v3-32`) is 16 chips, 32 devices of 16 GiB. libtpu
-describes a v4 slice compiled for from here the same way (two devices a
-chip, not megacore's one).
+chip's HBM: `v3:4x4` (`v3-32`) is 16 chips, 32 devices of 16 GiB. A v4 or
+v5p chip is one device of two cores (megacore), as JAX sees it on a pod:
+a v4 slice is compiled for so (libtpu's default v4 description is two
+devices a chip, which no v4 pod runs).
 """
 
 import collections
@@ -179,6 +180,9 @@ _ACCELERATOR_TYPES = {
     'v5e': ('v5e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
     'v6e': ('v6e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
 }
+# A v4 chip's two TensorCores as one device, as a v4 pod runs (v5p's
+# default already is).
+_MEGACORE = (('chip_config_name', 'megacore'),)
 _TOPOLOGY_NAME = re.compile(r'^(v2|v3|v4|v5p|v5e|v6e):(\d+(?:x\d+){1,2})$')
 _ACCELERATOR_TYPE = re.compile(r'^(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)$')
 SLICE_FORMS = ('a gcloud accelerator type (v2-8, v3-32, v4-16, v5p-64, '
@@ -198,7 +202,8 @@ def parse_slice(name: str) -> Slice:
   name = name.strip()
   m = _TOPOLOGY_NAME.match(name)
   if m:
-    return Slice(name, name, math.prod(int(n) for n in m.group(2).split('x')))
+    return Slice(name, name, math.prod(int(n) for n in m.group(2).split('x')),
+                 _MEGACORE if m.group(1) == 'v4' else ())
   m = _ACCELERATOR_TYPE.match(name)
   if not m:
     raise ValueError(f'--topology={name}: not a TPU slice; give '
@@ -214,6 +219,8 @@ def parse_slice(name: str) -> Slice:
   # A one-chip host (v5litepod-1, v6e-1): libtpu's default host is 2x2.
   options = ((('chips_per_host_bounds', (1, 1, 1)),)
              if count // per_chip == 1 else ())
+  if prefix == 'v4':
+    options += _MEGACORE
   return Slice(name, f'{prefix}:{"x".join(map(str, shape))}',
                count // per_chip, options)
 
@@ -241,8 +248,8 @@ def topology_devices(topology: str) -> list[jax.Device]:
 
 
 def devices_per_chip(devices: Sequence[jax.Device]) -> int:
-  """Devices a chip shows: 2 on TPU v2 / v3 (a device is a TensorCore; v4
-  too as libtpu describes a slice compiled for here), else 1."""
+  """Devices a chip shows: 2 on TPU v2 / v3 (a device is a TensorCore),
+  else 1 (v4 and v5p: one megacore device a chip)."""
   return len(devices) // len({tuple(d.coords) for d in devices})
 
 
