@@ -336,9 +336,9 @@ _PER_SHARD_FORM_ON_A_MESH = '''
 import json
 import jax, numpy as np
 from flax.linen import partitioning as nn_partitioning
-from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.methods import hypergrid
+from hyperprompt_jax.tpu import program_figures
 rng = np.random.default_rng(0)
 rows, length, d_in, d_out, s, k_in, k_out = 8, 32, 8, 12, 3, 4, 6
 x = rng.normal(size=(rows, length, d_in)).astype(np.float32)
@@ -366,7 +366,7 @@ with jax.set_mesh(mesh), nn_partitioning.axis_rules(
 print('RESULT', json.dumps({
     'value': float(value), 'dx': np.asarray(dx).tolist(),
     'dkernel': np.asarray(dkernel).tolist(),
-    'collective_bytes': sum(c['bytes'] for c in tpu_compile.hlo_summary(
+    'collective_bytes': sum(c['bytes'] for c in program_figures.hlo_summary(
         compiled.as_text())['collectives'].values()),
     'segments': segments.tolist(), 'x': x.tolist(), 'kernel': kernel.tolist(),
     'grid': grid.tolist(), 'w': w.tolist()}))

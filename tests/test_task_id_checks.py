@@ -352,9 +352,10 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
-from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.common import gin_utils
 from hyperprompt_jax.model import network
+from hyperprompt_jax.tpu import program_figures
+from hyperprompt_jax.tpu import slices
 
 ROWS, INPUTS, TARGETS = 8, 16, 8
 CASES = json.loads(sys.argv[1])
@@ -415,7 +416,7 @@ def in_context(context, mesh, fn):
 
 for case in CASES:
   devices = (jax.devices() if case['topology'] == 'cpu'
-             else tpu_compile.topology_devices(case['topology']))
+             else slices.topology_devices(case['topology']))
   model = build(case['variant'], case['bindings'])
   axes = tuple(case['axes'])
   mesh = Mesh(np.array(devices).reshape(
@@ -435,7 +436,7 @@ for case in CASES:
           jax.tree.map(lambda a: jax.ShapeDtypeStruct(
               a.shape, a.dtype, sharding=split),
               rows(valid, packed, 2))).compile())
-      result['host_callbacks'] = len(tpu_compile.host_callbacks(
+      result['host_callbacks'] = len(program_figures.host_callbacks(
           compiled.as_text()))
     except Exception as e:  # pylint: disable=broad-except
       result['error'] = f'{type(e).__name__}: {e}'

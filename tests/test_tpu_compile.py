@@ -253,8 +253,8 @@ ENTRY %main {
 
 
 def test_hlo_summary_counts_by_hand():
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
-  summary = tpu_compile.hlo_summary(_HLO)
+  from hyperprompt_jax.tpu import program_figures  # pylint: disable=g-import-not-at-top
+  summary = program_figures.hlo_summary(_HLO)
   assert summary['collectives'] == {
       'all-reduce': {'count': 1, 'bytes': 768 * 4},
       'all-gather': {'count': 1, 'bytes': (4 + 8) * 1024 * 2}}
@@ -274,7 +274,7 @@ def test_hlo_summary_counts_by_hand():
 
 
 def test_hbm_is_the_chips_over_its_devices():
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
 
   class Device:
     def __init__(self, kind, coords):
@@ -283,18 +283,18 @@ def test_hbm_is_the_chips_over_its_devices():
   gib = 2**30
   # TPU v3 shows each chip's two cores as devices: 16 GiB each.
   v3 = [Device('TPU v3', (x, 0, 0)) for x in (0, 0, 1, 1)]
-  assert tpu_compile.device_hbm_bytes(v3) == 16 * gib
+  assert slices.device_hbm_bytes(v3) == 16 * gib
   v5e = [Device('TPU v5 lite', (x, y, 0)) for x in (0, 1) for y in (0, 1)]
-  assert tpu_compile.device_hbm_bytes(v5e) == 16 * gib
-  assert tpu_compile.device_hbm_bytes([Device('TPU v5', (0, 0, 0))]) == (
+  assert slices.device_hbm_bytes(v5e) == 16 * gib
+  assert slices.device_hbm_bytes([Device('TPU v5', (0, 0, 0))]) == (
       95 * gib)
-  assert tpu_compile.device_hbm_bytes([Device('cpu', (0,))]) is None
+  assert slices.device_hbm_bytes([Device('cpu', (0,))]) is None
 
 
 _HOST_ROWS = '''
-from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.common import multihost, partitioning
-devices = tpu_compile.topology_devices('v5e:4x4')  # 4 hosts of 4 chips
+from hyperprompt_jax.tpu import slices
+devices = slices.topology_devices('v5e:4x4')  # 4 hosts of 4 chips
 for model in (1, 2):
   mesh = partitioning.create_mesh(-1, model, devices=devices)
   layout = multihost.data_layout(mesh)
@@ -315,9 +315,9 @@ def test_a_multihost_slice_gives_each_host_its_own_rows(tmp_path):
 
 _SPLIT_AXIS = '''
 import numpy as np
-from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.common import partitioning
-devices = tpu_compile.topology_devices('v5p:4x4x4')  # 4 x 4 x 4 chips
+from hyperprompt_jax.tpu import slices
+devices = slices.topology_devices('v5p:4x4x4')  # 4 x 4 x 4 chips
 mesh = partitioning.create_mesh(-1, 8, devices=devices)
 coords = np.array([d.coords for d in mesh.devices.flat]).reshape(8, 8, 3)
 print('RESULT', dict(mesh.shape), len({d.id for d in mesh.devices.flat}),
@@ -363,8 +363,8 @@ SLICE_NAMES = {
 
 @pytest.mark.parametrize('name', sorted(SLICE_NAMES))
 def test_slice_names_as_users_write_them(name):
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
-  tpu_slice = tpu_compile.parse_slice(name)
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
+  tpu_slice = slices.parse_slice(name)
   assert (tpu_slice.topology, tpu_slice.chips) == SLICE_NAMES[name]
   assert tpu_slice.given == name
   # A one-chip host: libtpu's default host bounds are 2x2; a v4 chip is
@@ -378,9 +378,9 @@ def test_slice_names_as_users_write_them(name):
 @pytest.mark.parametrize('name', ['v3-16', 'v5e-2', 'v4-6', 'v7-8', 'v3',
                                   'v3:4', 'tpu-v3-32', ''])
 def test_unknown_slice_names_name_the_accepted_forms(name):
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match=r'--topology=.*(v3-32|:AxB)'):
-    tpu_compile.parse_slice(name)
+    slices.parse_slice(name)
 
 
 class _Device:
@@ -394,11 +394,12 @@ def test_v3_reports_a_chip_as_twice_a_tensorcore():
   and a program's memory per chip is twice a device's, against twice a
   device's HBM."""
   from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
   gib = 2**30
   v3 = [_Device('TPU v3', (x, y, 0)) for x in (0, 1) for y in (0, 1)
         for _ in range(2)]  # v3-8: 4 chips, 8 devices
-  assert tpu_compile.devices_per_chip(v3) == 2
-  header = tpu_compile.slice_header('v3-8', v3)
+  assert slices.devices_per_chip(v3) == 2
+  header = slices.slice_header('v3-8', v3)
   assert header == {
       'given': 'v3-8', 'topology': 'v3:2x2', 'chips': 4, 'devices': 8,
       'devices_per_chip': 2, 'device_kind': 'TPU v3',
@@ -413,7 +414,7 @@ def test_v3_reports_a_chip_as_twice_a_tensorcore():
              'flops': 1e12, 'bytes_accessed': 1e9, 'scatters': 0,
              'gathers': 0, 'loops': 0, 'collectives': {},
              'host_callbacks': [], 'compile_s': 1.0}
-  chip = tpu_compile.per_chip(program, 2)
+  chip = slices.per_chip(program, 2)
   assert chip == {'devices': 2, 'argument': 6 * gib, 'output': 4 * gib,
                   'temp': 10 * gib, 'alias': 4 * gib, 'total': 16 * gib,
                   'hbm_bytes': 32 * gib}
@@ -423,7 +424,7 @@ def test_v3_reports_a_chip_as_twice_a_tensorcore():
   assert 'per chip (2 TensorCores) 16.00 GiB of 32 GiB' in printed
   # One device a chip (v5e): no per-chip figures, the header says so.
   v5e = [_Device('TPU v5 lite', (x, y, 0)) for x in (0, 1) for y in (0, 1)]
-  header = tpu_compile.slice_header('v5litepod-4', v5e)
+  header = slices.slice_header('v5litepod-4', v5e)
   assert (header['chips'], header['devices_per_chip']) == (4, 1)
   assert '(one a chip)' in tpu_compile.format_slice(header)
 
@@ -460,11 +461,11 @@ def test_a_t5x_run_without_t5x_names_the_built_in_run(monkeypatch):
 def test_slice_names_give_libtpu_s_devices(tmp_path):
   """A few mappings against the devices libtpu gives (no compile)."""
   printed = _run(['-c', '''
-from hyperprompt_jax.benchmarks import tpu_compile
+from hyperprompt_jax.tpu import slices
 for name in ('v3-32', 'v4-16', 'v5p-8', 'v5litepod-1', 'v6e-4', 'v3:2x2',
              'v4:2x2x1'):
-  devices = tpu_compile.topology_devices(name)
-  print('RESULT', name, len(devices), tpu_compile.devices_per_chip(devices))
+  devices = slices.topology_devices(name)
+  print('RESULT', name, len(devices), slices.devices_per_chip(devices))
 '''], tmp_path)
   assert [l for l in printed.splitlines() if l.startswith('RESULT')] == [
       'RESULT v3-32 32 2', 'RESULT v4-16 8 1', 'RESULT v5p-8 4 1',
@@ -573,10 +574,10 @@ def test_the_compile_command_takes_a_t5x_run_file(tmp_path):
 _HYPERGRID_FORMS_FOR_A_SLICE = '''
 import jax, jax.numpy as jnp
 from flax.linen import partitioning as nn_partitioning
-from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.methods import hypergrid
 from hyperprompt_jax.runner import partitioning
-mesh = partitioning.create_mesh(devices=tpu_compile.topology_devices(TOPOLOGY))
+from hyperprompt_jax.tpu import slices
+mesh = partitioning.create_mesh(devices=slices.topology_devices(TOPOLOGY))
 split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
 whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 

@@ -18,7 +18,7 @@ over a 'model' axis of 2 (all), and the batch split four ways (`BOTH_MESHES`).
 With `--t5x`, t5x's train, eval and predict steps (`t5x_programs`); with
 `--t5x_run`, a t5x run file through the compile command (`t5x_runs`).
 
-Per program the JSON holds `tpu_compile.figures`: the compile time, the
+Per program the JSON holds `program_figures.figures`: the compile time, the
 memory, FLOPs and bytes accessed, the host transfers and callback custom
 calls left in the optimized module (`host_callbacks`), and each argument's
 per-chip shard (`arguments`: shape, dtype, the shard's shape, the tiled
@@ -56,6 +56,8 @@ from hyperprompt_jax.model import network
 from hyperprompt_jax.t5 import inputs
 from hyperprompt_jax.t5 import task_blocks
 from hyperprompt_jax.t5 import traced_mesh
+from hyperprompt_jax.tpu import program_figures
+from hyperprompt_jax.tpu import slices
 from hyperprompt_jax.training import optimizers
 from hyperprompt_jax.training import trainer as trainer_lib
 
@@ -178,7 +180,7 @@ def controls(devices) -> dict:
   x = jax.ShapeDtypeStruct((8, 128), jnp.float32,
                            sharding=jax.sharding.NamedSharding(
                                mesh, jax.sharding.PartitionSpec()))
-  found = tpu_compile.host_callbacks(
+  found = program_figures.host_callbacks(
       jax.jit(with_callback).lower(x).compile().as_text())
   model = network.Transformer(model_config('mtl'))
   mesh = partitioning.create_mesh(*MESHES['data4'], devices=devices)
@@ -254,7 +256,7 @@ def t5x_programs(devices) -> dict:
         donate_argnums=(0,) if train else ())
     start = time.perf_counter()
     compiled = step.lower(state_shape, batch).compile()
-    return tpu_compile.figures(compiled, time.perf_counter() - start)
+    return program_figures.figures(compiled, time.perf_counter() - start)
 
   report = {}
   for name in T5X_VARIANTS + ('unchecked',):
@@ -356,7 +358,7 @@ def mtl_and_t5x_network(devices) -> dict:
         partitioning.logical_axis_rules()):
       compiled = jax.jit(functools.partial(step, name), donate_argnums=(0,)
                          ).lower(params, *tokens).compile()
-    report[name] = tpu_compile.figures(compiled, time.perf_counter() - start)
+    report[name] = program_figures.figures(compiled, time.perf_counter() - start)
     report[name].pop('largest')
   return report
 
@@ -389,13 +391,13 @@ def t5x_runs() -> dict:
   devices = {}
   for key, (topology, bindings) in T5X_RUNS.items():
     if topology not in devices:
-      devices[topology] = tpu_compile.topology_devices(topology)
+      devices[topology] = slices.topology_devices(topology)
     run = steps_compile.T5xRun(
         name='quickstart_train', gin_files=['t5x/quickstart_train.gin'],
         bindings=list(T5X_RUN_BINDINGS + bindings), predict_batch_size=8)
     try:
       report[key] = steps_compile.compile_run(run, devices[topology])
-      report[key]['slice'] = tpu_compile.slice_header(topology,
+      report[key]['slice'] = slices.slice_header(topology,
                                                       devices[topology])
     except ValueError as e:
       report[key] = {'error': str(e)}
@@ -408,7 +410,7 @@ def main(out_path: str, names=None) -> None:
     with open(out_path, 'w') as f:
       json.dump({'t5x_run': t5x_runs()}, f, indent=1)
     return
-  devices = tpu_compile.topology_devices(TOPOLOGY)
+  devices = slices.topology_devices(TOPOLOGY)
   if names in (['--t5x'], ['--vs_t5x']):  # t5x's steps; MTL against t5x's
     build = t5x_programs if names == ['--t5x'] else mtl_and_t5x_network
     with open(out_path, 'w') as f:

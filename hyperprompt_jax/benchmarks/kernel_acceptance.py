@@ -39,7 +39,7 @@ On a CPU host the same command runs the kernels in Pallas's interpreter
 `--compile` (a CPU host with libtpu, the `[tpu]` extra) compiles each
 kernel (`CASES`: forward and backward, one `jax.value_and_grad`) at a
 Base-sized device batch (4 rows of 512 tokens, bfloat16) for one device of
-each TPU slice (`tpu_compile.topology_devices`), and reports each kernel's
+each TPU slice (`slices.topology_devices`), and reports each kernel's
 VMEM as the TPU compiler allocates it (the optimized module's
 `used_scoped_memory_configs`) against the generation's VMEM (`VMEM_MIB`),
 beside the forward kernels' own count (`segment_kernels._vmem_bytes`, which
@@ -481,11 +481,11 @@ def compile_kernels(topologies: Sequence[str], cases: Sequence[str],
                     output_json: Optional[str] = None) -> dict[str, Any]:
   """`--compile`: every case for one device of each slice (module
   docstring)."""
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
   report = {'jax': jax.__version__, 'rows': ROWS, 'length': LENGTH,
             'generations': []}
   for topology in topologies:
-    devices = tpu_compile.topology_devices(topology)
+    devices = slices.topology_devices(topology)
     kind = devices[0].device_kind
     generation = {'topology': topology, 'device_kind': kind,
                   'vmem_mib': vmem_mib(kind), 'cases': []}
@@ -522,8 +522,8 @@ def vmem_probe(topology: str) -> float:
   """The largest VMEM scratch (MiB, to 1/4) a kernel compiles with for one
   device of `topology`: the generation's VMEM less what the compiler
   keeps."""
-  from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
-  devices = tpu_compile.topology_devices(topology)
+  from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
+  devices = slices.topology_devices(topology)
   mesh = jax.sharding.Mesh(np.array(devices[:1]), ('data',))
   x = jax.ShapeDtypeStruct((8, 128), jnp.float32,
                            sharding=jax.sharding.NamedSharding(

@@ -11,8 +11,8 @@ r"""A run's training step and decode compiled for a TPU slice, on a CPU host.
         --gin_file=t5x/hypergrid_lg_glue_super_glue.gin [--gin.X=Y ...]
 
 `--topology` is a gcloud accelerator type (`v3-32`, `v4-16`, `v5p-64`,
-`v5litepod-16` / `v5e-16`, `v6e-64`: `parse_slice` maps it to its chips'
-layout, `v3-32` -> `v3:4x4`) or a `jax.experimental.topologies` name.
+`v5litepod-16` / `v5e-16`, `v6e-64`) or a `jax.experimental.topologies`
+name (`hyperprompt_jax.tpu.slices`).
 
 libtpu (`pip install -e '.[tpu]'`) holds the TPU compiler, and
 `jax.experimental.topologies` gives the devices of any slice
@@ -44,31 +44,16 @@ Without `--gin_file`, the setups are the MFU benchmark's variants
 gin, TensorFlow or seqio.
 
 Figures per program, for one device (the SPMD program every device runs;
-a chip where it shows one device, and on TPU v2 / v3, whose chips show
-their two TensorCores as two devices, `per_chip` too: twice a device's):
-arguments, outputs, temporaries, aliased (donated) and the total
-(arguments + outputs + temporaries - aliased: XLA's `memory_analysis()`)
-against the chip's HBM (`HBM_GIB`); XLA's FLOPs and bytes accessed
-(`cost_analysis()`; a loop's body is counted once, so where the compiler
-keeps a step's microbatches or MetaBalance's shares as a loop, one part is
-counted: `loops` says how many loops the module holds); for the training
-step, the FLOPs of every chip over 6 N D (`mfu.six_nd_flops` of the global
-batch); the collectives by kind (count and bytes); the scatters and gathers
-left in the optimized module, the large ones with their shape and the op
-that made them; the instructions that touch the most bytes (`largest`);
-host callbacks; the compile time. The JSON (`--output_json`) holds them all
-and is rewritten after each setup, so a run cut short keeps what it
-compiled; each optimized module's text is written beside it
-(`<json>_hlo/<setup>.<program>.hlo.txt`).
-
-A TPU v3 chip shows its two TensorCores as two devices, each with half the
-chip's HBM: `v3:4x4` (`v3-32`) is 16 chips, 32 devices of 16 GiB. A v4 or
-v5p chip is one device of two cores (megacore), as JAX sees it on a pod:
-a v4 slice is compiled for so (libtpu's default v4 description is two
-devices a chip, which no v4 pod runs).
+on TPU v2 / v3, whose chips show their two TensorCores as two devices,
+`per_chip` too), as `hyperprompt_jax.tpu.program_figures` reads them from
+XLA: memory against the HBM, FLOPs and bytes accessed, collectives, large
+scatters and gathers, loops, host callbacks; for the training step also the
+FLOPs of every chip over 6 N D (`mfu.six_nd_flops` of the global batch).
+The JSON (`--output_json`) holds them all and is rewritten after each
+setup, so a run cut short keeps what it compiled; each optimized module's
+text is written beside it (`<json>_hlo/<setup>.<program>.hlo.txt`).
 """
 
-import collections
 import dataclasses
 import importlib.util
 import json
@@ -79,11 +64,8 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-import flax
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hyperprompt_jax import files
 from hyperprompt_jax import methods
@@ -93,383 +75,10 @@ from hyperprompt_jax.benchmarks import timing
 from hyperprompt_jax.common import partitioning
 from hyperprompt_jax.model import network
 from hyperprompt_jax.t5 import inputs
+from hyperprompt_jax.tpu import program_figures
+from hyperprompt_jax.tpu import slices
 from hyperprompt_jax.training import optimizers
 from hyperprompt_jax.training import trainer as trainer_lib
-
-GIB = 2**30
-# HBM of one chip in GiB by a lower-case piece of `jax.Device.device_kind`
-# (the first that matches; Google Cloud's TPU pages). A device is a
-# TensorCore where a chip shows two (TPU v3): it has its share.
-HBM_GIB = (
-    ('tpu v2', 16),
-    ('tpu v3', 32),
-    ('tpu v4', 32),
-    ('tpu v5 lite', 16),  # v5e
-    ('tpu v5', 95),       # v5p
-    ('tpu v6 lite', 32),  # v6e
-)
-# The collective ops of an optimized HLO module (an async pair counts by its
-# start).
-COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
-               'collective-permute', 'all-reduce-start', 'all-gather-start',
-               'collective-permute-start')
-# A gather or scatter under this many bytes is left out of the lists (an
-# index's lookup in a small table; the count still has it).
-LARGE_BYTES = 1 << 20
-
-_INSTRUCTION = re.compile(
-    r'^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*'
-    r'(?P<shape>\(.*?\)|\S+)\s+'
-    r'(?P<op>[a-z][\w\-]*)\(', re.MULTILINE)
-_ARRAY = re.compile(r'\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|'
-                    r'u64|f64|c64|c128|f8e\w+)\[([\d,]*)\]')
-_ITEM_BITS = {'pred': 8, 's4': 4, 'u4': 4, 's8': 8, 'u8': 8, 's16': 16,
-              'u16': 16, 'f16': 16, 'bf16': 16, 's32': 32, 'u32': 32,
-              'f32': 32, 's64': 64, 'u64': 64, 'f64': 64, 'c64': 64,
-              'c128': 128}
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-# A computation's first line (`%fused_computation.3 (param_0: ...) -> ... {`,
-# `ENTRY %main ... {`), the computations an instruction calls, an operand.
-_COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$')
-_CALLED = re.compile(r'(?:calls|to_apply)=%?([\w.\-]+)')
-_OPERAND = re.compile(r'%([\w.\-]+)')
-_LAYOUT = re.compile(r'\{[^{}]*\}')
-# Instructions that move no data of their own.
-_BOOKKEEPING = frozenset({'parameter', 'constant', 'get-tuple-element',
-                          'tuple', 'bitcast', 'after-all', 'partition-id',
-                          'replica-id', 'copy-done', 'all-gather-done',
-                          'all-reduce-done', 'collective-permute-done',
-                          'while', 'conditional', 'call'})
-_SOURCE = re.compile(r'source_file="([^"]*)"\s+source_line=(\d+)')
-# What a host callback leaves in an optimized module: send / recv host
-# transfers (jax's callbacks on TPU), or a callback custom call (CPU, GPU).
-_HOST_TRANSFER = re.compile(r'is_host_transfer=true')
-_CALLBACK_TARGET = re.compile(
-    r'custom_call_target="([^"]*(?:callback|python)[^"]*)"', re.IGNORECASE)
-
-
-@dataclasses.dataclass(frozen=True)
-class Slice:
-  """A TPU slice as the user wrote it and as `jax.experimental.topologies`
-  names it (`topology`, with the topology options it needs: a one-chip
-  host's bounds)."""
-  given: str      # 'v3-32', 'v5litepod-4', or a topology name: 'v3:4x4'
-  topology: str   # 'v3:4x4'
-  chips: int
-  options: tuple[tuple[str, Any], ...] = ()
-
-
-# gcloud accelerator types (`gcloud compute tpus accelerator-types list`):
-# v2, v3, v4 and v5p count TensorCores, two a chip; v5e (v5litepod) and
-# v6e count chips. The chips of each count, as laid out in the slice.
-_PLANE = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8),
-          64: (8, 8), 128: (8, 16), 256: (16, 16), 512: (16, 32),
-          1024: (32, 32)}
-# v4 and v5p slices grow one axis at a time, z first.
-_CUBE = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4),
-         64: (4, 4, 4), 128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8),
-         1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16)}
-# generation -> (topology prefix, TensorCores counted a chip, the counts
-# gcloud offers, the chip layouts).
-_ACCELERATOR_TYPES = {
-    'v2': ('v2', 2, (8, 32, 128, 256, 512), _PLANE),
-    'v3': ('v3', 2, (8, 32, 64, 128, 256, 512, 1024, 2048), _PLANE),
-    'v4': ('v4', 2, tuple(2 * c for c in _CUBE), _CUBE),
-    'v5p': ('v5p', 2, tuple(2 * c for c in _CUBE), _CUBE),
-    'v5litepod': ('v5e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
-    'v5e': ('v5e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
-    'v6e': ('v6e', 1, (1, 4, 8, 16, 32, 64, 128, 256), _PLANE),
-}
-# A v4 chip's two TensorCores as one device, as a v4 pod runs (v5p's
-# default already is).
-_MEGACORE = (('chip_config_name', 'megacore'),)
-_TOPOLOGY_NAME = re.compile(r'^(v2|v3|v4|v5p|v5e|v6e):(\d+(?:x\d+){1,2})$')
-_ACCELERATOR_TYPE = re.compile(r'^(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)$')
-SLICE_FORMS = ('a gcloud accelerator type (v2-8, v3-32, v4-16, v5p-64, '
-               'v5litepod-16 or v5e-16, v6e-64: v2 / v3 / v4 / v5p count '
-               'TensorCores, two a chip; v5e / v6e count chips) or a '
-               'jax.experimental.topologies name (v3:4x4, v4:2x2x4, v5e:4x4, '
-               'v5p:4x4x4, v6e:8x8)')
-
-
-def parse_slice(name: str) -> Slice:
-  """The slice of a gcloud accelerator type (`v3-32` -> `v3:4x4`, 16
-  chips) or of a topology name (kept as given); a pure function.
-
-  Raises:
-    ValueError: a name of neither form, or a count gcloud does not offer.
-  """
-  name = name.strip()
-  m = _TOPOLOGY_NAME.match(name)
-  if m:
-    return Slice(name, name, math.prod(int(n) for n in m.group(2).split('x')),
-                 _MEGACORE if m.group(1) == 'v4' else ())
-  m = _ACCELERATOR_TYPE.match(name)
-  if not m:
-    raise ValueError(f'--topology={name}: not a TPU slice; give '
-                     f'{SLICE_FORMS}.')
-  prefix, per_chip, counts, layouts = _ACCELERATOR_TYPES[m.group(1)]
-  count = int(m.group(2))
-  if count not in counts:
-    raise ValueError(
-        f'--topology={name}: gcloud offers {m.group(1)}-N for N in '
-        f'{list(counts)}; or give the slice as a topology name '
-        f'({prefix}:AxB{"xC" if layouts is _CUBE else ""}).')
-  shape = layouts[count // per_chip]
-  # A one-chip host (v5litepod-1, v6e-1): libtpu's default host is 2x2.
-  options = ((('chips_per_host_bounds', (1, 1, 1)),)
-             if count // per_chip == 1 else ())
-  if prefix == 'v4':
-    options += _MEGACORE
-  return Slice(name, f'{prefix}:{"x".join(map(str, shape))}',
-               count // per_chip, options)
-
-
-def topology_devices(topology: str) -> list[jax.Device]:
-  """The devices of a TPU slice (`'v3:4x4'`, `'v3-32'`: `parse_slice`),
-  compiled for, not opened."""
-  tpu_slice = parse_slice(topology)
-  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')  # no TPU host metadata
-  # No TPU is opened, so libtpu's one-process lock (/tmp/libtpu_lockfile)
-  # need not keep another compiling process out.
-  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
-  if importlib.util.find_spec('libtpu') is None:
-    raise ValueError(f'--topology={topology}: the TPU compiler is not '
-                     "installed: pip install -e '.[tpu]' (it brings libtpu).")
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    return list(topologies.get_topology_desc(
-        platform='tpu', topology_name=tpu_slice.topology,
-        **dict(tpu_slice.options)).devices)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(
-        f'--topology={topology}: libtpu gives no devices for '
-        f'{tpu_slice.topology} ({e}); give {SLICE_FORMS}.') from e
-
-
-def devices_per_chip(devices: Sequence[jax.Device]) -> int:
-  """Devices a chip shows: 2 on TPU v2 / v3 (a device is a TensorCore),
-  else 1 (v4 and v5p: one megacore device a chip)."""
-  return len(devices) // len({tuple(d.coords) for d in devices})
-
-
-def slice_header(topology: str, devices: Sequence[jax.Device]
-                 ) -> dict[str, Any]:
-  """The slice as given and as mapped: chips, devices, HBM a device and a
-  chip."""
-  tpu_slice = parse_slice(topology)
-  per_chip = devices_per_chip(devices)
-  hbm = device_hbm_bytes(devices)
-  return {'given': tpu_slice.given, 'topology': tpu_slice.topology,
-          'chips': len(devices) // per_chip, 'devices': len(devices),
-          'devices_per_chip': per_chip, 'device_kind': devices[0].device_kind,
-          'hbm_bytes_per_device': hbm,
-          'hbm_bytes_per_chip': None if hbm is None else hbm * per_chip}
-
-
-def per_chip(program: dict[str, Any], cores: int) -> dict[str, Any]:
-  """A program's memory a chip holds (bytes): each of its `cores` devices
-  (TensorCores) runs the same SPMD program, so a chip holds `cores` times
-  one device's arguments, temporaries and total, against `cores` times a
-  device's HBM."""
-  memory = program['memory']
-  hbm = program.get('hbm_bytes')
-  return {'devices': cores,
-          **{k: memory[k] * cores
-             for k in ('argument', 'output', 'temp', 'alias', 'total')},
-          'hbm_bytes': None if hbm is None else hbm * cores}
-
-
-def device_hbm_bytes(devices: Sequence[jax.Device]) -> Optional[int]:
-  """HBM of one device of the slice: the chip's (`HBM_GIB`) over the
-  devices a chip shows (those at the same coordinates); None for an
-  unknown kind."""
-  kind = devices[0].device_kind.lower()
-  chip = next((gib for piece, gib in HBM_GIB if piece in kind), None)
-  if chip is None:
-    return None
-  coords = {tuple(d.coords) for d in devices}  # a chip's place in the torus
-  return chip * GIB * len(coords) // len(devices)
-
-
-def array_bytes(shape_text: str) -> int:
-  """Bytes of the arrays an HLO shape names (`bf16[8,128]{1,0}`, or a
-  tuple of them)."""
-  total = 0
-  for dtype, dims in _ARRAY.findall(shape_text):
-    count = math.prod(int(d) for d in dims.split(',') if d)
-    total += count * _ITEM_BITS.get(dtype, 8) // 8
-  return total
-
-
-def host_callbacks(text: str) -> list[str]:
-  """The host transfers and callback custom calls of an HLO module."""
-  return (_CALLBACK_TARGET.findall(text)
-          + [m.group(0) for m in _HOST_TRANSFER.finditer(text)])
-
-
-def _plain(shape: str) -> str:
-  """An HLO shape without its layouts: `(bf16[8,128], f32[8])`."""
-  return _LAYOUT.sub('', shape)
-
-
-def _where(line: str) -> str:
-  """The jax op and source line an HLO instruction came from."""
-  op = _OP_NAME.search(line)
-  source = _SOURCE.search(line)
-  where = op.group(1) if op else '?'
-  if source:
-    where += f' ({os.path.basename(source.group(1))}:{source.group(2)})'
-  return where
-
-
-def hlo_summary(text: str, top: int = 12) -> dict[str, Any]:
-  """What an optimized HLO module does beyond its arithmetic: collectives
-  by kind (`{op: {'count', 'bytes'}}`, bytes of their results), the count
-  of scatters and gathers and the large ones (`LARGE_BYTES`: shape, bytes,
-  the op that made them), its loops (XLA's cost analysis counts a loop's
-  body once), host callbacks, and the `top` instructions the program
-  schedules (fusions, copies, collectives: not those inside a fusion) that
-  touch the most bytes (`largest`: their result and operands)."""
-  collectives = collections.defaultdict(lambda: {'count': 0, 'bytes': 0})
-  counts = collections.Counter()
-  large = {'scatter': [], 'gather': []}
-  loops = 0
-  instructions = []  # (computation, match, line)
-  computation = None
-  for line in text.splitlines():
-    header = _COMPUTATION.match(line)
-    if header:
-      computation = header.group(1)
-      continue
-    m = _INSTRUCTION.match(line)
-    if not m:
-      continue
-    instructions.append((computation, m, line))
-    op = m.group('op')
-    if op in COLLECTIVES:
-      kind = collectives[op.removesuffix('-start')]
-      kind['count'] += 1
-      kind['bytes'] += array_bytes(m.group('shape'))
-    elif op in large:
-      counts[op] += 1
-      size = array_bytes(m.group('shape'))
-      if size >= LARGE_BYTES:
-        large[op].append({'shape': _plain(m.group('shape')),
-                          'bytes': size, 'from': _where(line)})
-    elif op == 'while':
-      loops += 1
-  return {'collectives': dict(collectives),
-          'scatters': counts['scatter'], 'gathers': counts['gather'],
-          'large_scatters': large['scatter'], 'large_gathers': large['gather'],
-          'loops': loops, 'host_callbacks': host_callbacks(text),
-          'largest': _largest(instructions, top)}
-
-
-def _largest(instructions, top: int) -> list[dict[str, Any]]:
-  """The scheduled instructions (those of computations no fusion or
-  reduction calls: the entry's, a loop's body) that touch the most bytes:
-  result + operands, a loop's body counted once."""
-  sizes = {m.group('name'): array_bytes(m.group('shape'))
-           for _, m, _ in instructions}
-  inner = set()
-  for _, _, line in instructions:
-    inner.update(_CALLED.findall(line))
-  rows = []
-  for computation, m, line in instructions:
-    op = m.group('op')
-    if computation in inner or op in _BOOKKEEPING:
-      continue
-    operands = line[m.end():].split(')', 1)[0]
-    size = sizes[m.group('name')] + sum(
-        sizes.get(name, 0) for name in _OPERAND.findall(operands))
-    rows.append({'op': op, 'bytes': size,
-                 'shape': _plain(m.group('shape'))[:160],
-                 'from': _where(line)})
-  return sorted(rows, key=lambda r: -r['bytes'])[:top]
-
-
-def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
-            args: Any = None, param_axes: Optional[dict] = None,
-            hlo_path: Optional[str] = None) -> dict[str, Any]:
-  """A compiled program's figures for one chip (the module docstring), and
-  with `args` (the abstract arguments it was lowered for) what a chip holds
-  of each (`argument_shards`). The optimized module's text goes to
-  `hlo_path` where one is given."""
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
-    cost = cost[0]
-  sizes = {k: getattr(memory, f'{k}_size_in_bytes') for k in (
-      'argument', 'output', 'alias', 'temp', 'generated_code')}
-  total = (sizes['argument'] + sizes['output'] + sizes['temp']
-           - sizes['alias'])
-  text = compiled.as_text()
-  if hlo_path:
-    files.write_atomically(hlo_path, text)
-  out = {
-      'compile_s': round(seconds, 1),
-      'memory': dict(sizes, total=total),
-      'hbm_bytes': hbm_bytes,
-      'fits': None if hbm_bytes is None else total <= hbm_bytes,
-      'flops': cost.get('flops'),
-      'bytes_accessed': cost.get('bytes accessed'),
-      **hlo_summary(text),
-  }
-  if args is not None:
-    out['arguments'] = argument_shards(compiled, args, param_axes or {})
-  return out
-
-
-def argument_shards(compiled, args: Any, param_axes: dict[str, list]
-                    ) -> list[dict[str, Any]]:
-  """Per argument leaf: its path, shape, dtype, the logical axes of a
-  parameter (`param_axes`, by path), and as the program takes it on a chip:
-  its shard's shape and the shard laid out (`tiled`: in the layout's order,
-  minor dimensions padded to its tile: what the chip allocates); `pruned`
-  for an argument the program does not use."""
-  formats = jax.tree.leaves(compiled.input_formats[0])
-  leaves = jax.tree_util.tree_leaves_with_path(args)
-  assert len(formats) == len(leaves), (len(formats), len(leaves))
-  out = []
-  for (path, leaf), fmt in zip(leaves, formats):
-    path = jax.tree_util.keystr(path)
-    argument = {'path': path, 'shape': list(leaf.shape),
-                'dtype': str(leaf.dtype),
-                'itemsize': np.dtype(leaf.dtype).itemsize,
-                'axes': param_axes.get(path)}
-    if fmt.layout is None:
-      out.append(dict(argument, pruned=True))
-      continue
-    shard = fmt.sharding.shard_shape(leaf.shape)
-    layout = fmt.layout
-    out.append(dict(
-        argument, pruned=False, shard=list(shard),
-        tiled=list(_tiled([shard[i] for i in layout.major_to_minor],
-                          layout.tiling[0] if layout.tiling else ()))))
-  return out
-
-
-def _tiled(physical, tile) -> tuple[int, ...]:
-  """A shape in its layout's order (major to minor) with its minor
-  dimensions rounded up to the layout's tile (a scalar is one element)."""
-  shape = list(physical) or [1]
-  tile = list(tile)[-len(shape):] if tile else []
-  offset = len(shape) - len(tile)
-  for i, t in enumerate(tile):
-    shape[offset + i] = -(-shape[offset + i] // t) * t
-  return tuple(shape)
-
-
-def param_axes_by_path(params_axes: Any, prefix: Sequence[Any]
-                       ) -> dict[str, list]:
-  """keystr of each parameter (under `prefix`, its place among a program's
-  arguments) -> its logical axis names."""
-  names = nn_partitioning.get_axis_names(params_axes)
-  return {jax.tree_util.keystr(tuple(prefix) + path): list(axes)
-          for path, axes in jax.tree_util.tree_leaves_with_path(
-              flax.core.unfreeze(names),
-              is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
 
 
 @dataclasses.dataclass
@@ -536,14 +145,15 @@ def compile_train(setup: Setup, mesh: jax.sharding.Mesh,
   state = trainer.abstract_state()
   abstract = network.abstract_variables(model, setup.input_length,
                                         setup.target_length)
-  axes = param_axes_by_path(  # the state's parameters: args[0]['params']
+  # The state's parameters: args[0]['params'].
+  axes = program_figures.param_axes_by_path(
       abstract['params_axes'],
       (jax.tree_util.SequenceKey(0), jax.tree_util.DictKey('params')))
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     compiled = trainer.step_function().lower(state, batch).compile()
-  out = figures(compiled, time.perf_counter() - start, hbm_bytes,
-                (state, batch), axes, hlo_path)
+  out = program_figures.figures(compiled, time.perf_counter() - start,
+                                hbm_bytes, (state, batch), axes, hlo_path)
   six_nd = mfu.six_nd_flops(trainer.abstract_params, batch)
   out['six_nd_flops'] = six_nd
   out['flops_over_6nd'] = (out['flops'] * mesh.size / six_nd
@@ -574,10 +184,10 @@ def compile_decode(setup: Setup, mesh: jax.sharding.Mesh,
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     compiled = predictor.decode_function().lower(*args).compile()
-  return figures(compiled, time.perf_counter() - start, hbm_bytes, args,
-                 param_axes_by_path(abstract['params_axes'],
-                                    (jax.tree_util.SequenceKey(0),)),
-                 hlo_path)
+  axes = program_figures.param_axes_by_path(abstract['params_axes'],
+                                            (jax.tree_util.SequenceKey(0),))
+  return program_figures.figures(compiled, time.perf_counter() - start,
+                                 hbm_bytes, args, axes, hlo_path)
 
 
 def compile_setup(setup: Setup, devices: Sequence[jax.Device],
@@ -588,8 +198,8 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
   module's text goes to `hlo_dir/<setup> [<label>].<program>.hlo.txt`."""
   mesh = partitioning.create_mesh(setup.mesh_data, setup.mesh_model,
                                   devices=devices)
-  hbm = device_hbm_bytes(devices)
-  cores = devices_per_chip(devices)
+  hbm = slices.device_hbm_bytes(devices)
+  cores = slices.devices_per_chip(devices)
   report = {'setup': setup.name, 'label': setup.label,
             'mesh': dict(mesh.shape), 'batch_size': setup.batch_size,
             'lengths': setup.lengths, 'pack': setup.pack,
@@ -614,7 +224,7 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
     try:
       report['programs'][kind] = build(setup, mesh, hbm, hlo_path)
       if cores > 1:
-        report['programs'][kind]['per_chip'] = per_chip(
+        report['programs'][kind]['per_chip'] = slices.per_chip(
             report['programs'][kind], cores)
     except Exception as e:  # pylint: disable=broad-except
       report['programs'][kind] = {'error': f'{type(e).__name__}: {e}'[:2000]}
@@ -639,22 +249,24 @@ def format_program(name: str, kind: str, p: dict[str, Any]) -> str:
     return f'{name} {kind}: does not compile: {p["error"][:300]}'
   m = p['memory']
   fit = '' if p['fits'] is None else (
-      f' of {p["hbm_bytes"] / GIB:.0f} GiB '
+      f' of {p["hbm_bytes"] / slices.GIB:.0f} GiB '
       f'({"fits" if p["fits"] else "DOES NOT FIT"})')
   chip = p.get('per_chip')
   if chip:
     fit += (f' per device (TensorCore); per chip ({chip["devices"]} '
-            f'TensorCores) {chip["total"] / GIB:.2f} GiB'
+            f'TensorCores) {chip["total"] / slices.GIB:.2f} GiB'
             + ('' if chip['hbm_bytes'] is None
-               else f' of {chip["hbm_bytes"] / GIB:.0f} GiB')
-            + f' (arguments {chip["argument"] / GIB:.2f}, temporaries '
-            f'{chip["temp"] / GIB:.2f})')
+               else f' of {chip["hbm_bytes"] / slices.GIB:.0f} GiB')
+            + f' (arguments {chip["argument"] / slices.GIB:.2f}, temporaries '
+            f'{chip["temp"] / slices.GIB:.2f})')
   collectives = ', '.join(f'{k} {v["count"]} ({v["bytes"] / 1e6:.0f} MB)'
                           for k, v in sorted(p['collectives'].items()))
   ratio = p.get('flops_over_6nd')
-  return (f'{name} {kind}: {m["total"] / GIB:.2f} GiB{fit}: arguments '
-          f'{m["argument"] / GIB:.2f}, temporaries {m["temp"] / GIB:.2f}, '
-          f'outputs {m["output"] / GIB:.2f}, aliased {m["alias"] / GIB:.2f}; '
+  return (f'{name} {kind}: {m["total"] / slices.GIB:.2f} GiB{fit}: arguments '
+          f'{m["argument"] / slices.GIB:.2f}, '
+          f'temporaries {m["temp"] / slices.GIB:.2f}, '
+          f'outputs {m["output"] / slices.GIB:.2f}, '
+          f'aliased {m["alias"] / slices.GIB:.2f}; '
           f'{(p["flops"] or 0) / 1e12:.3f} TFLOP'
           + (f' ({ratio:.2f}x 6ND)' if ratio else '')
           + f', {(p["bytes_accessed"] or 0) / 1e9:.1f} GB accessed; '
@@ -687,11 +299,13 @@ def format_table(report: dict[str, Any]) -> str:
       continue
     first = first or p
     temp = (p['memory']['temp'] / first['memory']['temp']
-            if first['memory']['temp'] >= LARGE_BYTES else float('nan'))
+            if first['memory']['temp'] >= program_figures.LARGE_BYTES
+            else float('nan'))
     fits = '' if p['fits'] is None else ('yes' if p['fits'] else 'NO')
     lines.append(
         f'{name:<{width}}{mesh:>7}{r["batch_size"]:>6}'
-        f'{p["memory"]["total"] / GIB:>7.2f}{p["memory"]["temp"] / GIB:>7.2f}'
+        f'{p["memory"]["total"] / slices.GIB:>7.2f}'
+        f'{p["memory"]["temp"] / slices.GIB:>7.2f}'
         f'{p["flops"] / 1e12:>8.2f}{ratio(p, "flops"):>6.3f}x'
         f'{p["bytes_accessed"] / 1e9:>8.1f}'
         f'{ratio(p, "bytes_accessed"):>6.2f}x'
@@ -709,13 +323,14 @@ def format_slice(header: dict[str, Any]) -> str:
     return (f'{given}: {header["chips"]} chips, {header["devices"]} devices '
             f'({header["devices_per_chip"]} TensorCores a chip, each a '
             f'device) of kind {header["device_kind"]}; '
-            + (f'{hbm / GIB:.1f} GiB HBM per device (TensorCore), '
-               f'{header["hbm_bytes_per_chip"] / GIB:.1f} GiB per chip; '
+            + (f'{hbm / slices.GIB:.1f} GiB HBM per device (TensorCore), '
+               f'{header["hbm_bytes_per_chip"] / slices.GIB:.1f} GiB per chip; '
                if hbm else 'HBM unknown; ')
             + 'the figures are per device unless marked per chip')
   return (f'{given}: {header["chips"]} chips, {header["devices"]} devices '
           f'(one a chip) of kind {header["device_kind"]}; '
-          + (f'{hbm / GIB:.1f} GiB HBM per chip' if hbm else 'HBM unknown'))
+          + (f'{hbm / slices.GIB:.1f} GiB HBM per chip' if hbm
+             else 'HBM unknown'))
 
 
 def compile_report(topology: str, setups: Sequence[Any],
@@ -729,12 +344,13 @@ def compile_report(topology: str, setups: Sequence[Any],
   modules written beside it (`<json>_hlo/`)."""
   hlo_dir = (os.path.splitext(output_json)[0] + '_hlo' if output_json
              else None)
-  devices = topology_devices(topology)
-  header = slice_header(topology, devices)
+  devices = slices.topology_devices(topology)
+  header = slices.slice_header(topology, devices)
   log(format_slice(header))
   report = {'topology': header['topology'], 'slice': header,
             'devices': len(devices), 'device_kind': devices[0].device_kind,
-            'hbm_bytes': device_hbm_bytes(devices), 'jax': jax.__version__,
+            'hbm_bytes': slices.device_hbm_bytes(devices),
+            'jax': jax.__version__,
             'setups': []}
   for setup in setups:
     report['setups'].append(compile_fn(setup, devices, log, hlo_dir))

@@ -18,7 +18,7 @@ step (the state donated), its eval step (on the train_eval batch, if
 bound) and predict (`model.predict_batch_with_aux`, partitioned as
 `utils.get_infer_fn` does) at `--eval_batch_size` rows (default: the
 infer_eval batch size, else `PREDICT_BATCH_SIZE`). The figures are
-`tpu_compile.figures`', in `tpu_compile.compile_report`'s report.
+`program_figures.figures`', in `tpu_compile.compile_report`'s report.
 """
 
 import contextlib
@@ -42,6 +42,8 @@ from t5x import utils as t5x_utils
 from hyperprompt_jax.benchmarks import mfu
 from hyperprompt_jax.benchmarks import tpu_compile
 from hyperprompt_jax.common import gin_utils
+from hyperprompt_jax.tpu import program_figures
+from hyperprompt_jax.tpu import slices
 
 # Rows of predict where the run binds no infer_eval dataset: t5x/eval.gin's
 # EVAL_BATCH_SIZE and t5x/infer.gin's INFER_BATCH_SIZE.
@@ -150,7 +152,7 @@ def slice_mesh(partitioner, devices: Sequence[jax.Device]
              if partitioner._model_parallel_submesh
              else f'num_partitions={partitioner._num_partitions}')
   # pylint: enable=protected-access
-  cores = tpu_compile.devices_per_chip(devices)
+  cores = slices.devices_per_chip(devices)
   fix = (
       'Bind the model-parallel tile of (x, y, z, cores) chips along the '
       'slice\'s axes and cores of a chip, whose product is the model axis, '
@@ -374,15 +376,15 @@ def _compile_bound(run: T5xRun, bound: dict[str, Any],
   if eval_cfg is not None:
     programs.append(('eval', evaluate))
   programs.append(('predict', predict))
-  hbm = tpu_compile.device_hbm_bytes(devices)
-  cores = tpu_compile.devices_per_chip(devices)
+  hbm = slices.device_hbm_bytes(devices)
+  cores = slices.devices_per_chip(devices)
   try:
     for kind, build in programs:
       try:
         step, *args = build()
         start = time.perf_counter()
         compiled = partitioner.compile(step, *args)
-        program = tpu_compile.figures(
+        program = program_figures.figures(
             compiled, time.perf_counter() - start, hbm, tuple(args), None,
             tpu_compile.hlo_file(hlo_dir, f'{run.name} {report["label"]}',
                                  kind))
@@ -395,7 +397,7 @@ def _compile_bound(run: T5xRun, bound: dict[str, Any],
           program['parameters'] = sum(math.prod(a.shape)
                                       for a in jax.tree.leaves(params))
         if cores > 1:
-          program['per_chip'] = tpu_compile.per_chip(program, cores)
+          program['per_chip'] = slices.per_chip(program, cores)
       except Exception as e:  # pylint: disable=broad-except
         program = {'error': f'{type(e).__name__}: {e}'[:2000]}
       report['programs'][kind] = program

@@ -1,0 +1,1 @@
+"""TPU slices and the figures of programs compiled for them."""
