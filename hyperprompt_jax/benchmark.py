@@ -123,6 +123,9 @@ def add_model_flags(parser: argparse.ArgumentParser, scope: str = '') -> None:
                            'packed_form), each default, or the forms named: '
                            'both, auto, or e.g. written,grouped,pallas '
                            '(default: both)')
+  parser.add_argument('--num_layers', type=int, default=None,
+                      help=f"{scope}layers a stack (default: --model's); "
+                           'fewer for a quick run')
 
 
 def _add_side_by_side_flags(parser: argparse.ArgumentParser) -> None:
@@ -202,9 +205,6 @@ def _add_mfu_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--peak_tflops', type=float, default=None,
                       help="--mfu: the device's dense bf16 TFLOP/s (default: "
                            "from the device's kind; a CPU has none)")
-  parser.add_argument('--num_layers', type=int, default=None,
-                      help="--mfu: layers a stack (default: --model's); "
-                           'fewer for a quick run')
   parser.add_argument('--output_json', default=None,
                       help='--mfu, --tpu_compile: the JSON of the figures, '
                            'rewritten after each variant or setup')

@@ -363,12 +363,14 @@ def model_setups(backbone: str, variants: Sequence[str], forms: str,
                  dtype: str, batch_size: int, input_length: int,
                  target_length: int, mesh_model: int = 1,
                  num_microbatches: Optional[int] = None,
-                 eval_batch_size: Optional[int] = None) -> list[Setup]:
+                 eval_batch_size: Optional[int] = None,
+                 num_layers: Optional[int] = None) -> list[Setup]:
   """The MFU benchmark's variants (`mfu.VARIANTS`) as setups: packed
-  rows, MTL first (the tables' reference)."""
+  rows, MTL first (the tables' reference); `num_layers` a stack (None: the
+  backbone's)."""
   variants = ['mtl'] + [v for v in variants if v != 'mtl']
   return [Setup(name=mfu.label_of(variant, form), config=mfu.model_config(
-                    backbone, variant, dtype, form),
+                    backbone, variant, dtype, form, num_layers),
                 input_length=input_length, target_length=target_length,
                 batch_size=batch_size, mesh_model=mesh_model,
                 num_microbatches=num_microbatches,
@@ -387,7 +389,7 @@ def run_models(args) -> int:
   setups = model_setups(
       args.model, variants, mfu.form_names(args.forms), args.dtype,
       args.batch_size, args.input_length, args.target_length, args.mesh_model,
-      args.num_microbatches, args.eval_batch_size)
+      args.num_microbatches, args.eval_batch_size, args.num_layers)
   return print_report(compile_report(args.topology, setups, args.output_json,
                                log=lambda s: print(s, flush=True)),
                 args.output_json)
