@@ -1,4 +1,4 @@
-"""TPU slices as users name them and as libtpu compiles for them, no TPU attached.
+"""TPU slices as users name them and as libtpu compiles for them (no TPU).
 
 `--topology` is a gcloud accelerator type (`v3-32`, `v4-16`, `v5p-64`,
 `v5litepod-16` / `v5e-16`, `v6e-64`: `parse_slice` maps it to its chips'
@@ -39,7 +39,7 @@ HBM_GIB = (
 class Slice:
   """A TPU slice as the user wrote it and as `jax.experimental.topologies`
   names it (`topology`, with the topology options it needs: a one-chip
-  host's bounds)."""
+  host's bounds, v4's megacore)."""
   given: str      # 'v3-32', 'v5litepod-4', or a topology name: 'v3:4x4'
   topology: str   # 'v3:4x4'
   chips: int
