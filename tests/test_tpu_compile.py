@@ -394,6 +394,7 @@ def test_v3_reports_a_chip_as_twice_a_tensorcore():
   and a program's memory per chip is twice a device's, against twice a
   device's HBM."""
   from hyperprompt_jax.benchmarks import tpu_compile  # pylint: disable=g-import-not-at-top
+  from hyperprompt_jax.tpu import program_figures  # pylint: disable=g-import-not-at-top
   from hyperprompt_jax.tpu import slices  # pylint: disable=g-import-not-at-top
   gib = 2**30
   v3 = [_Device('TPU v3', (x, y, 0)) for x in (0, 1) for y in (0, 1)
@@ -414,7 +415,7 @@ def test_v3_reports_a_chip_as_twice_a_tensorcore():
              'flops': 1e12, 'bytes_accessed': 1e9, 'scatters': 0,
              'gathers': 0, 'loops': 0, 'collectives': {},
              'host_callbacks': [], 'compile_s': 1.0}
-  chip = slices.per_chip(program, 2)
+  chip = program_figures.per_chip(program, 2)
   assert chip == {'devices': 2, 'argument': 6 * gib, 'output': 4 * gib,
                   'temp': 10 * gib, 'alias': 4 * gib, 'total': 16 * gib,
                   'hbm_bytes': 32 * gib}

@@ -224,7 +224,7 @@ def compile_setup(setup: Setup, devices: Sequence[jax.Device],
     try:
       report['programs'][kind] = build(setup, mesh, hbm, hlo_path)
       if cores > 1:
-        report['programs'][kind]['per_chip'] = slices.per_chip(
+        report['programs'][kind]['per_chip'] = program_figures.per_chip(
             report['programs'][kind], cores)
     except Exception as e:  # pylint: disable=broad-except
       report['programs'][kind] = {'error': f'{type(e).__name__}: {e}'[:2000]}

@@ -397,7 +397,7 @@ def _compile_bound(run: T5xRun, bound: dict[str, Any],
           program['parameters'] = sum(math.prod(a.shape)
                                       for a in jax.tree.leaves(params))
         if cores > 1:
-          program['per_chip'] = slices.per_chip(program, cores)
+          program['per_chip'] = program_figures.per_chip(program, cores)
       except Exception as e:  # pylint: disable=broad-except
         program = {'error': f'{type(e).__name__}: {e}'[:2000]}
       report['programs'][kind] = program

@@ -10,7 +10,7 @@ optimized module's text (`hlo_summary`) the collectives by kind, the
 scatters and gathers (the large ones with their shape and the op that made
 them), host callbacks and the instructions that touch the most bytes
 (`largest`); with the lowered arguments, what a chip holds of each
-(`argument_shards`).
+(`argument_shards`); `per_chip`: the memory of a chip of several devices.
 """
 
 import collections
@@ -193,6 +193,19 @@ def figures(compiled, seconds: float, hbm_bytes: Optional[int] = None,
   if args is not None:
     out['arguments'] = argument_shards(compiled, args, param_axes or {})
   return out
+
+
+def per_chip(program: dict[str, Any], cores: int) -> dict[str, Any]:
+  """A program's memory a chip holds (bytes): each of its `cores` devices
+  (TensorCores) runs the same SPMD program, so a chip holds `cores` times
+  one device's arguments, temporaries and total, against `cores` times a
+  device's HBM."""
+  memory = program['memory']
+  hbm = program.get('hbm_bytes')
+  return {'devices': cores,
+          **{k: memory[k] * cores
+             for k in ('argument', 'output', 'temp', 'alias', 'total')},
+          'hbm_bytes': None if hbm is None else hbm * cores}
 
 
 def argument_shards(compiled, args: Any, param_axes: dict[str, list]

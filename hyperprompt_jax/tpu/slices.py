@@ -154,19 +154,6 @@ def slice_header(topology: str, devices: Sequence[jax.Device]
           'hbm_bytes_per_chip': None if hbm is None else hbm * per_chip}
 
 
-def per_chip(program: dict[str, Any], cores: int) -> dict[str, Any]:
-  """A program's memory a chip holds (bytes): each of its `cores` devices
-  (TensorCores) runs the same SPMD program, so a chip holds `cores` times
-  one device's arguments, temporaries and total, against `cores` times a
-  device's HBM."""
-  memory = program['memory']
-  hbm = program.get('hbm_bytes')
-  return {'devices': cores,
-          **{k: memory[k] * cores
-             for k in ('argument', 'output', 'temp', 'alias', 'total')},
-          'hbm_bytes': None if hbm is None else hbm * cores}
-
-
 def device_hbm_bytes(devices: Sequence[jax.Device]) -> Optional[int]:
   """HBM of one device of the slice: the chip's (`HBM_GIB`) over the
   devices a chip shows (those at the same coordinates); None for an
